@@ -1,0 +1,123 @@
+"""The ``tessel`` command.
+
+    tessel train                              # default model and data on 2 local workers
+    tessel train --nproc 4 --model lstm_lm --steps 100
+    tessel train --config run.toml --train.lr 1e-3 --resume
+    tessel train --print-config               # the resolved config as TOML
+    torchrun --nnodes 2 --nproc-per-node 1 ... -m tessel train --config run.toml   # several nodes
+
+Every ``section.key`` of the config is a flag (``--train.steps 10``); the short flags below are aliases.
+Bad input prints one line ``tessel: error: ...`` and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from .config import Config, all_keys, load_config
+from .errors import CommError, ConfigError, TesselError
+
+# short flag -> config key (flags that take a value)
+ALIASES = {
+    "--model": "model.name", "--nproc": "parallel.nproc", "--dp": "parallel.dp", "--pp": "parallel.pp",
+    "--tp": "parallel.tp", "--steps": "train.steps", "--batch": "train.global_batch",
+    "--micro-batches": "train.micro_batches", "--lr": "train.lr", "--optimizer": "train.optimizer",
+    "--seed": "train.seed", "--dtype": "train.dtype", "--data": "data.path", "--vocab": "data.vocab_size",
+    "--seq-len": "data.seq_len", "--out": "metrics.out", "--ckpt-dir": "checkpoint.dir",
+    "--ckpt-every": "checkpoint.every", "--timeout": "parallel.timeout",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print usage and exit; we want one line
+        if "unrecognized arguments" in message:
+            message = f"unknown option(s) {message.split(':', 1)[1].strip()}; see 'tessel train --help'"
+        raise ConfigError(message)
+
+
+def _train_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("train", help="train a model on local workers or as a torchrun worker",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="TOML file with [model] [data] [parallel] [train] [checkpoint] [metrics]")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key")
+    p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML and exit")
+    p.add_argument("--verbose", action="store_true", help="keep torch's launcher logs")
+    short = p.add_argument_group("short flags (aliases of config keys)")
+    for flag, key in ALIASES.items():
+        short.add_argument(flag, dest=f"alias:{key}", metavar="V", help=key)
+    full = p.add_argument_group("every config key")
+    for key, typ, default in all_keys():
+        full.add_argument(f"--{key}", dest=f"key:{key}", metavar=typ.__name__.upper(), help=f"default {default!r}")
+    return p
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="tessel", description="Train one PyTorch model across many workers.")
+    sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    _train_parser(sub)
+    return p
+
+
+def config_from_args(ns: argparse.Namespace) -> Config:
+    overrides = []
+    for dest, value in vars(ns).items():
+        if value is not None and (dest.startswith("alias:") or dest.startswith("key:")):
+            overrides.append(f"{dest.split(':', 1)[1]}={value}")
+    overrides += ns.set
+    if ns.resume:
+        overrides.append("checkpoint.resume=true")
+    return load_config(ns.config, overrides)
+
+
+def _fail(message: str, code: int) -> int:
+    """Report a failure once: a worker hands it to its launcher through torchelastic's error file."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        with open(error_file, "w") as f:
+            json.dump({"message": message, "timestamp": int(time.time())}, f)
+    else:
+        print(message, file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        ns = parser().parse_args(argv)
+        cfg = config_from_args(ns)
+        if ns.print_config:
+            print(cfg.to_toml())
+            return 0
+        from .cluster.launch import in_worker
+
+        if in_worker():
+            import torch.distributed as dist
+
+            from .train.loop import run
+
+            run(cfg)
+            # Without an orderly teardown gloo's threads can abort the process at exit.
+            dist.destroy_process_group()
+            return 0
+        from .train.preflight import preflight
+
+        preflight(cfg)
+        from .cluster.launch import launch
+
+        return launch(argv, cfg.parallel.nproc, verbose=ns.verbose)
+    except TesselError as e:
+        return _fail(f"tessel: error: {e}", 2)
+    except CommError as e:
+        return _fail(f"tessel: {e}", 1)
+    except KeyboardInterrupt:
+        print("tessel: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Starting workers: torch's elastic launcher on this machine (launch)."""

@@ -1,0 +1,62 @@
+"""Start local worker processes with torch's elastic launcher (the API behind torchrun).
+
+``tessel train --nproc N`` re-runs the same command line in N workers under a single-node c10d
+rendezvous, exactly as ``torchrun --standalone --nproc-per-node N -m tessel train ...`` would; a worker
+knows it is one by the variables torchrun sets. If any worker dies or fails, the agent stops the
+others and we print one line per failed rank instead of torch's report.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import uuid
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+
+def in_worker() -> bool:
+    """True inside a process that torchrun (or tessel's launcher) started."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def describe(rank: int, failure) -> str:
+    if failure.exitcode is not None and failure.exitcode < 0:
+        try:
+            how = f"was killed by {signal.Signals(-failure.exitcode).name}"
+        except ValueError:
+            how = f"was killed by signal {-failure.exitcode}"
+    else:
+        how = f"exited with code {failure.exitcode}"
+    return f"tessel: rank {rank} (pid {failure.pid}) {how}; the job was stopped"
+
+
+def launch(args: list[str], nproc: int, verbose: bool = False) -> int:
+    """Run ``python -m tessel <args>`` in ``nproc`` local workers; the job's exit code."""
+    if not verbose:
+        # The agent logs a multi-screen report on failure; describe() says the same in one line.
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    threads = max(1, (os.cpu_count() or 1) // nproc)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"tessel-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.2,
+    )
+    try:
+        elastic_launch(config, sys.executable)("-m", "tessel", *args)
+    except ChildFailedError as e:
+        failures = sorted(e.failures.items())
+        # Workers report their error through torchelastic's error file; say each distinct one once.
+        messages = dict.fromkeys(f.message for _, f in failures if isinstance(f.message, str)
+                                 and f.message.startswith("tessel"))
+        for message in messages:
+            print(message, file=sys.stderr)
+        for rank, failure in failures:
+            print(describe(rank, failure), file=sys.stderr)
+        # Exit 2 means "bad input" (a worker raised TesselError); ranks the agent stopped in
+        # consequence show up as signals and do not change that.
+        return 2 if any(f.exitcode == 2 for f in e.failures.values()) else 1
+    return 0

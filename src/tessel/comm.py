@@ -1,0 +1,267 @@
+"""The only module of tessel that calls torch.distributed collectives; it counts every byte.
+
+Each call names a *channel* (``dp.dense``, ``dp.sparse``, ``pp.act``, ``tp``, ...). The counter of this
+rank adds the bytes the rank sends and receives under the algorithm that moves the fewest bytes:
+
+=====================  =========================================  =================================
+collective             sent by each rank                          received by each rank
+=====================  =========================================  =================================
+all_reduce             2(P-1)/P · n        (ring)                 same
+all_gather             (P-1) · n_in        (ring)                 same
+reduce_scatter         (P-1) · n_out       (direct, see below)    same
+all_to_all             bytes of the splits bound for other ranks  bytes of the splits from others
+broadcast              n unless last in the ring from src         n unless src
+send / recv            n                                          n
+=====================  =========================================  =================================
+
+(n: bytes of the tensor; P: ranks in the group.) Bytes a rank keeps for itself are never counted.
+On gloo, torch's reduce_scatter is an all_reduce in disguise (twice the traffic), so reduce_scatter
+here is an all_to_all followed by a local sum, which moves exactly the bytes in the table.
+
+A failed or timed-out collective raises ``CommError`` naming the rank, the collective and the channel.
+
+Example::
+
+    from tessel import comm
+    comm.all_reduce(grad, "dp.dense", group=dp_group)
+    print(comm.counter.end_step())   # {'dp.dense': {'sent': ..., 'recv': ...}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .errors import CommError
+
+
+class ByteCounter:
+    """Bytes sent and received by this rank, per channel, for the current step and in total."""
+
+    def __init__(self) -> None:
+        self._step: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        self._total: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+
+    def add(self, channel: str, sent: int, recv: int) -> None:
+        for table in (self._step, self._total):
+            table[channel][0] += int(sent)
+            table[channel][1] += int(recv)
+
+    def step(self) -> dict[str, dict[str, int]]:
+        """Bytes since the last ``end_step``, without resetting."""
+        return {c: {"sent": s, "recv": r} for c, (s, r) in sorted(self._step.items())}
+
+    def end_step(self) -> dict[str, dict[str, int]]:
+        """Bytes of the step that just ended; the step counter starts again from zero."""
+        out = self.step()
+        self._step.clear()
+        return out
+
+    def total(self) -> dict[str, dict[str, int]]:
+        return {c: {"sent": s, "recv": r} for c, (s, r) in sorted(self._total.items())}
+
+    def reset(self) -> None:
+        self._step.clear()
+        self._total.clear()
+
+
+counter = ByteCounter()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _size(group) -> int:
+    return dist.get_world_size(group)
+
+
+class _Work:
+    """An async handle whose ``wait`` reports failures like the blocking calls do."""
+
+    def __init__(self, work, what: str, channel: str, then=None) -> None:
+        self._work, self._what, self._channel, self._then = work, what, channel, then
+
+    def wait(self) -> None:
+        with guard(self._what, self._channel):
+            if self._work is not None:
+                self._work.wait()
+        if self._then is not None:
+            self._then()
+            self._then = None
+
+    def get_future(self) -> torch.futures.Future:
+        return self._work.get_future()
+
+
+class guard:
+    """Turn a backend error (timeout, closed connection) into a one-line CommError."""
+
+    def __init__(self, what: str, channel: str) -> None:
+        self.what, self.channel = what, channel
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if exc is None or not isinstance(exc, (RuntimeError, dist.DistError)) or isinstance(exc, CommError):
+            return False
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else typ.__name__
+        timed_out = "timed out" in str(exc).lower() or "timeout" in str(exc).lower()
+        why = "timed out: a peer rank is dead or stuck" if timed_out else "failed: a peer rank failed or left"
+        rank = dist.get_rank() if dist.is_initialized() else "?"
+        raise CommError(f"rank {rank}: {self.what} on channel '{self.channel}' {why} ({first})") from exc
+
+
+def _run(what: str, channel: str, call, async_op: bool, then=None):
+    with guard(what, channel):
+        work = call()
+    if async_op:
+        return _Work(work, what, channel, then)
+    if then is not None:
+        then()
+    return None
+
+
+def all_reduce(tensor: torch.Tensor, channel: str, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+    """In-place all_reduce of ``tensor`` over ``group``."""
+    p = _size(group)
+    moved = 2 * (p - 1) * _nbytes(tensor) // p
+    counter.add(channel, moved, moved)
+    return _run("all_reduce", channel, lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
+                async_op)
+
+
+def all_gather_into(output: torch.Tensor, tensor: torch.Tensor, channel: str, group=None, async_op: bool = False):
+    """Gather every rank's ``tensor`` into ``output`` (P times its size along dim 0), rank order."""
+    p = _size(group)
+    if output.numel() != p * tensor.numel():
+        raise ValueError(f"all_gather output has {output.numel()} elements, expected {p} x {tensor.numel()}")
+    moved = (p - 1) * _nbytes(tensor)
+    counter.add(channel, moved, moved)
+    return _run("all_gather", channel,
+                lambda: dist.all_gather_single(output, tensor, group=group, async_op=async_op), async_op)
+
+
+def all_gather(tensor: torch.Tensor, channel: str, group=None) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (same shape on all ranks), as a list in rank order."""
+    p = _size(group)
+    out = tensor.new_empty((p * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() else (p,))
+    all_gather_into(out, tensor.reshape(-1) if tensor.dim() == 0 else tensor, channel, group)
+    return list(out.chunk(p)) if tensor.dim() else [x.reshape(()) for x in out]
+
+
+def all_gather_object(obj, channel: str, group=None) -> list:
+    """Every rank's JSON-serialisable ``obj``, in rank order (JSON, never pickle, crosses the wire)."""
+    data = torch.tensor(list(json.dumps(obj).encode()), dtype=torch.uint8)
+    sizes = [int(n) for n in all_gather(torch.tensor([data.numel()]), channel, group)]
+    buf = torch.zeros(max(sizes), dtype=torch.uint8)
+    buf[: data.numel()] = data
+    parts = all_gather(buf, channel, group)
+    return [json.loads(bytes(part[:n].tolist())) for part, n in zip(parts, sizes)]
+
+
+def all_to_all(
+    output: torch.Tensor,
+    tensor: torch.Tensor,
+    channel: str,
+    output_splits: Sequence[int] | None = None,
+    input_splits: Sequence[int] | None = None,
+    group=None,
+    async_op: bool = False,
+):
+    """Uneven all_to_all along dim 0: ``input_splits[j]`` rows go to rank j, ``output_splits[j]`` come from j."""
+    p, me = _size(group), dist.get_rank(group)
+    row_in = _nbytes(tensor) // max(tensor.shape[0], 1) if tensor.dim() else 0
+    row_out = _nbytes(output) // max(output.shape[0], 1) if output.dim() else 0
+    ins = list(input_splits) if input_splits is not None else [tensor.shape[0] // p] * p
+    outs = list(output_splits) if output_splits is not None else [output.shape[0] // p] * p
+    if sum(ins) != tensor.shape[0] or sum(outs) != output.shape[0] or len(ins) != p or len(outs) != p:
+        raise ValueError(f"all_to_all splits {ins} -> {outs} do not fit tensors of {tensor.shape[0]} -> "
+                         f"{output.shape[0]} rows over {p} ranks")
+    counter.add(channel, (sum(ins) - ins[me]) * row_in, (sum(outs) - outs[me]) * row_out)
+    return _run(
+        "all_to_all", channel,
+        lambda: dist.all_to_all_single(output, tensor, outs, ins, group=group, async_op=async_op), async_op)
+
+
+def reduce_scatter(output: torch.Tensor, tensor: torch.Tensor, channel: str, group=None) -> None:
+    """Sum ``tensor`` over ranks and keep this rank's 1/P slice (dim 0) in ``output``.
+
+    Done as all_to_all + local sum: (P-1)/P of the input crosses the network, not 2(P-1)/P.
+    """
+    p = _size(group)
+    if tensor.shape[0] != p * output.shape[0]:
+        raise ValueError(f"reduce_scatter input has {tensor.shape[0]} rows, expected {p} x {output.shape[0]}")
+    received = torch.empty_like(tensor)
+    all_to_all(received, tensor.contiguous(), channel, group=group)
+    torch.sum(received.view(p, *output.shape), dim=0, out=output)
+
+
+def broadcast(tensor: torch.Tensor, src: int, channel: str, group=None, async_op: bool = False):
+    """Broadcast from global rank ``src``; counted as a ring rooted at src."""
+    p = _size(group)
+    root = dist.get_group_rank(group, src) if group is not None else src
+    pos = (dist.get_rank(group) - root) % p
+    n = _nbytes(tensor)
+    counter.add(channel, n if pos < p - 1 else 0, n if pos > 0 else 0)
+    return _run("broadcast", channel, lambda: dist.broadcast(tensor, src, group=group, async_op=async_op),
+                async_op)
+
+
+def send(tensor: torch.Tensor, dst: int, channel: str, group=None) -> None:
+    counter.add(channel, _nbytes(tensor), 0)
+    _run("send", channel, lambda: dist.send(tensor, dst, group=group), False)
+
+
+def recv(tensor: torch.Tensor, src: int, channel: str, group=None) -> None:
+    counter.add(channel, 0, _nbytes(tensor))
+    _run("recv", channel, lambda: dist.recv(tensor, src, group=group), False)
+
+
+def isend(tensor: torch.Tensor, dst: int, channel: str, group=None) -> _Work:
+    counter.add(channel, _nbytes(tensor), 0)
+    return _run("isend", channel, lambda: dist.isend(tensor, dst, group=group), True)
+
+
+def irecv(tensor: torch.Tensor, src: int, channel: str, group=None) -> _Work:
+    counter.add(channel, 0, _nbytes(tensor))
+    return _run("irecv", channel, lambda: dist.irecv(tensor, src, group=group), True)
+
+
+def batch_isend_irecv(ops: Sequence[tuple[str, torch.Tensor, int]], channel: str, group=None) -> list[_Work]:
+    """Post sends and receives together: ``ops`` holds ("send" | "recv", tensor, peer global rank)."""
+    p2p = []
+    for kind, tensor, peer in ops:
+        if kind not in ("send", "recv"):
+            raise ValueError(f"p2p op '{kind}' is invalid; valid: send, recv")
+        counter.add(channel, _nbytes(tensor) if kind == "send" else 0, _nbytes(tensor) if kind == "recv" else 0)
+        p2p.append(dist.P2POp(dist.isend if kind == "send" else dist.irecv, tensor, peer, group=group))
+    with guard("batch_isend_irecv", channel):
+        works = dist.batch_isend_irecv(p2p) if p2p else []
+    return [_Work(w, "batch_isend_irecv", channel) for w in works]
+
+
+def barrier(channel: str = "meta", group=None) -> None:
+    """Wait for every rank of ``group``; moves no counted payload."""
+    _run("barrier", channel, lambda: dist.barrier(group=group), False)
+
+
+def ddp_comm_hook(channel: str = "dp.dense"):
+    """A DDP communication hook that averages each gradient bucket through this module.
+
+    Register with ``ddp_model.register_comm_hook(dp_group, ddp_comm_hook())``: DDP's own gradient
+    traffic is then counted on ``channel`` like every other byte.
+    """
+
+    def hook(group, bucket):  # no annotations: DDP checks them and this module defers them
+        buf = bucket.buffer()
+        buf.div_(_size(group))
+        work = all_reduce(buf, channel, group=group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    return hook

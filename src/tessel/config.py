@@ -1,0 +1,267 @@
+"""Typed run configuration: dataclasses, loaded from TOML and overridden from the command line.
+
+Every key has a type and, where the set is closed, a list of valid choices; an unknown key or a bad
+value is a ConfigError that names the key and what would be valid (torchtitan once dropped unknown
+TOML keys silently; we refuse them).
+
+Example::
+
+    from tessel.config import load_config
+    cfg = load_config(None, ["train.steps=20", "model.name=lstm_lm"])
+    assert cfg.train.steps == 20
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+MODELS = ("transformer_lm", "lstm_lm", "classifier")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "transformer_lm"
+    dim: int = 128  # embedding / model width (LSTM: projection size)
+    hidden: int = 0  # transformer MLP width (0: 4*dim), LSTM cell size, classifier width
+    layers: int = 2
+    heads: int = 4
+    dropout: float = 0.0
+    tie_embeddings: bool = False
+    softmax: str = "full"  # LMs: full | sampled
+    num_sampled: int = 256
+    in_features: int = 1024  # classifier only
+    classes: int = 100  # classifier only
+
+
+@dataclass
+class DataConfig:
+    source: str = "auto"  # auto | zipf | text | gaussian (auto: gaussian for the classifier, text if path set)
+    path: str = ""  # glob of UTF-8 text files, e.g. 'corpus/*.txt'
+    vocab_size: int = 8192
+    seq_len: int = 64
+    zipf_s: float = 1.1
+    cache_dir: str = ".tessel_cache"
+
+
+@dataclass
+class ParallelConfig:
+    nproc: int = 2  # worker processes on this node (tessel's own launcher)
+    dp: int = 0  # 0: whatever the world leaves after pp and tp
+    pp: int = 1
+    tp: int = 1
+    backend: str = "auto"  # auto (nccl with CUDA, else gloo) | gloo | nccl
+    timeout: float = 30.0  # seconds any collective may wait before the job is ended
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 300
+    global_batch: int = 32
+    micro_batches: int = 1
+    optimizer: str = "adamw"  # adamw | adam | sgd | adagrad
+    lr: float = 3e-3
+    momentum: float = 0.9  # sgd only
+    weight_decay: float = 0.0
+    schedule: str = "cosine"  # cosine | linear | constant
+    warmup: int = 20
+    min_lr_ratio: float = 0.1
+    clip: float = 1.0  # max gradient norm; 0 disables clipping
+    seed: int = 0
+    dtype: str = "float32"  # float32 | float64
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = ""  # '' : <out>/checkpoints
+    every: int = 0  # save every N steps (0: only at the end)
+    keep: int = 2  # complete checkpoints kept on disk
+    resume: bool = False  # continue from the latest complete checkpoint in dir
+    enabled: bool = True
+
+
+@dataclass
+class MetricsConfig:
+    out: str = "runs/latest"  # metrics.jsonl, loss.png, summary.json and checkpoints go here
+    log_every: int = 10
+    progress: str = "auto"  # auto (bar on a terminal, log lines otherwise) | bar | log | off
+    plot: bool = True
+    tensorboard: bool = False
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        """The resolved config as TOML, loadable again with ``load_config``."""
+        out = []
+        for section, values in self.to_dict().items():
+            out.append(f"[{section}]")
+            out += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+            out.append("")
+        return "\n".join(out)
+
+    @property
+    def data_source(self) -> str:
+        """The data source after resolving ``auto``."""
+        if self.data.source != "auto":
+            return self.data.source
+        if self.model.name == "classifier":
+            return "gaussian"
+        return "text" if self.data.path else "zipf"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.dir or Path(self.metrics.out) / "checkpoints")
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.name": MODELS,
+    "model.softmax": ("full", "sampled"),
+    "data.source": ("auto", "zipf", "text", "gaussian"),
+    "parallel.backend": ("auto", "gloo", "nccl"),
+    "train.optimizer": ("adamw", "adam", "sgd", "adagrad"),
+    "train.schedule": ("cosine", "linear", "constant"),
+    "train.dtype": ("float32", "float64"),
+    "metrics.progress": ("auto", "bar", "log", "off"),
+}
+
+# Lower bounds of numeric keys; keys not listed must be >= 0 when numeric.
+MINIMUM: dict[str, float] = {
+    "model.dim": 1, "model.layers": 1, "model.heads": 1, "model.num_sampled": 1, "model.in_features": 1,
+    "model.classes": 2, "data.vocab_size": 16, "data.seq_len": 2, "parallel.nproc": 1, "parallel.pp": 1,
+    "parallel.tp": 1, "parallel.timeout": 1, "train.steps": 1, "train.global_batch": 1,
+    "train.micro_batches": 1, "train.lr": 0, "checkpoint.keep": 1, "metrics.log_every": 1,
+}
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(v)
+
+
+def _section(cfg: Config, name: str) -> Any:
+    names = [f.name for f in fields(cfg)]
+    if name not in names:
+        raise ConfigError(f"unknown config section '{name}'; valid sections: {', '.join(names)}")
+    return getattr(cfg, name)
+
+
+def _field_type(section: Any, key: str, dotted: str) -> type:
+    types = {f.name: f.type for f in fields(section)}
+    if key not in types:
+        raise ConfigError(f"unknown config key '{dotted}'; valid keys: "
+                          + ", ".join(f"{dotted.split('.')[0]}.{k}" for k in types))
+    return {"int": int, "float": float, "bool": bool, "str": str}[types[key]]
+
+
+def _coerce(dotted: str, typ: type, value: Any) -> Any:
+    """Convert a TOML value or a CLI string to the key's type, or raise a ConfigError."""
+    if isinstance(value, str) and typ is not str:
+        text = value.strip().lower()
+        try:
+            if typ is bool:
+                if text in ("1", "true", "yes", "on"):
+                    return True
+                if text in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            return typ(float(text)) if typ is int and float(text).is_integer() else typ(text)
+        except ValueError:
+            raise ConfigError(f"config key '{dotted}' wants {typ.__name__}, got '{value}'") from None
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise ConfigError(f"config key '{dotted}' wants {typ.__name__}, got {value!r}")
+    return value
+
+
+def set_value(cfg: Config, dotted: str, value: Any) -> None:
+    """Set ``section.key`` to ``value`` (a TOML value or a CLI string), checking key and type."""
+    if dotted.count(".") != 1:
+        raise ConfigError(f"config key '{dotted}' must look like section.key, e.g. train.steps")
+    sec_name, key = dotted.split(".")
+    section = _section(cfg, sec_name)
+    setattr(section, key, _coerce(dotted, _field_type(section, key, dotted), value))
+
+
+def validate(cfg: Config) -> Config:
+    """Check every value against its choices and bounds; return cfg for chaining."""
+    for sec in fields(cfg):
+        section = getattr(cfg, sec.name)
+        for f in fields(section):
+            dotted, value = f"{sec.name}.{f.name}", getattr(section, f.name)
+            if dotted in CHOICES and value not in CHOICES[dotted]:
+                raise ConfigError(f"config key '{dotted}' is '{value}'; valid: {', '.join(CHOICES[dotted])}")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                low = MINIMUM.get(dotted, 0)
+                if value < low:
+                    raise ConfigError(f"config key '{dotted}' is {value}; it must be >= {low:g}")
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"config key 'model.dropout' is {cfg.model.dropout}; it must be in [0, 1)")
+    if cfg.data_source == "text" and not cfg.data.path:
+        raise ConfigError("data.source is 'text' but data.path is empty; give a glob such as 'corpus/*.txt'")
+    if cfg.model.name == "classifier" and cfg.data_source != "gaussian":
+        raise ConfigError(f"model 'classifier' reads data.source 'gaussian', not '{cfg.data_source}'")
+    if cfg.model.name != "classifier" and cfg.data_source == "gaussian":
+        raise ConfigError(f"data.source 'gaussian' is for the classifier; model '{cfg.model.name}' "
+                          "needs zipf or text")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults, then the TOML file at ``path``, then ``section.key=value`` overrides; validated."""
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file '{path}' does not exist")
+        try:
+            doc = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"config file '{path}' is not valid TOML: {e}") from None
+        for sec_name, table in doc.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"config file '{path}': '{sec_name}' must be a [section]")
+            _section(cfg, sec_name)
+            for key, value in table.items():
+                set_value(cfg, f"{sec_name}.{key}", value)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like section.key=value")
+        dotted, value = item.split("=", 1)
+        set_value(cfg, dotted.strip(), value)
+    return validate(cfg)
+
+
+def all_keys() -> list[tuple[str, type, Any]]:
+    """Every (section.key, type, default): the CLI builds its --section.key flags from this."""
+    cfg = Config()
+    out = []
+    for sec in fields(cfg):
+        section = getattr(cfg, sec.name)
+        for f in fields(section):
+            out.append((f"{sec.name}.{f.name}", _field_type(section, f.name, ""), getattr(section, f.name)))
+    return out

@@ -1,0 +1,101 @@
+"""Parallel degrees and the one DeviceMesh every process group comes from.
+
+``ParallelDims`` checks that dp × pp × tp equals the world before anything is launched; ``build_mesh``
+makes the torch ``DeviceMesh`` with named dims ("pp", "dp", "tp", outermost first, the order torchtitan
+uses so that tp groups are the closest ranks). No other module of tessel creates a process group.
+
+Example (inside a torchrun worker)::
+
+    dims = ParallelDims(dp=2, pp=1, tp=1, world_size=2)
+    mesh = build_mesh(dims, timeout=30)
+    dp_group = mesh.get_group("dp")
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from .errors import PlanError
+
+DIM_NAMES = ("pp", "dp", "tp")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Degrees of the three axes; their product must be the world size."""
+
+    dp: int
+    pp: int
+    tp: int
+    world_size: int
+
+    def __post_init__(self) -> None:
+        for name in DIM_NAMES:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise PlanError(f"parallel degree {name}={value} is invalid; degrees are integers >= 1")
+        if self.dp * self.pp * self.tp != self.world_size:
+            raise PlanError(
+                f"parallel degrees dp={self.dp} x pp={self.pp} x tp={self.tp} = "
+                f"{self.dp * self.pp * self.tp} do not match the world size {self.world_size}; "
+                f"choose degrees whose product is {self.world_size}"
+                + (f" (e.g. dp={self.world_size // (self.pp * self.tp)})"
+                   if self.world_size % (self.pp * self.tp) == 0 else "")
+            )
+
+    @classmethod
+    def resolve(cls, world_size: int, dp: int = 0, pp: int = 1, tp: int = 1) -> ParallelDims:
+        """Fill in dp=0 as 'what the world leaves after pp and tp', then validate."""
+        if dp == 0:
+            if world_size % (pp * tp):
+                raise PlanError(f"world size {world_size} is not divisible by pp={pp} x tp={tp}; "
+                                f"choose pp and tp whose product divides {world_size}")
+            dp = world_size // (pp * tp)
+        return cls(dp=dp, pp=pp, tp=tp, world_size=world_size)
+
+    def check_batch(self, global_batch: int, micro_batches: int) -> None:
+        """A global batch must split evenly into dp shards of micro_batches micro-batches."""
+        if global_batch % (self.dp * micro_batches):
+            unit = self.dp * micro_batches
+            raise PlanError(
+                f"global batch {global_batch} is not divisible by dp={self.dp} x micro_batches="
+                f"{micro_batches} = {unit}; use a multiple of {unit}, e.g. {max(unit, global_batch // unit * unit)}"
+            )
+
+    def __str__(self) -> str:
+        return f"dp={self.dp} pp={self.pp} tp={self.tp} (world {self.world_size})"
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(backend: str = "auto", timeout: float = 30.0) -> None:
+    """Join the world described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
+    if dist.is_initialized():
+        return
+    backend = default_backend() if backend == "auto" else backend
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
+
+
+def build_mesh(dims: ParallelDims, timeout: float = 30.0) -> DeviceMesh:
+    """The DeviceMesh of shape (pp, dp, tp); every dim's group gets the same collective timeout.
+
+    ``new_group`` (which DeviceMesh calls) falls back to a 30-minute default rather than the world's
+    timeout, which would turn a dead peer into a half-hour hang; so each group's timeout is set here.
+    """
+    if dist.get_world_size() != dims.world_size:
+        raise PlanError(f"the plan is for {dims.world_size} ranks but the job has {dist.get_world_size()}")
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(device, (dims.pp, dims.dp, dims.tp), mesh_dim_names=DIM_NAMES)
+    for name in DIM_NAMES:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout), mesh.get_group(name))
+    return mesh

@@ -1,0 +1,54 @@
+"""Apply parallelisms to a plain model from outside, in a fixed order: tp at build, pp split, dp wrap.
+
+This issue's foundation applies data parallelism with torch DDP on the mesh's dp group; pipeline and
+tensor parallelism plug in ahead of it in the same function (torchtitan's ``parallelize_llama`` shape).
+
+Example::
+
+    model = parallelize(model, dims, mesh)   # DDP over mesh["dp"], traffic counted on dp.dense
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import comm
+from .errors import PlanError
+from .mesh import ParallelDims
+
+
+def replicate_from_first(module: torch.nn.Module, group) -> None:
+    """Make every rank of ``group`` hold the first rank's parameters and buffers (counted on dp.init)."""
+    import torch.distributed as dist
+
+    src = dist.get_process_group_ranks(group)[0]
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            comm.broadcast(t.data, src, "dp.init", group=group)
+
+
+def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 25.0) -> DDP:
+    """Wrap ``model`` in DDP whose every byte (init and gradients) goes through tessel.comm."""
+    replicate_from_first(model, dp_group)
+    device_ids = [torch.cuda.current_device()] if next(model.parameters()).is_cuda else None
+    ddp = DDP(model, device_ids=device_ids, process_group=dp_group, init_sync=False, forward_sync_buffers=False,
+              bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
+    ddp.register_comm_hook(dp_group, comm.ddp_comm_hook("dp.dense"))
+    return ddp
+
+
+def check_supported(dims: ParallelDims) -> None:
+    """Refuse degrees this version cannot apply yet, before anything is launched."""
+    if dims.tp > 1:
+        raise PlanError(f"tensor parallelism (tp={dims.tp}) is not available in this version; valid: tp=1")
+    if dims.pp > 1:
+        raise PlanError(f"pipeline parallelism (pp={dims.pp}) is not available in this version; valid: pp=1")
+
+
+def parallelize(model: torch.nn.Module, dims: ParallelDims, mesh) -> torch.nn.Module:
+    """The model as this rank trains it under ``dims``."""
+    check_supported(dims)
+    if dims.dp > 1:
+        return apply_ddp(model, mesh.get_group("dp"))
+    return model

@@ -1,0 +1,1 @@
+"""Training: the step (engine), the loop, checkpoints, metrics, optimizer and schedule."""

@@ -1,0 +1,173 @@
+"""Atomic, resumable checkpoints with torch.distributed.checkpoint (DCP).
+
+Layout of ``dir``::
+
+    step-00000100/      a complete checkpoint: DCP shards + .metadata + tessel.json
+    step-00000200.tmp/  a save in progress (ignored; removed by the next save)
+    latest              name of the newest complete checkpoint, replaced atomically
+
+A save writes into ``*.tmp`` and is renamed only after every rank has finished, so a crash during a
+save leaves the previous checkpoint loadable. Besides model and optimizer, each rank stores its RNG
+state and data position under its own key, which is what makes resume bit-identical. Loading never
+unpickles arbitrary objects: non-tensor entries are read with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from .. import comm
+from ..errors import CheckpointError
+
+LATEST = "latest"
+META = "tessel.json"
+
+
+class _SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default planner unpickles non-tensor entries with weights_only=False; we refuse to."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        from torch.distributed.checkpoint._traverse import set_element
+
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _is_complete(path: Path) -> bool:
+    return path.is_dir() and (path / ".metadata").is_file() and (path / META).is_file()
+
+
+def latest(dir: str | Path) -> Path | None:
+    """The newest complete checkpoint in ``dir``, or None."""
+    dir = Path(dir)
+    pointer = dir / LATEST
+    if pointer.is_file():
+        cand = dir / pointer.read_text().strip()
+        if _is_complete(cand):
+            return cand
+    done = sorted(p for p in dir.glob("step-*") if not p.name.endswith(".tmp") and _is_complete(p))
+    return done[-1] if done else None
+
+
+def _app_state(model, optimizer, extra: dict[str, torch.Tensor]) -> dict[str, Any]:
+    msd, osd = get_state_dict(model, optimizer)
+    return {"model": msd, "optim": osd, **extra}
+
+
+def _rank_state(position: torch.Tensor) -> dict[str, torch.Tensor]:
+    r = _rank()
+    return {f"rank{r}.rng": torch.get_rng_state(), f"rank{r}.data": position}
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save(dir: str | Path, step: int, model, optimizer, data_state: dict[str, int], meta: dict[str, Any],
+         keep: int = 2) -> Path:
+    """Save a checkpoint of ``step`` on all ranks; returns the final directory."""
+    dir = Path(dir)
+    final, tmp = dir / f"step-{step:08d}", dir / f"step-{step:08d}.tmp"
+    if _rank() == 0:
+        dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    _barrier()
+    position = torch.tensor([data_state["position"], data_state["dp_size"], data_state["global_batch"]])
+    dcp.save(_app_state(model, optimizer, _rank_state(position)), checkpoint_id=str(tmp))
+    _barrier()
+    if _rank() == 0:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        _write_atomic(tmp / META, json.dumps({**meta, "step": step, "world_size": world}, indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        _write_atomic(dir / LATEST, final.name)
+        done = sorted(p for p in dir.glob("step-*") if not p.name.endswith(".tmp") and _is_complete(p))
+        for old in done[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        return json.loads((path / META).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint '{path}' has no readable {META} ({e.__class__.__name__}); "
+                              "it is incomplete or not a tessel checkpoint") from None
+
+
+def check_compatible(path: Path, meta: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Refuse a checkpoint written for another model (architecture and sizes must match)."""
+    saved, want = meta.get("model"), expected.get("model")
+    if saved != want:
+        diff = [k for k in sorted(set(saved or {}) | set(want or {}))
+                if (saved or {}).get(k) != (want or {}).get(k)]
+        detail = ", ".join(f"{k}: checkpoint {(saved or {}).get(k)!r} vs run {(want or {}).get(k)!r}"
+                           for k in diff[:4])
+        raise CheckpointError(f"checkpoint '{path}' is from another model ({detail}); "
+                              "resume with the model it was saved with or start a new run")
+
+
+def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any]) -> tuple[int, dict[str, int]]:
+    """Load ``path`` into model and optimizer in place; restore this rank's RNG.
+
+    Returns (step, data_state). Raises CheckpointError if the checkpoint is missing, corrupt, or
+    from another model.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint '{path}' does not exist")
+    if not (path / ".metadata").is_file():
+        raise CheckpointError(f"checkpoint '{path}' is incomplete or corrupt: its .metadata file is missing")
+    meta = read_meta(path)
+    check_compatible(path, meta, expected_meta)
+    state = _app_state(model, optimizer, _rank_state(torch.zeros(3, dtype=torch.int64)))
+    try:
+        dcp.load(state, checkpoint_id=str(path), planner=_SafeLoadPlanner())
+    except (Exception, CheckpointException) as e:  # DCP's own type derives from BaseException
+        raise CheckpointError(f"checkpoint '{path}' is corrupt or unreadable ({_root_cause(e)})") from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    r = _rank()
+    torch.set_rng_state(state[f"rank{r}.rng"])
+    pos, dp_size, global_batch = (int(v) for v in state[f"rank{r}.data"])
+    return int(meta["step"]), {"position": pos, "dp_size": dp_size, "global_batch": global_batch}
+
+
+def _root_cause(e: BaseException) -> str:
+    """The first line of the underlying error, not DCP's per-rank wrapper."""
+    failures = getattr(e, "failures", None)
+    if failures:  # rank -> (exception, traceback)
+        e = next(iter(failures.values()))
+        e = e[0] if isinstance(e, tuple) else e
+    text = str(e).strip().splitlines()
+    return (text[-1] if text else type(e).__name__)[:160]
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        comm.barrier("meta")

@@ -1,0 +1,122 @@
+"""The training loop a worker runs: build everything from the config, train, checkpoint, summarise.
+
+Run it on several local workers with ``tessel train --nproc 2`` or under torchrun on several nodes::
+
+    torchrun --nproc-per-node 2 -m tessel train --steps 50
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from ..config import Config
+from ..data import ShardedLoader, build_dataset
+from ..errors import CheckpointError
+from ..mesh import ParallelDims, build_mesh, init_distributed
+from ..models import build_model
+from ..parallelize import parallelize
+from . import checkpoint
+from .engine import Engine
+from .metrics import MetricsLogger
+from .optim import build_optimizer
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def build_data(cfg: Config):
+    return build_dataset(
+        cfg.data_source, vocab_size=cfg.data.vocab_size, seq_len=cfg.data.seq_len, seed=cfg.train.seed,
+        zipf_s=cfg.data.zipf_s, path=cfg.data.path, cache_dir=cfg.data.cache_dir,
+        in_features=cfg.model.in_features, classes=cfg.model.classes,
+    )
+
+
+def build(cfg: Config, vocab_size: int) -> torch.nn.Module:
+    """The plain single-process model the config describes (seeded by the caller)."""
+    m = cfg.model
+    return build_model(
+        m.name, vocab_size=vocab_size, seq_len=cfg.data.seq_len, dim=m.dim, hidden=m.hidden, layers=m.layers,
+        heads=m.heads, dropout=m.dropout, tie_embeddings=m.tie_embeddings, softmax=m.softmax,
+        num_sampled=m.num_sampled, in_features=m.in_features, classes=m.classes,
+    )
+
+
+def model_identity(cfg: Config, vocab_size: int) -> dict[str, Any]:
+    """What a checkpoint must match to be loaded into this run's model."""
+    return {"model": {**cfg.to_dict()["model"], "vocab_size": vocab_size, "seq_len": cfg.data.seq_len}}
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """Train as one rank of the world torchrun started; returns the run summary (same on every rank)."""
+    init_distributed(cfg.parallel.backend, cfg.parallel.timeout)
+    rank = dist.get_rank()
+    dims = ParallelDims.resolve(dist.get_world_size(), cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp)
+    dims.check_batch(cfg.train.global_batch, cfg.train.micro_batches)
+    mesh = build_mesh(dims, cfg.parallel.timeout)
+    dp_group = mesh.get_group("dp")
+
+    # The same seed on every rank: identical initial weights, and identical draws for the
+    # sampled softmax's candidates, which data-parallel parity relies on.
+    torch.manual_seed(cfg.train.seed)
+    dataset = build_data(cfg)
+    vocab = getattr(dataset, "vocab_size", 0)
+    model = build(cfg, vocab).to(DTYPES[cfg.train.dtype])
+    if dist.get_backend() == "nccl":
+        model = model.cuda()
+    identity = model_identity(cfg, vocab)
+    model = parallelize(model, dims, mesh)
+    optimizer = build_optimizer(model.parameters(), cfg.train)
+    loader = ShardedLoader(dataset, cfg.train.global_batch, dist.get_rank(dp_group), dims.dp, seed=cfg.train.seed)
+    engine = Engine(model, optimizer, cfg.train)
+
+    start = 0
+    ckpt_dir = cfg.checkpoint_dir
+    if cfg.checkpoint.resume:
+        path = checkpoint.latest(ckpt_dir)
+        if path is None:
+            raise CheckpointError(f"--resume: no complete checkpoint in '{ckpt_dir}'; train without --resume first")
+        saved_world = checkpoint.read_meta(path).get("world_size")
+        if saved_world != dims.world_size:
+            raise CheckpointError(f"checkpoint '{path}' was saved by {saved_world} ranks and holds per-rank RNG "
+                                  f"and data state; resume it with {saved_world} ranks, not {dims.world_size}")
+        start, data_state = checkpoint.load(path, model, optimizer, identity)
+        loader.load_state_dict(data_state)
+
+    unit = "samples" if cfg.model.name == "classifier" else "tokens"
+    per_step = cfg.train.global_batch * (1 if unit == "samples" else cfg.data.seq_len)
+    logger = MetricsLogger(cfg.metrics.out, cfg.train.steps, start, cfg.metrics.progress, cfg.metrics.log_every,
+                           cfg.metrics.tensorboard, enabled=rank == 0, resume=cfg.checkpoint.resume)
+    run_bytes: dict[str, dict[str, int]] = {}
+    comm.counter.end_step()  # set-up traffic (dp.init) is not part of any step
+    for step in range(start, cfg.train.steps):
+        t0 = time.perf_counter()
+        inputs, targets = loader.next_batch()
+        result = engine.step(inputs, targets, step)
+        loss = torch.tensor([result.loss], dtype=torch.float64)
+        comm.all_reduce(loss, "meta", group=dp_group)
+        dt = time.perf_counter() - t0
+        step_bytes = comm.counter.end_step()
+        for c, v in step_bytes.items():
+            acc = run_bytes.setdefault(c, {"sent": 0, "recv": 0})
+            acc["sent"] += v["sent"]
+            acc["recv"] += v["recv"]
+        logger.log_step({"step": step + 1, "loss": float(loss) / dims.dp, "lr": result.lr,
+                         "grad_norm": result.grad_norm, "step_time": dt, "tokens_per_s": per_step / dt,
+                         "bytes": step_bytes})
+        done = step + 1 == cfg.train.steps
+        every = cfg.checkpoint.every
+        if cfg.checkpoint.enabled and ((every and (step + 1) % every == 0) or done):
+            checkpoint.save(ckpt_dir, step + 1, model, optimizer, loader.state_dict(), identity, cfg.checkpoint.keep)
+
+    summary = logger.summary(
+        comm.all_gather_object(run_bytes, "meta"),
+        {"model": cfg.model.name, "dims": str(dims), "unit": unit, "out": cfg.metrics.out,
+         "plot": cfg.metrics.plot, "tokens_per_step": per_step},
+    )
+    logger.close(summary)
+    return summary

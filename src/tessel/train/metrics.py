@@ -1,0 +1,150 @@
+"""Per-step metrics of a run: JSONL file, progress display, final summary table, plot, TensorBoard.
+
+Only rank 0 writes or prints; every rank computes the same numbers (losses and byte counts are
+gathered before they get here).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+class MetricsLogger:
+    """Collects step records; ``log_step`` each step, ``close`` once at the end (returns the summary)."""
+
+    def __init__(self, out: str | Path, steps: int, start_step: int = 0, progress: str = "auto",
+                 log_every: int = 10, tensorboard: bool = False, enabled: bool = True, resume: bool = False) -> None:
+        self.out, self.enabled, self.log_every = Path(out), enabled, log_every
+        self.records: list[dict[str, Any]] = []
+        self.t0 = time.perf_counter()
+        self.bar = self.tb = self.jsonl = None
+        if not enabled:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.jsonl = open(self.out / "metrics.jsonl", "a" if resume else "w")
+        mode = progress if progress != "auto" else ("bar" if sys.stderr.isatty() else "log")
+        if mode == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        self.mode = mode
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(self.out / "tb"))
+            except ImportError:
+                print("tessel: tensorboard is not installed (pip install 'tessel[tensorboard]'); "
+                      "logging to metrics.jsonl only", file=sys.stderr)
+
+    def log_step(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if not self.enabled:
+            return
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        step = record["step"]
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        elif self.mode == "log" and (step % self.log_every == 0 or step == 1):
+            print(f"step {step:>6}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+                  f"{record['tokens_per_s']:>9.0f} tok/s  {record['step_time'] * 1000:7.1f} ms/step", flush=True)
+        if self.tb is not None:
+            for key in ("loss", "lr", "tokens_per_s", "step_time", "grad_norm"):
+                self.tb.add_scalar(f"train/{key}", record[key], step)
+
+    def summary(self, bytes_per_rank: list[dict[str, dict[str, int]]], extra: dict[str, Any]) -> dict[str, Any]:
+        """Aggregate the run: medians skip the first steps (warm-up) when there are enough."""
+        recs = self.records
+        timed = recs[min(3, len(recs) - 1):] if len(recs) > 4 else recs
+        steps = max(len(recs), 1)
+        channels = sorted({c for r in bytes_per_rank for c in r})
+        per_channel = {
+            c: {
+                "sent_per_step_per_rank": statistics.mean(r.get(c, {}).get("sent", 0) for r in bytes_per_rank) / steps,
+                "recv_per_step_per_rank": statistics.mean(r.get(c, {}).get("recv", 0) for r in bytes_per_rank) / steps,
+                "sent_max_rank_total": max(r.get(c, {}).get("sent", 0) for r in bytes_per_rank),
+            }
+            for c in channels
+        }
+        out = {
+            **extra,
+            "steps_run": len(recs),
+            "first_loss": recs[0]["loss"] if recs else None,
+            "final_loss": statistics.mean(r["loss"] for r in recs[-5:]) if recs else None,
+            "median_step_time": statistics.median(r["step_time"] for r in timed) if recs else None,
+            "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed) if recs else None,
+            "wall_time": time.perf_counter() - self.t0,
+            "bytes": per_channel,
+        }
+        return out
+
+    def close(self, summary: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+        self.jsonl.close()
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(format_summary(summary), flush=True)
+        if summary.get("plot", True):
+            plot(self.records, self.out / "loss.png")
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    unit = s.get("unit", "tokens")
+    lines = [
+        "",
+        f"tessel run summary  ({s.get('model')}, {s.get('dims')}, {s['steps_run']} steps in {s['wall_time']:.1f} s)",
+        f"  loss            {s['first_loss']:.4f} -> {s['final_loss']:.4f}" if s["first_loss"] is not None else "",
+        f"  {unit}/s        {s['median_tokens_per_s']:.0f} (median over steps)",
+        f"  step time       {s['median_step_time'] * 1000:.1f} ms (median)",
+        "  bytes per channel, per step per rank:",
+        f"    {'channel':<12} {'sent':>12} {'received':>12}",
+    ]
+    for c, v in s["bytes"].items():
+        lines.append(f"    {c:<12} {human_bytes(v['sent_per_step_per_rank']):>12} "
+                     f"{human_bytes(v['recv_per_step_per_rank']):>12}")
+    if s.get("out"):
+        lines.append(f"  metrics, summary and plot in {s['out']}")
+    return "\n".join(line for line in lines if line)
+
+
+def plot(records: list[dict[str, Any]], path: Path) -> bool:
+    """Loss and throughput over steps as a PNG; False (with a note) when matplotlib is missing."""
+    if not records:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("tessel: matplotlib is not installed (pip install 'tessel[plot]'); no loss.png", file=sys.stderr)
+        return False
+    steps = [r["step"] for r in records]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a.plot(steps, [r["loss"] for r in records], lw=1)
+    a.set(xlabel="step", ylabel="loss", title="training loss")
+    b.plot(steps, [r["tokens_per_s"] for r in records], lw=1, color="tab:green")
+    b.set(xlabel="step", ylabel="per second", title="throughput")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True

@@ -1,0 +1,34 @@
+import pytest
+
+from world import World
+
+_worlds: dict[int, World] = {}
+
+
+def _get(size: int) -> World:
+    w = _worlds.get(size)
+    if w is None or w.broken:
+        if w is not None:
+            w.close()
+        w = _worlds[size] = World(size)
+    return w
+
+
+@pytest.fixture
+def world2() -> World:
+    return _get(2)
+
+
+@pytest.fixture
+def world4() -> World:
+    return _get(4)
+
+
+@pytest.fixture
+def world3() -> World:
+    return _get(3)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for w in _worlds.values():
+        w.close()

@@ -1,0 +1,171 @@
+"""The command line: one-line errors with exit code 2, resume equality, dead and stuck workers."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from tessel.cli import main
+
+TINY = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--vocab", "200", "--seq-len", "8",
+        "--batch", "8", "--metrics.progress", "log"]
+
+
+def tessel(*args, cwd, timeout=120, env=None):
+    return subprocess.run([sys.executable, "-m", "tessel", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def one_line_error(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("tessel: error: ")
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+def test_config_errors(capsys, tmp_path):
+    one_line_error(capsys, ["train", "--nproc", "3", "--dp", "2"], "dp=2 x pp=1 x tp=1 = 2", "world size 3")
+    one_line_error(capsys, ["train", "--batch", "10", "--micro-batches", "2"], "global batch 10", "dp=2")
+    one_line_error(capsys, ["train", "--model", "resnet"], "model.name", "transformer_lm, lstm_lm, classifier")
+    one_line_error(capsys, ["train", "--train.stepz", "3"], "--train.stepz")
+    one_line_error(capsys, ["train", "--steps", "ten"], "train.steps", "int")
+    one_line_error(capsys, ["train", "--pp", "2", "--nproc", "2"], "pp=2", "not available")
+    toml = tmp_path / "run.toml"
+    toml.write_text("[train]\nsteps = 5\nbogus = 1\n")
+    one_line_error(capsys, ["train", "--config", str(toml)], "train.bogus", "train.steps")
+    toml.write_text("[trainer]\nsteps = 5\n")
+    one_line_error(capsys, ["train", "--config", str(toml)], "trainer", "valid sections")
+    one_line_error(capsys, ["train", "--config", str(tmp_path / "nope.toml")], "does not exist")
+
+
+def test_data_errors(capsys, tmp_path):
+    cache = ["--data.cache_dir", str(tmp_path / "cache")]
+    one_line_error(capsys, ["train", "--data", str(tmp_path / "missing*.txt"), *cache], "missing*.txt")
+    (tmp_path / "empty.txt").write_text("")
+    one_line_error(capsys, ["train", "--data", str(tmp_path / "empty.txt"), *cache], "empty.txt", "empty")
+    (tmp_path / "bin.txt").write_bytes(b"hello \xff\xfe world")
+    one_line_error(capsys, ["train", "--data", str(tmp_path / "bin.txt"), *cache], "bin.txt", "UTF-8")
+
+
+def test_checkpoint_errors(capsys, tmp_path):
+    out = tmp_path / "run"
+    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY], "no complete checkpoint")
+    r = tessel("train", "--steps", "2", "--out", str(out), *TINY, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY, "--model.dim", "8"],
+                   "another model", "dim")
+    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY, "--nproc", "1"], "2 ranks")
+    ckpt = out / "checkpoints" / "step-00000002"
+    (ckpt / ".metadata").write_bytes(b"garbage")
+    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY], "corrupt")
+    # a damaged shard is found by the workers; the job still ends with one clear line and exit 2
+    r = tessel("train", "--steps", "2", "--out", str(out), *TINY, cwd=tmp_path)
+    for shard in ckpt.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:40])
+    r = tessel("train", "--resume", "--steps", "4", "--out", str(out), *TINY, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "tessel: error: checkpoint" in r.stderr and "corrupt" in r.stderr
+
+
+def _load(path: Path, tmp: Path) -> dict:
+    dst = tmp / (path.parent.parent.name + ".pt")
+    dcp_to_torch_save(str(path), str(dst))
+    return torch.load(dst, weights_only=False)
+
+
+def _assert_identical(a, b, where=""):
+    if isinstance(a, dict):
+        assert set(a) == set(b), where
+        for k in a:
+            _assert_identical(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+def test_resume_is_bit_identical(tmp_path):
+    """6 steps uninterrupted == the step-3 checkpoint resumed in fresh workers for 3 more steps."""
+    args = [*TINY, "--model", "lstm_lm", "--model.softmax", "sampled", "--model.num_sampled", "32",
+            "--optimizer", "adam", "--steps", "6"]
+    full = tmp_path / "full"
+    r = tessel("train", *args, "--ckpt-every", "3", "--checkpoint.keep", "5", "--out", str(full), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    part = tmp_path / "part"
+    (part / "checkpoints").mkdir(parents=True)
+    shutil.copytree(full / "checkpoints" / "step-00000003", part / "checkpoints" / "step-00000003")
+    r = tessel("train", *args, "--resume", "--out", str(part), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    a = _load(full / "checkpoints" / "step-00000006", tmp_path)
+    b = _load(part / "checkpoints" / "step-00000006", tmp_path)
+    _assert_identical(a, b)
+    before = _load(full / "checkpoints" / "step-00000003", tmp_path)
+    assert not torch.equal(before["model"]["embedding.weight"], a["model"]["embedding.weight"])
+
+
+def _workers(launcher_pid: int) -> dict[int, int]:
+    """local rank -> pid of the tessel workers below ``launcher_pid``."""
+    found = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        pid, ppid = int(d.name), int(stat.rsplit(")", 1)[1].split()[1])
+        local = [e for e in env if e.startswith(b"LOCAL_RANK=")]
+        if local and ppid == launcher_pid:
+            found[int(local[0].split(b"=")[1])] = pid
+    return found
+
+
+def _start_and_wait_for_steps(tmp_path, *extra):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "tessel", "train", *TINY, "--steps", "100000", "--out", str(out),
+                             "--checkpoint.enabled", "false", *extra], cwd=tmp_path, stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        metrics = out / "metrics.jsonl"
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            workers = _workers(proc.pid)
+            if len(workers) == 2:
+                return proc, workers
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("training did not start")
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_dead_or_stuck_worker_ends_job(tmp_path, how):
+    proc, workers = _start_and_wait_for_steps(tmp_path, "--timeout", "5")
+    t0 = time.monotonic()
+    os.kill(workers[1], signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if how == "stop":
+            try:
+                os.kill(workers[1], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert time.monotonic() - t0 < 60
+    assert proc.returncode != 0
+    if how == "kill":
+        assert "rank 1" in err and "SIGKILL" in err, err
+    else:
+        assert "timed out" in err and "rank 0" in err, err

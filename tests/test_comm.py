@@ -1,0 +1,163 @@
+"""Exact byte counts and values of every collective in tessel.comm, on real gloo worlds."""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tessel import comm
+from tessel.errors import CommError, PlanError
+from tessel.mesh import ParallelDims, build_mesh
+
+
+def check_collectives():
+    r, p = dist.get_rank(), dist.get_world_size()
+    c = comm.counter
+    f32 = 4
+
+    x = torch.full((6, 4), float(r + 1))
+    comm.all_reduce(x, "a")
+    assert torch.all(x == p * (p + 1) / 2)
+    assert c.step()["a"] == {"sent": 2 * (p - 1) * 24 * f32 // p, "recv": 2 * (p - 1) * 24 * f32 // p}
+
+    out = torch.empty(p * 3, 2)
+    comm.all_gather_into(out, torch.full((3, 2), float(r)), "g")
+    assert torch.equal(out[:, 0], torch.arange(p).repeat_interleave(3).float())
+    assert c.step()["g"] == {"sent": (p - 1) * 6 * f32, "recv": (p - 1) * 6 * f32}
+    parts = comm.all_gather(torch.tensor(float(r)), "g2")
+    assert [float(t) for t in parts] == [float(i) for i in range(p)]
+
+    inp = torch.arange(p * 5, dtype=torch.float64).reshape(p * 5, 1) * (r + 1)
+    res = torch.empty(5, 1, dtype=torch.float64)
+    comm.reduce_scatter(res, inp, "rs")
+    expect = torch.arange(p * 5, dtype=torch.float64).reshape(p * 5, 1)[r * 5:(r + 1) * 5] * p * (p + 1) / 2
+    assert torch.equal(res, expect)
+    assert c.step()["rs"] == {"sent": (p - 1) * 5 * 8, "recv": (p - 1) * 5 * 8}
+
+    # uneven all_to_all: rank r sends j+1 rows of width 3 to rank j (bf16: 2 bytes)
+    ins = [j + 1 for j in range(p)]
+    outs = [r + 1] * p
+    t = torch.full((sum(ins), 3), float(r), dtype=torch.bfloat16)
+    o = torch.empty(sum(outs), 3, dtype=torch.bfloat16)
+    comm.all_to_all(o, t, "x", output_splits=outs, input_splits=ins)
+    assert torch.equal(o[:, 0].float(), torch.arange(p).repeat_interleave(r + 1).float())
+    assert c.step()["x"] == {"sent": (sum(ins) - ins[r]) * 3 * 2, "recv": (sum(outs) - outs[r]) * 3 * 2}
+
+    b = torch.full((7,), float(r))
+    comm.broadcast(b, 1, "b")
+    assert torch.all(b == 1)
+    pos = (r - 1) % p
+    assert c.step()["b"] == {"sent": 28 if pos < p - 1 else 0, "recv": 28 if pos > 0 else 0}
+
+    # ring of send/recv, blocking and batched
+    nxt, prv = (r + 1) % p, (r - 1) % p
+    got = torch.empty(10, dtype=torch.int64)
+    works = comm.batch_isend_irecv([("send", torch.full((10,), r), nxt), ("recv", got, prv)], "pp.act")
+    for w in works:
+        w.wait()
+    assert torch.all(got == prv)
+    assert c.step()["pp.act"] == {"sent": 80, "recv": 80}
+    if r == 0:
+        comm.send(torch.ones(3), 1, "p2p")
+    elif r == 1:
+        buf = torch.zeros(3)
+        comm.recv(buf, 0, "p2p")
+        assert torch.all(buf == 1)
+
+    w = comm.all_reduce(torch.ones(8), "async", async_op=True)
+    w.wait()
+    step = c.end_step()
+    assert c.step() == {} and c.total()["a"] == step["a"]
+    return step
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_collectives_bytes_and_values(size, world2, world4):
+    world = {2: world2, 4: world4}[size]
+    steps = world.run(check_collectives)
+    assert len(steps) == size
+
+
+def check_ddp_hook_bytes():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    p = dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    n_bytes = sum(q.numel() for q in model.parameters()) * 4
+    for q in model.parameters():
+        comm.broadcast(q.data, 0, "dp.init")
+    ddp = DDP(model, init_sync=False, forward_sync_buffers=False)
+    ddp.register_comm_hook(None, comm.ddp_comm_hook("dp.dense"))
+    comm.counter.end_step()
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(dist.get_rank()))
+    ddp(x).square().mean().backward()
+    step = comm.counter.end_step()
+    # one bucket for this small model: exactly the ring all_reduce of all gradient bytes
+    assert step == {"dp.dense": {"sent": 2 * (p - 1) * n_bytes // p, "recv": 2 * (p - 1) * n_bytes // p}}
+    # gradients really are averaged over ranks
+    g = [q.grad.clone() for q in model.parameters()]
+    ref = [q.clone() for q in g]
+    for t in ref:
+        dist.all_reduce(t)
+    for a, b in zip(g, ref):
+        torch.testing.assert_close(a, b / p, rtol=0, atol=0)
+    return n_bytes
+
+
+def test_ddp_traffic_is_counted(world2, world4):
+    assert world2.run(check_ddp_hook_bytes)[0] == world4.run(check_ddp_hook_bytes)[0] == (16 * 32 + 32 + 32 * 8 + 8) * 4
+
+
+def check_mesh():
+    dims = ParallelDims(dp=2, pp=1, tp=2, world_size=4)
+    mesh = build_mesh(dims, timeout=10)
+    r = dist.get_rank()
+    assert mesh.mesh_dim_names == ("pp", "dp", "tp")
+    dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
+    # tp groups are neighbouring ranks (innermost dim); dp strides over them
+    assert dist.get_process_group_ranks(tp) == [r - r % 2, r - r % 2 + 1]
+    assert dist.get_process_group_ranks(dp) == [r % 2, r % 2 + 2]
+    x = torch.tensor([float(r)])
+    comm.all_reduce(x, "tp", group=tp)
+    assert float(x) == (r - r % 2) * 2 + 1
+    return True
+
+
+def test_mesh_groups(world4):
+    assert all(world4.run(check_mesh))
+
+
+def check_timeout():
+    dims = ParallelDims(dp=2, pp=1, tp=1, world_size=2)
+    mesh = build_mesh(dims, timeout=2)
+    if dist.get_rank() == 1:
+        time.sleep(6)  # a stuck peer: never joins the all_reduce
+        return None
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(torch.ones(4), "dp.dense", group=mesh.get_group("dp"))
+    except CommError as e:
+        return (time.monotonic() - t0, str(e))
+    return None
+
+
+def test_stuck_peer_gives_comm_error_not_hang(world2):
+    res = world2.run(check_timeout)
+    world2.broken = True  # the timed-out group may hold a half-finished op; start afresh next time
+    elapsed, msg = res[0]
+    assert elapsed < 10
+    assert "rank 0" in msg and "all_reduce" in msg and "dp.dense" in msg and "timed out" in msg
+
+
+def test_parallel_dims_errors():
+    with pytest.raises(PlanError, match=r"dp=2 x pp=1 x tp=1 = 2 do not match the world size 3"):
+        ParallelDims(dp=2, pp=1, tp=1, world_size=3)
+    with pytest.raises(PlanError, match="not divisible by pp=2"):
+        ParallelDims.resolve(3, pp=2)
+    assert ParallelDims.resolve(8, pp=2, tp=2).dp == 2
+    with pytest.raises(PlanError, match=r"global batch 10 is not divisible by dp=2 x micro_batches=2 = 4"):
+        ParallelDims.resolve(2).check_batch(10, 2)
+    with pytest.raises(PlanError, match="integers >= 1"):
+        ParallelDims(dp=0, pp=1, tp=1, world_size=0)

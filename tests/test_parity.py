@@ -1,0 +1,99 @@
+"""Data parallelism (DDP on the mesh's dp group) equals single-process training on the same global batch.
+
+fp64, several optimizer steps, gradient clipping on: outputs (the global loss), gradients and
+parameters must agree to 1e-10 at 2 and 4 ranks, for each reference model.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tessel import comm
+from tessel.config import load_config
+from tessel.data import ShardedLoader
+from tessel.mesh import ParallelDims, build_mesh
+from tessel.parallelize import parallelize
+from tessel.train.engine import Engine
+from tessel.train.loop import build, build_data
+from tessel.train.optim import build_optimizer
+
+SMALL = {
+    "transformer_lm": ["model.dim=16", "model.layers=2", "model.heads=2", "data.vocab_size=64", "data.seq_len=8"],
+    "lstm_lm": ["model.dim=12", "model.hidden=16", "model.softmax=sampled", "model.num_sampled=16",
+                "data.vocab_size=80", "data.seq_len=6"],
+    "classifier": ["model.in_features=24", "model.hidden=32", "model.layers=2", "model.classes=5"],
+}
+ATOL = 1e-10
+
+
+def check_parity(name: str, optimizer: str, micro: int, steps: int = 4):
+    p, r = dist.get_world_size(), dist.get_rank()
+    cfg = load_config(None, [f"model.name={name}", *SMALL[name], "train.dtype=float64", "train.global_batch=8",
+                             f"train.micro_batches={micro}", f"train.optimizer={optimizer}", "train.lr=0.05",
+                             "train.warmup=2", "train.clip=0.5", f"train.steps={steps}"])
+    dims = ParallelDims.resolve(p)
+    mesh = build_mesh(dims, timeout=20)
+    data = build_data(cfg)
+    vocab = getattr(data, "vocab_size", 0)
+    torch.manual_seed(1)
+    ref = build(cfg, vocab).double()
+    torch.manual_seed(1)
+    model = parallelize(build(cfg, vocab).double(), dims, mesh)
+    loader = ShardedLoader(data, 8, r, p)
+    ref_loader = ShardedLoader(data, 8, 0, 1)
+
+    # one forward/backward: global loss and averaged gradients equal the single-process ones
+    x, y = loader.next_batch()
+    rx, ry = ref_loader.next_batch()
+    x, rx = (t.double() if t.is_floating_point() else t for t in (x, rx))
+    rng = torch.get_rng_state()
+    loss = model(x, y)
+    loss.backward()
+    torch.set_rng_state(rng)  # the sampled softmax draws the same candidates in the reference
+    ref_loss = ref(rx, ry)
+    ref_loss.backward()
+    total = loss.detach().clone()
+    comm.all_reduce(total, "meta")
+    torch.testing.assert_close(total / p, ref_loss.detach(), rtol=0, atol=ATOL)
+    for (n, a), b in zip(model.module.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=ATOL, msg=n)
+    model.zero_grad(set_to_none=True)
+    ref.zero_grad(set_to_none=True)
+
+    engine = Engine(model, build_optimizer(model.parameters(), cfg.train), cfg.train)
+    ref_engine = Engine(ref, build_optimizer(ref.parameters(), cfg.train), cfg.train)
+    for step in range(steps):
+        x, y = loader.next_batch()
+        rx, ry = ref_loader.next_batch()
+        rng = torch.get_rng_state()
+        res = engine.step(x, y, step)
+        torch.set_rng_state(rng)
+        ref_res = ref_engine.step(rx, ry, step)
+        assert abs(res.grad_norm - ref_res.grad_norm) < ATOL
+        mean = torch.tensor([res.loss], dtype=torch.float64)
+        comm.all_reduce(mean, "meta")
+        assert abs(float(mean) / p - ref_res.loss) < ATOL
+    moved = 0.0
+    for (n, a), b in zip(model.module.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=ATOL, msg=n)
+        moved += float((a - b).abs().max())
+    # the parameters really changed (a test that cannot fail proves nothing)
+    torch.manual_seed(1)
+    init = build(cfg, vocab).double()
+    assert max(float((a - b).abs().max()) for a, b in zip(ref.parameters(), init.parameters())) > 1e-3
+    return float(ref_res.loss)
+
+
+CASES = [("transformer_lm", "adamw", 2), ("lstm_lm", "sgd", 1), ("classifier", "adagrad", 2)]
+
+
+@pytest.mark.parametrize("name,optimizer,micro", CASES)
+def test_ddp_parity_2_ranks(world2, name, optimizer, micro):
+    losses = world2.run(check_parity, name, optimizer, micro)
+    assert len(set(losses)) == 1
+
+
+@pytest.mark.parametrize("name,optimizer,micro", CASES)
+def test_ddp_parity_4_ranks(world4, name, optimizer, micro):
+    losses = world4.run(check_parity, name, optimizer, 1 if name == "lstm_lm" else micro)
+    assert len(set(losses)) == 1

@@ -1,0 +1,93 @@
+"""Run functions on a persistent N-rank gloo world: spawned once, reused by many tests.
+
+Spawning a world costs seconds on 2 cores, so each size is started once per session and every test
+sends it a function to run on all ranks. A function that fails on any rank breaks the world (peers
+may be stuck in a collective); the next ``run`` starts a fresh one.
+
+    world = World(2)
+    results = world.run(check_fn, arg)   # check_fn(arg) on every rank; list of results by rank
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import traceback
+from datetime import timedelta
+
+import torch.multiprocessing as mp
+
+TIMEOUT = 20.0  # seconds a collective may wait inside tests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, size: int, port: int, tasks, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
+                      LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=timedelta(seconds=TIMEOUT))
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        fn, args, kwargs = task
+        try:
+            from tessel import comm
+
+            comm.counter.reset()
+            results.put((rank, True, fn(*args, **kwargs)))
+        except BaseException:  # noqa: B036 - report everything, the test decides
+            results.put((rank, False, traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class World:
+    def __init__(self, size: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.size = size
+        self.tasks = [ctx.Queue() for _ in range(size)]
+        self.results = ctx.Queue()
+        port = free_port()
+        self.procs = [ctx.Process(target=_worker, args=(r, size, port, self.tasks[r], self.results), daemon=True)
+                      for r in range(size)]
+        for p in self.procs:
+            p.start()
+        self.broken = False
+
+    def run(self, fn, *args, timeout: float = 120.0, **kwargs) -> list:
+        """``fn(*args, **kwargs)`` on every rank; the results in rank order, or AssertionError."""
+        for q in self.tasks:
+            q.put((fn, args, kwargs))
+        out, errors = [None] * self.size, []
+        for _ in range(self.size):
+            try:
+                rank, ok, value = self.results.get(timeout=timeout)
+            except queue.Empty:
+                self.broken = True
+                raise AssertionError(f"{fn.__name__} did not finish on all {self.size} ranks in {timeout}s") from None
+            if ok:
+                out[rank] = value
+            else:
+                errors.append(f"--- rank {rank} ---\n{value}")
+        if errors:
+            self.broken = True
+            raise AssertionError(f"{fn.__name__} failed on {len(errors)} rank(s):\n" + "\n".join(errors))
+        return out
+
+    def close(self) -> None:
+        for q, p in zip(self.tasks, self.procs):
+            if p.is_alive() and not self.broken:
+                q.put(None)
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
