@@ -113,7 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     except TesselError as e:
         return _fail(f"tessel: error: {e}", 2)
     except CommError as e:
-        return _fail(f"tessel: {e}", 1)
+        code = _fail(f"tessel: {e}", 1)
+        if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            # After a failed collective, gloo's threads and DDP's reducer can block interpreter exit
+            # for a long time; the job is over, so leave at once.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     except KeyboardInterrupt:
         print("tessel: interrupted", file=sys.stderr)
         return 130
