@@ -44,8 +44,9 @@ def launch(args: list[str], nproc: int, verbose: bool = False) -> int:
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"tessel-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.2,
-        # Grace period before SIGKILL when the launcher is interrupted. (torch 2.13's agent ignores it when a
-        # worker fails: it then waits its fixed 30 s for ranks that ignore SIGTERM, e.g. a SIGSTOPped one.)
+        # Grace period before SIGKILL when the launcher is interrupted. When a worker fails, torch 2.13's
+        # process context closes the others with its own fixed 30 s grace instead, which a rank that ignores
+        # SIGTERM (SIGSTOPped, stuck in the kernel) uses up in full.
         shutdown_timeout=5,
     )
     try:
