@@ -51,6 +51,15 @@ def model_identity(cfg: Config, vocab_size: int) -> dict[str, Any]:
     return {"model": {**cfg.to_dict()["model"], "vocab_size": vocab_size, "seq_len": cfg.data.seq_len}}
 
 
+def peak_memory_bytes() -> int:
+    """Peak memory of this rank: device memory on CUDA, else the process's peak resident set."""
+    if torch.cuda.is_available() and dist.get_backend() == "nccl":
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
 def run(cfg: Config) -> dict[str, Any]:
     """Train as one rank of the world torchrun started; returns the run summary (same on every rank)."""
     init_distributed(cfg.parallel.backend, cfg.parallel.timeout)
@@ -113,10 +122,12 @@ def run(cfg: Config) -> dict[str, Any]:
         if cfg.checkpoint.enabled and ((every and (step + 1) % every == 0) or done):
             checkpoint.save(ckpt_dir, step + 1, model, optimizer, loader.state_dict(), identity, cfg.checkpoint.keep)
 
+    per_rank = comm.all_gather_object({"bytes": run_bytes, "peak_mem": peak_memory_bytes()}, "meta")
     summary = logger.summary(
-        comm.all_gather_object(run_bytes, "meta"),
+        [r["bytes"] for r in per_rank],
         {"model": cfg.model.name, "dims": str(dims), "unit": unit, "out": cfg.metrics.out,
-         "plot": cfg.metrics.plot, "tokens_per_step": per_step},
+         "plot": cfg.metrics.plot, "tokens_per_step": per_step,
+         "peak_mem_per_rank": [r["peak_mem"] for r in per_rank]},
     )
     logger.close(summary)
     return summary

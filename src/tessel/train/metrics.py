@@ -104,7 +104,7 @@ class MetricsLogger:
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(format_summary(summary), flush=True)
         if summary.get("plot", True):
-            plot(self.records, self.out / "loss.png")
+            plot(self.records, self.out / "loss.png", summary.get("unit", "tokens"))
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -115,6 +115,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  loss            {s['first_loss']:.4f} -> {s['final_loss']:.4f}" if s["first_loss"] is not None else "",
         f"  {unit}/s        {s['median_tokens_per_s']:.0f} (median over steps)",
         f"  step time       {s['median_step_time'] * 1000:.1f} ms (median)",
+        f"  peak memory     {human_bytes(max(s['peak_mem_per_rank']))} (largest rank)" if s.get("peak_mem_per_rank")
+        else "",
         "  bytes per channel, per step per rank:",
         f"    {'channel':<12} {'sent':>12} {'received':>12}",
     ]
@@ -126,7 +128,7 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def plot(records: list[dict[str, Any]], path: Path) -> bool:
+def plot(records: list[dict[str, Any]], path: Path, unit: str = "tokens") -> bool:
     """Loss and throughput over steps as a PNG; False (with a note) when matplotlib is missing."""
     if not records:
         return False
@@ -143,7 +145,7 @@ def plot(records: list[dict[str, Any]], path: Path) -> bool:
     a.plot(steps, [r["loss"] for r in records], lw=1)
     a.set(xlabel="step", ylabel="loss", title="training loss")
     b.plot(steps, [r["tokens_per_s"] for r in records], lw=1, color="tab:green")
-    b.set(xlabel="step", ylabel="per second", title="throughput")
+    b.set(xlabel="step", ylabel=f"{unit}/s (whole job)", title="throughput")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
