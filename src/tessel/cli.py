@@ -18,6 +18,8 @@ import os
 import sys
 import time
 
+from .bench import cli as bench_cli
+from .cluster import cli as cluster_cli
 from .config import Config, all_keys, load_config
 from .errors import CommError, ConfigError, TesselError
 
@@ -60,6 +62,8 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tessel", description="Train one PyTorch model across many workers.")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     _train_parser(sub)
+    cluster_cli.add_parser(sub)
+    bench_cli.add_parser(sub)
     return p
 
 
@@ -89,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         ns = parser().parse_args(argv)
+        if ns.verb == "cluster":
+            return cluster_cli.main(ns)
+        if ns.verb == "bench":
+            return bench_cli.main(ns, argv)
         cfg = config_from_args(ns)
         if ns.print_config:
             print(cfg.to_toml())

@@ -62,6 +62,7 @@ class ParallelConfig:
     tp: int = 1
     backend: str = "auto"  # auto (nccl with CUDA, else gloo) | gloo | nccl
     timeout: float = 30.0  # seconds any collective may wait before the job is ended
+    ddp_comm: str = "tessel"  # tessel (gradients through tessel.comm, counted) | torch (DDP's own all-reduce)
 
 
 @dataclass
@@ -139,6 +140,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.softmax": ("full", "sampled"),
     "data.source": ("auto", "zipf", "text", "gaussian"),
     "parallel.backend": ("auto", "gloo", "nccl"),
+    "parallel.ddp_comm": ("tessel", "torch"),
     "train.optimizer": ("adamw", "adam", "sgd", "adagrad"),
     "train.schedule": ("cosine", "linear", "constant"),
     "train.dtype": ("float32", "float64"),

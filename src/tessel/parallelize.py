@@ -28,10 +28,16 @@ def replicate_from_first(module: torch.nn.Module, group) -> None:
             comm.broadcast(t.data, src, "dp.init", group=group)
 
 
-def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 25.0) -> DDP:
-    """Wrap ``model`` in DDP whose every byte (init and gradients) goes through tessel.comm."""
-    replicate_from_first(model, dp_group)
+def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 25.0, ddp_comm: str = "tessel") -> DDP:
+    """Wrap ``model`` in DDP whose every byte (init and gradients) goes through tessel.comm.
+
+    ``ddp_comm="torch"`` leaves DDP exactly as torch ships it (its own broadcast and all-reduce, bytes not
+    counted): the peer that benchmarks compare tessel's wrapper against.
+    """
     device_ids = [torch.cuda.current_device()] if next(model.parameters()).is_cuda else None
+    if ddp_comm == "torch":
+        return DDP(model, device_ids=device_ids, process_group=dp_group, bucket_cap_mb=bucket_mb)
+    replicate_from_first(model, dp_group)
     ddp = DDP(model, device_ids=device_ids, process_group=dp_group, init_sync=False, forward_sync_buffers=False,
               bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
     ddp.register_comm_hook(dp_group, comm.ddp_comm_hook("dp.dense"))
@@ -46,9 +52,9 @@ def check_supported(dims: ParallelDims) -> None:
         raise PlanError(f"pipeline parallelism (pp={dims.pp}) is not available in this version; valid: pp=1")
 
 
-def parallelize(model: torch.nn.Module, dims: ParallelDims, mesh) -> torch.nn.Module:
+def parallelize(model: torch.nn.Module, dims: ParallelDims, mesh, ddp_comm: str = "tessel") -> torch.nn.Module:
     """The model as this rank trains it under ``dims``."""
     check_supported(dims)
     if dims.dp > 1:
-        return apply_ddp(model, mesh.get_group("dp"))
+        return apply_ddp(model, mesh.get_group("dp"), ddp_comm=ddp_comm)
     return model

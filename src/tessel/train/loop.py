@@ -78,7 +78,7 @@ def run(cfg: Config) -> dict[str, Any]:
     if dist.get_backend() == "nccl":
         model = model.cuda()
     identity = model_identity(cfg, vocab)
-    model = parallelize(model, dims, mesh)
+    model = parallelize(model, dims, mesh, cfg.parallel.ddp_comm)
     optimizer = build_optimizer(model.parameters(), cfg.train)
     loader = ShardedLoader(dataset, cfg.train.global_batch, dist.get_rank(dp_group), dims.dp, seed=cfg.train.seed)
     engine = Engine(model, optimizer, cfg.train)

@@ -1,0 +1,74 @@
+"""``tessel bench SCENARIO``: strategies side by side on emulated hosts, with the physical bound.
+
+    tessel bench ddp                                   # 1, 2, 4 hosts at 1 Gbit/s and 200 Mbit/s, 3 repeats
+    tessel bench ddp --hosts 4 --rates 1gbit --models classifier --repeats 2 --doc docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from ..errors import ConfigError
+from . import scenarios
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark strategies side by side on an emulated cluster", description=__doc__)
+    p.add_argument("scenario", help=f"one of: {', '.join(scenarios.SCENARIOS)}")
+    p.add_argument("--hosts", help="comma-separated host counts (default 1,2,4)")
+    p.add_argument("--rates", help="comma-separated link rates (default 1gbit,200mbit)")
+    p.add_argument("--models", help="comma-separated subset of the scenario's models")
+    p.add_argument("--strategies", help="comma-separated subset of the scenario's strategies")
+    p.add_argument("--steps", type=int, help="training steps per run (default 12)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each job, in alternating order (default 3)")
+    p.add_argument("--out", help="folder for results.json, report.md and plots (default bench/SCENARIO)")
+    p.add_argument("--doc", help="also replace this scenario's section of a Markdown file, e.g. docs/benchmarks.md")
+
+
+def _subset(name: str, given: str | None, valid: dict) -> dict:
+    if not given:
+        return valid
+    keys = [k.strip() for k in given.split(",") if k.strip()]
+    bad = [k for k in keys if k not in valid]
+    if bad:
+        raise ConfigError(f"--{name} {','.join(bad)} not in this scenario; valid: {', '.join(valid)}")
+    return {k: valid[k] for k in keys}
+
+
+def main(ns, argv: list[str]) -> int:
+    from .report import write
+    from .runner import run_scenario
+
+    scn = scenarios.get(ns.scenario)
+    if ns.hosts:
+        try:
+            scn.hosts = sorted({int(h) for h in ns.hosts.split(",")})
+        except ValueError:
+            raise ConfigError(f"--hosts '{ns.hosts}' must be comma-separated integers, e.g. 1,2,4") from None
+        if min(scn.hosts) < 1:
+            raise ConfigError("--hosts values must be >= 1")
+    if ns.rates:
+        from ..cluster.emulate import parse_rate
+
+        scn.rates = [r.strip() for r in ns.rates.split(",")]
+        for r in scn.rates:
+            parse_rate(r)
+    scn.models = _subset("models", ns.models, scn.models)
+    scn.strategies = _subset("strategies", ns.strategies, scn.strategies)
+    if scn.baseline not in scn.strategies:
+        scn.baseline = next(iter(scn.strategies))
+    if ns.steps:
+        if ns.steps < 5:
+            raise ConfigError("--steps must be >= 5 (3 warm-up steps are left out of the medians)")
+        scn.steps = ns.steps
+    if ns.repeats < 1:
+        raise ConfigError("--repeats must be >= 1")
+    out = Path(ns.out or f"bench/{scn.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    records = run_scenario(scn, out, ns.repeats)
+    command = "tessel " + " ".join(shlex.quote(a) for a in argv)
+    print(write(records, scn, out, ns.repeats, command, Path(ns.doc) if ns.doc else None))
+    print(f"results.json, report.md and plots in {out}", file=sys.stderr)
+    return 0

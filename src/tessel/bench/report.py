@@ -1,0 +1,196 @@
+"""Turn benchmark runs into a table with the physical bound, JSON, plots, and a section of docs/benchmarks.md.
+
+For every (model, strategy, hosts, rate):
+
+- measured step time: median over repeats of each run's median step time (min–max across repeats);
+- compute-only time: the same job on the same hosts with unshaped links;
+- communication bound: bytes the busiest rank sends per step ÷ link rate (a host's link carries them);
+- efficiency = max(compute-only, bound) ÷ measured: 1.0 is the best the hardware allows, since compute
+  and communication can at most overlap completely.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..cluster.emulate import parse_rate
+from ..train.metrics import human_bytes
+from .scenarios import Scenario
+
+UNSHAPED = "unshaped"
+
+
+def environment(scn: Scenario, repeats: int) -> dict[str, Any]:
+    return {
+        "torch": torch.__version__, "python": platform.python_version(), "kernel": platform.release(),
+        "cores": os.cpu_count(), "hosts": scn.hosts, "rates": scn.rates, "steps_per_run": scn.steps,
+        "repeats": repeats, "cpus_per_host": "cores / hosts", "threads_per_worker": 1,
+    }
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, Any]]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[(r["model"], r["strategy"], r["hosts"], r["rate"])].append(r)
+
+    def med(key, field):
+        rs = groups.get(key)
+        return statistics.median(r[field] for r in rs) if rs else None
+
+    rows = []
+    for (model, strategy, hosts, rate), rs in sorted(groups.items()):
+        if rate == UNSHAPED and hosts > 1:
+            continue  # compute-only runs feed the bound; they are not rows of their own
+        step = _stats([r["step_time"] for r in rs])
+        # DDP as torch ships it is not counted; it moves the same bytes as tessel's hook (same buckets, same ring).
+        counted = med((model, _counted(scn), hosts, rate), "max_rank_sent_per_step") or 0.0
+        sent = max(med((model, strategy, hosts, rate), "max_rank_sent_per_step") or 0.0, counted)
+        compute = med((model, strategy, hosts, UNSHAPED), "step_time")
+        bound = sent * 8 / parse_rate(rate) if rate != UNSHAPED else 0.0
+        base = med((model, scn.baseline, hosts, rate), "step_time")
+        one_host = med((model, strategy, 1, UNSHAPED), "throughput")
+        row = {
+            "model": model, "strategy": strategy, "hosts": hosts, "rate": rate, "step_time": step,
+            "throughput": _stats([r["throughput"] for r in rs]), "unit": rs[0]["unit"],
+            "compute_only": compute, "comm_bound": bound, "sent_per_step_max_rank": sent,
+            "efficiency": max(compute or 0.0, bound) / step["median"] if compute else None,
+            "vs_baseline": base / step["median"] if base else None,
+            "scaling_vs_1_host": (statistics.median(r["throughput"] for r in rs) / one_host) if one_host else None,
+            "bytes_per_step": rs[0]["bytes_per_step"], "peak_mem": max(r["peak_mem"] for r in rs),
+            "final_loss": statistics.median(r["final_loss"] for r in rs),
+        }
+        rows.append(row)
+    return rows
+
+
+def _counted(scn: Scenario) -> str:
+    """The strategy whose traffic tessel counts (the first that is not torch's own)."""
+    return next(s for s in scn.strategies if s != scn.baseline)
+
+
+def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], command: str) -> str:
+    head = (f"Scenario `{scn.name}`: {scn.about}. Baseline for ratios: `{scn.baseline}`.\n\n"
+            f"Reproduce: `{command}`\n\n"
+            f"Environment: torch {env['torch']}, Python {env['python']}, {env['cores']} cores shared by the "
+            f"emulated hosts (each host {env['cpus_per_host']} CPU, {env['threads_per_worker']} thread per worker), "
+            f"{env['steps_per_run']} steps per run (median over steps after 3 warm-up steps), "
+            f"{env['repeats']} repeats in alternating order.\n\n")
+    cols = ["model", "strategy", "hosts", "link", "step ms: median (min–max)", "throughput/s", "vs baseline",
+            "compute-only ms", "comm bound ms", "efficiency", "sent/step busiest rank", "peak mem/rank"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        s = r["step_time"]
+        lines.append("| " + " | ".join([
+            r["model"], r["strategy"], str(r["hosts"]), r["rate"],
+            f"{s['median'] * 1e3:.1f} ({s['min'] * 1e3:.1f}–{s['max'] * 1e3:.1f})",
+            f"{r['throughput']['median']:.0f} {r['unit']}",
+            f"{r['vs_baseline']:.2f}x" if r["vs_baseline"] else "–",
+            f"{r['compute_only'] * 1e3:.1f}" if r["compute_only"] else "–",
+            f"{r['comm_bound'] * 1e3:.1f}" if r["comm_bound"] else "–",
+            f"{r['efficiency']:.2f}" if r["efficiency"] else "–",
+            human_bytes(r["sent_per_step_max_rank"]) if r["sent_per_step_max_rank"] else "–",
+            human_bytes(r["peak_mem"]),
+        ]) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+def plots(rows: list[dict[str, Any]], scn: Scenario, out: Path) -> list[Path]:
+    """Throughput per strategy, bytes per channel, and scaling over hosts and rate, as PNGs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    top = max(scn.hosts)
+    fig, axes = plt.subplots(1, len(scn.models), figsize=(4.2 * len(scn.models), 3.6), squeeze=False)
+    for ax, model in zip(axes[0], scn.models):
+        sel = [r for r in rows if r["model"] == model and r["hosts"] == top]
+        rates = sorted({r["rate"] for r in sel}, key=lambda x: -parse_rate(x) if x != UNSHAPED else 0)
+        width = 0.8 / max(len(scn.strategies), 1)
+        for k, strategy in enumerate(scn.strategies):
+            vals = [next((r["throughput"]["median"] for r in sel if r["rate"] == rt and r["strategy"] == strategy), 0)
+                    for rt in rates]
+            ax.bar([i + k * width for i in range(len(rates))], vals, width, label=strategy)
+        ax.set_xticks([i + width * (len(scn.strategies) - 1) / 2 for i in range(len(rates))], rates)
+        ax.set(title=f"{model}, {top} hosts", ylabel=f"{sel[0]['unit'] if sel else ''}/s")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    made.append(_save(fig, out / "throughput.png"))
+
+    counted = _counted(scn)
+    sel = [r for r in rows if r["strategy"] == counted and r["rate"] != UNSHAPED]
+    labels = sorted({(r["model"], r["hosts"]) for r in sel})
+    channels = sorted({c for r in sel for c in r["bytes_per_step"]})
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(labels)), 3.8))
+    bottom = [0.0] * len(labels)
+    for c in channels:
+        vals = [next(r["bytes_per_step"].get(c, 0) for r in sel if (r["model"], r["hosts"]) == lab) / 2**20
+                for lab in labels]
+        ax.bar(range(len(labels)), vals, bottom=bottom, label=c)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xticks(range(len(labels)), [f"{m}\n{h} hosts" for m, h in labels], fontsize=7)
+    ax.set(ylabel="MiB sent per step per rank", title=f"bytes per channel ({counted})")
+    ax.legend()
+    fig.tight_layout()
+    made.append(_save(fig, out / "bytes.png"))
+
+    fig, axes = plt.subplots(1, len(scn.models), figsize=(4.2 * len(scn.models), 3.6), squeeze=False)
+    for ax, model in zip(axes[0], scn.models):
+        for rate in [*scn.rates, UNSHAPED]:
+            pts = sorted((r["hosts"], r["throughput"]["median"]) for r in rows if r["model"] == model
+                         and r["strategy"] == counted and (r["rate"] == rate or r["hosts"] == 1))
+            if len(pts) > 1:
+                ax.plot(*zip(*pts), marker="o", label=rate if rate != UNSHAPED else "unshaped (compute only)")
+        ax.set(title=model, xlabel="hosts", ylabel="throughput/s")
+        ax.set_xticks(scn.hosts)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    made.append(_save(fig, out / "scaling.png"))
+    return made
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write(records, scn: Scenario, out: Path, repeats: int, command: str, doc: Path | None = None) -> str:
+    """results.json, report.md and plots under ``out``; optionally replace this scenario's section of ``doc``."""
+    env = environment(scn, repeats)
+    rows = aggregate(records, scn)
+    (out / "results.json").write_text(json.dumps({"environment": env, "rows": rows, "runs": records}, indent=1))
+    text = markdown(rows, scn, env, command)
+    made = plots(rows, scn, out)
+    (out / "report.md").write_text(text)
+    if doc is not None:
+        rel = [os.path.relpath(p, doc.parent) for p in made]
+        section = text + "\n" + "\n".join(f"![{Path(p).stem}]({p})" for p in rel) + "\n"
+        update_doc(doc, scn.name, section)
+    return text
+
+
+def update_doc(doc: Path, name: str, section: str) -> None:
+    """Replace the text between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (appended if absent)."""
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    old = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    block = f"{start}\n{section}{end}"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    new = pattern.sub(lambda _: block, old) if pattern.search(old) else old.rstrip() + "\n\n" + block + "\n"
+    doc.write_text(new)

@@ -1,0 +1,456 @@
+"""An emulated cluster: N hosts on one machine, each with its own address, link rate and CPU budget.
+
+On loopback, communication is nearly free (~13 Gbit/s), which hides exactly the cost tessel is about.
+So each host is a Linux network namespace ``{prefix}-h{i}`` whose ``eth0`` (10.77.0.{i+1}/24) is one
+end of a veth pair; the other end, ``{prefix}-s{i}``, hangs on a bridge inside a "switch" namespace
+``{prefix}-sw``, so the root namespace's network is never touched. Both ends of every link are shaped
+with ``tc tbf`` (and ``netem`` for delay), and each host gets a cgroup v1 cpu quota so that a host idling
+in a network wait cannot lend its CPU to the others::
+
+    with EmulatedCluster(2, "200mbit") as c:
+        c.run(c.torchrun_commands(["-m", "tessel", "train", "--steps", "5"]))
+
+Everything is removed on exit, on error, on Ctrl-C and on SIGTERM; ``up()`` first removes what a
+crashed run of the same prefix left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import TesselError
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
+NETNS_DIR = Path("/run/netns")
+STATE_DIR = Path("/run")
+SUBNET = "10.77.0"
+PERIOD_US = 100_000
+QUEUE = "50ms"  # how long a packet may wait in a link's queue before tbf drops it
+_UNITS = {"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_RATE_FORMS = "a number of bit/s with an optional unit kbit, mbit or gbit, e.g. 500kbit, 200mbit, 1gbit, 1e6"
+
+
+class ClusterError(TesselError):
+    """The emulated cluster cannot be built or used here (the message says what is missing)."""
+
+
+class HostFailed(RuntimeError):
+    """A host's command failed or timed out and the others were stopped (the job failed, not the input)."""
+
+    def __init__(self, message: str, host: int, returncode: int | None, results: list[HostResult]):
+        super().__init__(message)
+        self.host, self.returncode, self.results = host, returncode, results
+
+
+@dataclass
+class HostResult:
+    """What one host's command did (the fields of subprocess.CompletedProcess plus host and seconds)."""
+
+    host: int
+    args: list[str]
+    returncode: int | None
+    stdout: str | None
+    stderr: str | None
+    seconds: float
+
+
+def parse_rate(text: str) -> float:
+    """A link rate in bit/s, from tc-style text.
+
+    >>> parse_rate("200mbit"), parse_rate("1gbit"), parse_rate("500kbit"), parse_rate("1e6")
+    (200000000.0, 1000000000.0, 500000.0, 1000000.0)
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?(?:e\d+)?)\s*([a-z]*)\s*", str(text).lower())
+    if not m or m.group(2) not in _UNITS or float(m.group(1)) <= 0:
+        # "mbps" means megabytes/s to tc; accepting it would silently give 8x the intended rate.
+        raise ClusterError(f"rate {text!r} is not understood; use {_RATE_FORMS}")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_delay(text: str) -> float:
+    """A one-way delay in seconds, from text like ``"5ms"``, ``"200us"``, ``"0.1s"`` or ``"0"``.
+
+    >>> parse_delay("5ms"), parse_delay("0")
+    (0.005, 0.0)
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(us|ms|s)?\s*", str(text).lower())
+    if not m:
+        raise ClusterError(f"delay {text!r} is not understood; use a number with unit us, ms or s, e.g. 5ms")
+    return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1e-3}[m.group(2)]
+
+
+def _state_file(prefix: str) -> Path:  # where up() records the settings for later 'tessel cluster' commands
+    return STATE_DIR / f"tessel-cluster-{prefix}.json"
+
+
+def _namespaces(prefix: str) -> list[str]:
+    pattern = re.compile(rf"{re.escape(prefix)}-(sw|h\d+)")
+    names = [p.name for p in NETNS_DIR.iterdir()] if NETNS_DIR.is_dir() else []
+    return sorted(n for n in names if pattern.fullmatch(n))
+
+
+def _cgroups(prefix: str) -> list[Path]:
+    parent = CGROUP_ROOT / "tessel"
+    pattern = re.compile(rf"{re.escape(prefix)}-h\d+")
+    return sorted(p for p in parent.iterdir() if p.is_dir() and pattern.fullmatch(p.name)) if parent.is_dir() else []
+
+
+def leftovers(prefix: str = "tsl") -> list[str]:
+    """Every namespace, cgroup and state file of the cluster ``prefix`` still present; [] when clean.
+
+    >>> leftovers("nosuchprefix")
+    []
+    """
+    found = [f"netns {n}" for n in _namespaces(prefix)] + [f"cgroup {p}" for p in _cgroups(prefix)]
+    return found + ([f"file {_state_file(prefix)}"] if _state_file(prefix).exists() else [])
+
+
+def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(args, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise ClusterError(f"'{' '.join(args)}' failed: {' '.join((r.stderr or r.stdout).split())}")
+    return r
+
+
+def _live(pid: int) -> bool:
+    """True for a process that still runs; a zombie holds no namespace, cgroup or port any more."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _pids(prefix: str) -> set[int]:
+    pids: set[int] = set()
+    for group in _cgroups(prefix):
+        with contextlib.suppress(OSError):
+            pids |= {int(p) for p in (group / "cgroup.procs").read_text().split()}
+    if shutil.which("ip"):
+        for ns in _namespaces(prefix):  # also catches processes started by hand with 'ip netns exec'
+            pids |= {int(p) for p in _sh("ip", "netns", "pids", ns, check=False).stdout.split()}
+    return {p for p in pids if p != os.getpid() and _live(p)}
+
+
+def _kill(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Defer Ctrl-C and SIGTERM while cleaning up; they are delivered (and raise) once it is done."""
+    sigs = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def remove_cluster(prefix: str = "tsl") -> list[str]:
+    """Kill every process on the cluster's hosts, then remove its namespaces, cgroups and state file.
+
+    Processes go first: a namespace whose last process is alive outlives ``ip netns del`` unseen, and a
+    cgroup with processes cannot be removed. Returns what was removed (as ``leftovers`` names it).
+
+    >>> remove_cluster("nosuchprefix")
+    []
+    """
+    found = leftovers(prefix)
+    with _signals_held():
+        pids = _pids(prefix)
+        _kill(pids, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.02)
+            pids = {p for p in pids if _live(p)} | _pids(prefix)
+        # Deleting a host namespace destroys its veth pair, and with it both ends' qdiscs.
+        for ns in sorted(_namespaces(prefix), key=lambda n: n.endswith("-sw")):
+            _sh("ip", "netns", "del", ns, check=False)
+        for group in _cgroups(prefix):
+            for _ in range(100):  # the kernel may take a moment to account for the last exits
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+                    break
+                time.sleep(0.02)
+        with contextlib.suppress(OSError):
+            (CGROUP_ROOT / "tessel").rmdir()  # only succeeds once no other prefix uses it
+        _state_file(prefix).unlink(missing_ok=True)
+    left = leftovers(prefix)
+    if left:
+        raise ClusterError(f"could not remove {', '.join(left)}")
+    return found
+
+
+def check_machine() -> None:
+    """Raise ClusterError unless this machine can host an emulated cluster (root, ip, tc, cgroup v1 cpu).
+
+    >>> check_machine() if os.geteuid() == 0 else None
+    """
+    if os.geteuid() != 0:
+        raise ClusterError("the emulated cluster needs root (network namespaces, tc, cgroups); run as root")
+    for tool in ("ip", "tc"):
+        if not shutil.which(tool):
+            raise ClusterError(f"the emulated cluster needs '{tool}' (package iproute2), which is not on PATH")
+    try:
+        (CGROUP_ROOT / "tessel").mkdir(exist_ok=True)
+        (CGROUP_ROOT / "tessel" / "cpu.cfs_quota_us").stat()
+    except OSError:
+        raise ClusterError(f"cannot create a cpu cgroup under {CGROUP_ROOT}: the emulated cluster needs the "
+                           "cgroup v1 cpu controller mounted there and writable, to give each host its own CPU budget"
+                           ) from None
+
+
+def _read_back(f) -> str | None:
+    if f is not None:
+        with f:
+            f.seek(0)
+            return f.read().decode(errors="replace")
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+class EmulatedCluster:
+    """N emulated hosts; a context manager that builds them on entry and removes them on exit.
+
+    ``rate`` shapes each host's link in both directions; ``delay`` is the one-way host-to-host latency
+    (half of it on each end of a link; needs the kernel's netem); ``cpus`` is each host's CPU budget
+    (default: this machine's cores / hosts).
+
+    >>> with EmulatedCluster(2, "200mbit", prefix="doc") as c:
+    ...     [r.stdout for r in c.run([["hostname", "-I"]] * 2)]
+    ['10.77.0.1 \\n', '10.77.0.2 \\n']
+    """
+
+    def __init__(self, hosts: int, rate: str = "1gbit", delay: str = "0ms", cpus: float | None = None,
+                 prefix: str = "tsl"):
+        if not isinstance(hosts, int) or not 1 <= hosts <= 254:
+            raise ClusterError(f"hosts must be an integer from 1 to 254 (one address each in {SUBNET}.0/24), "
+                               f"not {hosts!r}")
+        if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", prefix):
+            # Interface names are limited to 15 characters: "{prefix}-s{i}" must fit.
+            raise ClusterError(f"prefix {prefix!r} must be 1-8 lowercase letters or digits, starting with a letter")
+        self.hosts, self.rate, self.delay, self.prefix = hosts, str(rate), str(delay), prefix
+        self.rate_bits, self.delay_s = parse_rate(rate), parse_delay(delay)
+        self.cpus = float(cpus) if cpus is not None else (os.cpu_count() or 1) / hosts
+        if not self.cpus * PERIOD_US >= 1000:  # the kernel's smallest quota is 1 ms per period
+            raise ClusterError(f"cpus must be at least 0.01 per host, not {cpus!r}")
+        self.is_up = False
+        self._old_handlers: dict = {}
+
+    @property
+    def host_names(self) -> list[str]:
+        """The hosts' namespace names, ``{prefix}-h0`` ... (usable with ``ip netns exec``)."""
+        return [f"{self.prefix}-h{i}" for i in range(self.hosts)]
+
+    @property
+    def addresses(self) -> list[str]:
+        """Each host's address on its ``eth0``, 10.77.0.1 for host 0 and so on."""
+        return [f"{SUBNET}.{i + 1}" for i in range(self.hosts)]
+
+    def cgroup(self, host: int) -> Path:
+        """The cgroup v1 cpu group that holds host ``host``'s processes."""
+        return CGROUP_ROOT / "tessel" / f"{self.prefix}-h{host}"
+
+    @classmethod
+    def attach(cls, prefix: str = "tsl") -> EmulatedCluster:
+        """The cluster that ``up()`` (e.g. ``tessel cluster up``) left running under ``prefix``."""
+        try:
+            s = json.loads(_state_file(prefix).read_text())
+            c = cls(s["hosts"], s["rate"], s["delay"], s["cpus"], prefix)
+        except (OSError, ValueError, KeyError):
+            c = None
+        if c is None or set(_namespaces(prefix)) != {f"{prefix}-sw", *c.host_names}:
+            raise ClusterError(f"no emulated cluster '{prefix}' is up; start one with 'tessel cluster up --hosts N' "
+                               "or give 'tessel cluster run' --hosts N to run on a temporary one")
+        c.is_up = True
+        return c
+
+    def up(self) -> EmulatedCluster:
+        """Build the hosts, links and CPU groups (removing leftovers of this prefix first); returns self."""
+        check_machine()
+        remove_cluster(self.prefix)
+        try:
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        _state_file(self.prefix).write_text(json.dumps(
+            {"hosts": self.hosts, "rate": self.rate, "delay": self.delay, "cpus": self.cpus}))
+        self.is_up = True
+        return self
+
+    def _build(self) -> None:
+        sw = f"{self.prefix}-sw"
+        for args in (["netns", "add", sw], ["-n", sw, "link", "add", "br0", "type", "bridge"],
+                     ["-n", sw, "link", "set", "br0", "up"]):
+            _sh("ip", *args)
+        for i, (ns, addr) in enumerate(zip(self.host_names, self.addresses)):
+            port = f"{self.prefix}-s{i}"
+            for args in (["netns", "add", ns],
+                         ["link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", port, "netns", sw],
+                         ["-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0"],
+                         ["-n", ns, "link", "set", "eth0", "up"],
+                         ["-n", ns, "link", "set", "lo", "up"],  # torchrun's agent and local stores use it
+                         ["-n", sw, "link", "set", port, "master", "br0", "up"]):
+                _sh("ip", *args)
+            self._shape(ns, "eth0")  # host -> switch
+            self._shape(sw, port)  # switch -> host
+            group = self.cgroup(i)
+            group.mkdir(parents=True)
+            (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(int(self.cpus * PERIOD_US)))
+
+    def _shape(self, ns: str, dev: str) -> None:
+        # tbf needs a bucket of at least rate/HZ bytes to reach its rate (HZ is 250 on common kernels); the
+        # queue holds 50 ms at the line rate, enough for TCP to keep the link busy without bufferbloat.
+        burst = max(int(self.rate_bits / 8 / 250), 32 * 1024)
+        _sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate",
+            f"{int(self.rate_bits)}bit", "burst", str(burst), "latency", QUEUE)
+        if self.delay_s > 0:
+            r = _sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem", "delay",
+                    f"{self.delay_s / 2 * 1e6:.0f}us", check=False)
+            if r.returncode != 0:
+                raise ClusterError(f"delay {self.delay!r} needs the kernel's netem qdisc (CONFIG_NET_SCH_NETEM), "
+                                   f"which failed here ({r.stderr.strip()}); use delay 0ms on this machine")
+
+    def down(self) -> None:
+        """Kill every process on the hosts and remove namespaces, links, qdiscs, cgroups and state."""
+        remove_cluster(self.prefix)
+        self.is_up = False
+
+    def status(self) -> dict:
+        """Settings, hosts and leftovers, as printed by ``tessel cluster status``.
+
+        >>> EmulatedCluster(2, "1gbit", cpus=1, prefix="doc").status()["hosts"][1]["address"]
+        '10.77.0.2'
+        """
+        return {"prefix": self.prefix, "up": self.is_up, "rate": self.rate, "delay": self.delay, "cpus": self.cpus,
+                "hosts": [{"name": n, "address": a, "cgroup": str(self.cgroup(i))}
+                          for i, (n, a) in enumerate(zip(self.host_names, self.addresses))],
+                "leftovers": leftovers(self.prefix)}
+
+    def torchrun_commands(self, module_args: list[str], port: int = 29400, run_id: str | None = None) -> list:
+        """One torchrun node per host (one worker each), with rendezvous on host 0; pass them to ``run``.
+
+        Across namespaces, torch cannot guess which node holds the store or which address is its own,
+        so host 0 gets ``is_host=1``, the others ``is_host=0``, and every node its ``--local-addr``.
+
+        >>> EmulatedCluster(2, prefix="doc").torchrun_commands(["-m", "tessel", "train"])[1][-9:]
+        ['--local-addr', '10.77.0.2', '--rdzv-conf', 'is_host=0', '--max-restarts', '0', '-m', 'tessel', 'train']
+        """
+        run_id = run_id or f"tessel-{uuid.uuid4().hex[:8]}"
+        return [[sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.hosts), "--nproc-per-node", "1",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.addresses[0]}:{port}", "--rdzv-id", run_id,
+                 "--local-addr", addr, "--rdzv-conf", f"is_host={int(i == 0)}", "--max-restarts", "0", *module_args]
+                for i, addr in enumerate(self.addresses)]
+
+    def run(self, commands: list[list[str]], env: dict | None = None, timeout: float | None = None,
+            cwd: str | None = None, capture: bool = True, check: bool = True) -> list[HostResult]:
+        """Run ``commands[i]`` on host i, all at once, and wait for all; one result per host.
+
+        Each runs in its host's namespace and cgroup with OMP_NUM_THREADS=1 and GLOO_SOCKET_IFNAME=eth0.
+        When one fails (or ``timeout`` passes) the others are stopped; with ``check`` that raises HostFailed
+        naming the host. ``capture=False`` lets output through instead of returning it.
+
+        >>> with EmulatedCluster(2, prefix="doc") as c:
+        ...     [r.returncode for r in c.run([["true"], ["sh", "-c", "exit 3"]], check=False)]
+        [0, 3]
+        """
+        if not self.is_up:
+            raise ClusterError(f"cluster '{self.prefix}' is not up; call up() or use it as a context manager")
+        if len(commands) != self.hosts:
+            raise ClusterError(f"got {len(commands)} commands for {self.hosts} hosts; give one per host")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", **(env or {})}
+        # The shell joins the host's cgroup before exec'ing into the namespace, so every descendant is counted.
+        script = 'echo $$ > "$0" || exit 126; exec ip netns exec "$@"'
+        procs, files, ends, failed, start = [], [], [None] * self.hosts, None, time.monotonic()
+        try:
+            for i, cmd in enumerate(commands):
+                out = [tempfile.TemporaryFile() for _ in range(2)] if capture else [None, None]
+                files.append(out)
+                procs.append(subprocess.Popen(
+                    ["sh", "-c", script, str(self.cgroup(i) / "cgroup.procs"), self.host_names[i], *cmd],
+                    env=env, cwd=cwd, stdout=out[0], stderr=out[1], start_new_session=True))
+            while any(e is None for e in ends) and failed is None:
+                for i, p in enumerate(procs):
+                    if ends[i] is None and p.poll() is not None:
+                        ends[i] = time.monotonic() - start
+                        if p.returncode != 0 and failed is None:
+                            failed = i
+                if timeout is not None and time.monotonic() - start > timeout and failed is None:
+                    failed = next(i for i, e in enumerate(ends) if e is None)
+                time.sleep(0.01)
+        finally:
+            self._stop(procs)
+        results = []
+        for i, (p, out) in enumerate(zip(procs, files)):
+            text = [_read_back(f) for f in out]
+            results.append(HostResult(i, commands[i], p.returncode, text[0], text[1],
+                                      ends[i] if ends[i] is not None else time.monotonic() - start))
+        if check and failed is not None:
+            code = procs[failed].returncode
+            how = (f"did not finish within {timeout:g} s" if ends[failed] is None else
+                   f"was killed by signal {-code}" if code < 0 else f"exited with code {code}")
+            last = (results[failed].stderr or "").strip().splitlines()[-1:]  # e.g. the exception of a traceback
+            raise HostFailed(f"host {failed} ({self.host_names[failed]}, {self.addresses[failed]}) {how}; the other "
+                             f"hosts were stopped{': ' + last[0] if last else ''}", failed, code, results)
+        return results
+
+    def _stop(self, procs: list[subprocess.Popen]) -> None:
+        """Stop whatever still runs on the hosts (SIGTERM, then SIGKILL after 3 s) and reap our children."""
+        with _signals_held():
+            running = [p for p in procs if p.poll() is None]
+            for p in running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+            if running:
+                # A process may have left our process group (torchrun puts workers in their own); the cgroup has all.
+                _kill(_pids(self.prefix), signal.SIGTERM)
+            deadline = time.monotonic() + 3
+            while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if running:
+                _kill(_pids(self.prefix), signal.SIGKILL)
+            for p in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    def __enter__(self) -> EmulatedCluster:
+        # SIGTERM and SIGHUP become KeyboardInterrupt, so they unwind through __exit__ like Ctrl-C does.
+        if threading.current_thread() is threading.main_thread():
+            self._old_handlers = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return self.up()
+        except BaseException:
+            self._restore()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.down()
+        finally:
+            self._restore()
+
+    def _restore(self) -> None:
+        for s, handler in self._old_handlers.items():
+            signal.signal(s, handler)
+        self._old_handlers = {}
