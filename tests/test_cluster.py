@@ -16,7 +16,7 @@ import pytest
 
 from tessel.cli import main
 from tessel.cluster import emulate
-from tessel.cluster.emulate import ClusterError, EmulatedCluster, HostFailed, leftovers, parse_rate
+from tessel.cluster.emulate import PERIOD_US, ClusterError, EmulatedCluster, HostFailed, leftovers, parse_rate
 
 
 def _why_no_namespaces() -> str | None:
@@ -113,7 +113,7 @@ def test_hosts_have_own_address_cgroup_and_environment():
         assert [x.stdout.split() for x in r] == [["10.77.0.1"], ["10.77.0.2"]]
         r = c.run([[PY, "-c", probe.format(i=i)] for i in range(2)])
         assert [x.stdout.split() for x in r] == [["1", "1", "eth0"]] * 2
-        assert (c.cgroup(1) / "cpu.cfs_quota_us").read_text().strip() == str(int(c.cpus * 100000))
+        assert (c.cgroup(1) / "cpu.cfs_quota_us").read_text().strip() == str(int(c.cpus * PERIOD_US))
 
 
 def test_idle_host_does_not_lend_its_cpu():

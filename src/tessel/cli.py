@@ -26,7 +26,7 @@ from .errors import CommError, ConfigError, TesselError
 # short flag -> config key (flags that take a value)
 ALIASES = {
     "--model": "model.name", "--nproc": "parallel.nproc", "--dp": "parallel.dp", "--pp": "parallel.pp",
-    "--tp": "parallel.tp", "--steps": "train.steps", "--batch": "train.global_batch",
+    "--tp": "parallel.tp", "--steps": "train.steps", "--sparse": "sparse.strategy", "--batch": "train.global_batch",
     "--micro-batches": "train.micro_batches", "--lr": "train.lr", "--optimizer": "train.optimizer",
     "--seed": "train.seed", "--dtype": "train.dtype", "--data": "data.path", "--vocab": "data.vocab_size",
     "--seq-len": "data.seq_len", "--out": "metrics.out", "--ckpt-dir": "checkpoint.dir",
@@ -78,6 +78,20 @@ def config_from_args(ns: argparse.Namespace) -> Config:
     return load_config(ns.config, overrides)
 
 
+def _leave_worker(code: int) -> int:
+    """In a worker that failed, exit at once with ``code``.
+
+    After a failed collective, gloo's threads and DDP's reducer can block interpreter exit for a long
+    time, and a process group left alive can abort the process at exit ("terminate called without an
+    active exception"), which would turn exit 2 into a crash; the job is over either way.
+    """
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 def _fail(message: str, code: int) -> int:
     """Report a failure once: a worker hands it to its launcher through torchelastic's error file."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
@@ -119,16 +133,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return launch(argv, cfg.parallel.nproc, verbose=ns.verbose)
     except TesselError as e:
-        return _fail(f"tessel: error: {e}", 2)
+        return _leave_worker(_fail(f"tessel: error: {e}", 2))
     except CommError as e:
-        code = _fail(f"tessel: {e}", 1)
-        if os.environ.get("TORCHELASTIC_ERROR_FILE"):
-            # After a failed collective, gloo's threads and DDP's reducer can block interpreter exit
-            # for a long time; the job is over, so leave at once.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        return code
+        return _leave_worker(_fail(f"tessel: {e}", 1))
     except KeyboardInterrupt:
         print("tessel: interrupted", file=sys.stderr)
         return 130

@@ -63,6 +63,7 @@ class ParallelConfig:
     backend: str = "auto"  # auto (nccl with CUDA, else gloo) | gloo | nccl
     timeout: float = 30.0  # seconds any collective may wait before the job is ended
     ddp_comm: str = "tessel"  # tessel (gradients through tessel.comm, counted) | torch (DDP's own all-reduce)
+    bucket_mb: float = 0.0  # DDP gradient bucket size; 0: tessel picks (see parallelize.auto_bucket_mb)
 
 
 @dataclass
@@ -92,6 +93,17 @@ class CheckpointConfig:
 
 
 @dataclass
+class SparseConfig:
+    strategy: str = "dense"  # dense | allgather | ps | torch-sparse, for every sparse table (see tessel.sparse)
+    tables: str = ""  # per-table overrides, "name=strategy,name=strategy" (e.g. "embedding=ps,head.weight=dense")
+    optimizer: str = "auto"  # rows of ps/allgather tables: auto (follows train.optimizer) | sgd | adagrad | adam
+    max_touched: float = 0.5  # a table whose step touches more of its rows than this stays dense
+    partitions: int = 0  # ps row partitions; 0: chosen from measured access counts
+    sample_batches: int = 2  # first batches used to measure sparsity and balance ps rows
+    hosts: int = 0  # hosts the ranks fill, in order, for ps local aggregation; 0: torchrun's node ranks
+
+
+@dataclass
 class MetricsConfig:
     out: str = "runs/latest"  # metrics.jsonl, loss.png, summary.json and checkpoints go here
     log_every: int = 10
@@ -107,6 +119,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    sparse: SparseConfig = field(default_factory=SparseConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -145,6 +158,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.schedule": ("cosine", "linear", "constant"),
     "train.dtype": ("float32", "float64"),
     "metrics.progress": ("auto", "bar", "log", "off"),
+    "sparse.strategy": ("dense", "allgather", "ps", "torch-sparse"),
+    "sparse.optimizer": ("auto", "sgd", "adagrad", "adam"),
 }
 
 # Lower bounds of numeric keys; keys not listed must be >= 0 when numeric.
@@ -153,6 +168,7 @@ MINIMUM: dict[str, float] = {
     "model.classes": 2, "data.vocab_size": 16, "data.seq_len": 2, "parallel.nproc": 1, "parallel.pp": 1,
     "parallel.tp": 1, "parallel.timeout": 1, "train.steps": 1, "train.global_batch": 1,
     "train.micro_batches": 1, "train.lr": 0, "checkpoint.keep": 1, "metrics.log_every": 1,
+    "sparse.sample_batches": 1,
 }
 
 
@@ -230,7 +246,24 @@ def validate(cfg: Config) -> Config:
     if cfg.model.name != "classifier" and cfg.data_source == "gaussian":
         raise ConfigError(f"data.source 'gaussian' is for the classifier; model '{cfg.model.name}' "
                           "needs zipf or text")
+    sparse_overrides(cfg)
+    if cfg.sparse.strategy == "torch-sparse" and cfg.train.optimizer not in ("sgd", "adagrad"):
+        raise ConfigError(f"sparse.strategy 'torch-sparse' needs a torch optimizer that takes sparse gradients; "
+                          f"train.optimizer is '{cfg.train.optimizer}'; valid: sgd, adagrad")
     return cfg
+
+
+def sparse_overrides(cfg: Config) -> dict[str, str]:
+    """``sparse.tables`` ("name=strategy,...") as a dict, checked for form and strategy names."""
+    out = {}
+    for item in filter(None, (x.strip() for x in cfg.sparse.tables.split(","))):
+        name, eq, strategy = item.partition("=")
+        valid = CHOICES["sparse.strategy"]
+        if not eq or not name.strip() or strategy.strip() not in valid:
+            raise ConfigError(f"sparse.tables item '{item}' must be name=strategy with strategy one of "
+                              f"{', '.join(valid)}, e.g. 'embedding=ps,head.weight=dense'")
+        out[name.strip()] = strategy.strip()
+    return out
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

@@ -2,10 +2,13 @@
 
     tessel bench ddp                                   # 1, 2, 4 hosts at 1 Gbit/s and 200 Mbit/s, 3 repeats
     tessel bench ddp --hosts 4 --rates 1gbit --models classifier --repeats 2 --doc docs/benchmarks.md
+    tessel bench sparse --models classifier --strategies dense,ps --hosts 4 --append   # add runs to bench/sparse
+    tessel bench ddp --report-only --doc docs/benchmarks.md                          # re-render, run nothing
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -24,6 +27,10 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, help="training steps per run (default 12)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each job, in alternating order (default 3)")
     p.add_argument("--out", help="folder for results.json, report.md and plots (default bench/SCENARIO)")
+    p.add_argument("--append", action="store_true",
+                   help="keep the runs already in OUT/results.json that this invocation does not redo")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: rebuild report.md, plots (and --doc) from OUT/results.json")
     p.add_argument("--doc", help="also replace this scenario's section of a Markdown file, e.g. docs/benchmarks.md")
 
 
@@ -67,8 +74,27 @@ def main(ns, argv: list[str]) -> int:
         raise ConfigError("--repeats must be >= 1")
     out = Path(ns.out or f"bench/{scn.name}")
     out.mkdir(parents=True, exist_ok=True)
-    records = run_scenario(scn, out, ns.repeats)
-    command = "tessel " + " ".join(shlex.quote(a) for a in argv)
-    print(write(records, scn, out, ns.repeats, command, Path(ns.doc) if ns.doc else None))
+    saved = out / "results.json"
+    prev = json.loads(saved.read_text()) if (ns.append or ns.report_only) and saved.is_file() else None
+    if ns.report_only and prev is None:
+        raise ConfigError(f"--report-only needs {saved} from an earlier run; run the benchmark first")
+    records = [] if ns.report_only else run_scenario(scn, out, ns.repeats)
+    commands = prev.get("commands", []) if prev else []
+    if not ns.report_only:
+        commands.append("tessel " + " ".join(shlex.quote(a) for a in argv))
+    if prev:
+        key = lambda r: (r["model"], r["strategy"], r["hosts"], r["rate"])  # noqa: E731
+        redone = {key(r) for r in records}
+        records = [r for r in prev["runs"] if key(r) not in redone] + records
+        full = scenarios.get(ns.scenario)
+        scn.hosts = sorted({r["hosts"] for r in records})
+        scn.models = {m: f for m, f in full.models.items() if m in {r["model"] for r in records}}
+        scn.strategies = {s: f for s, f in full.strategies.items() if s in {r["strategy"] for r in records}}
+        scn.rates = [r for r in full.rates if r in {x["rate"] for x in records}] or scn.rates
+        scn.steps = prev["environment"].get("steps_per_run", scn.steps) if ns.report_only else scn.steps
+        if full.baseline in scn.strategies:
+            scn.baseline = full.baseline
+    repeats = max(r["repeat"] for r in records) + 1
+    print(write(records, scn, out, repeats, commands, Path(ns.doc) if ns.doc else None))
     print(f"results.json, report.md and plots in {out}", file=sys.stderr)
     return 0

@@ -55,9 +55,12 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
         if rate == UNSHAPED and hosts > 1:
             continue  # compute-only runs feed the bound; they are not rows of their own
         step = _stats([r["step_time"] for r in rs])
-        # DDP as torch ships it is not counted; it moves the same bytes as tessel's hook (same buckets, same ring).
-        counted = med((model, _counted(scn), hosts, rate), "max_rank_sent_per_step") or 0.0
-        sent = max(med((model, strategy, hosts, rate), "max_rank_sent_per_step") or 0.0, counted)
+        # torch's own collectives are not counted; where a counted strategy moves the same bytes, use its count.
+        if strategy in scn.same_bytes:
+            twin = scn.same_bytes[strategy]
+            sent = (med((model, twin, hosts, rate), "max_rank_sent_per_step") or 0.0) if twin else 0.0
+        else:
+            sent = med((model, strategy, hosts, rate), "max_rank_sent_per_step") or 0.0
         compute = med((model, strategy, hosts, UNSHAPED), "step_time")
         bound = sent * 8 / parse_rate(rate) if rate != UNSHAPED else 0.0
         base = med((model, scn.baseline, hosts, rate), "step_time")
@@ -66,10 +69,11 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
             "model": model, "strategy": strategy, "hosts": hosts, "rate": rate, "step_time": step,
             "throughput": _stats([r["throughput"] for r in rs]), "unit": rs[0]["unit"],
             "compute_only": compute, "comm_bound": bound, "sent_per_step_max_rank": sent,
-            "efficiency": max(compute or 0.0, bound) / step["median"] if compute else None,
+            "efficiency": max(compute or 0.0, bound) / step["median"] if compute and sent else None,
             "vs_baseline": base / step["median"] if base else None,
             "scaling_vs_1_host": (statistics.median(r["throughput"] for r in rs) / one_host) if one_host else None,
             "bytes_per_step": rs[0]["bytes_per_step"], "peak_mem": max(r["peak_mem"] for r in rs),
+            "table_mem": max(r.get("table_mem", 0) for r in rs),
             "final_loss": statistics.median(r["final_loss"] for r in rs),
         }
         rows.append(row)
@@ -77,19 +81,21 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
 
 
 def _counted(scn: Scenario) -> str:
-    """The strategy whose traffic tessel counts (the first that is not torch's own)."""
-    return next(s for s in scn.strategies if s != scn.baseline)
+    """The strategy the bytes and scaling plots show: the first whose traffic tessel counts."""
+    return next((s for s in scn.strategies if s not in scn.same_bytes and not s.startswith("torch")), scn.baseline)
 
 
-def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], command: str) -> str:
+def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], commands: list[str]) -> str:
     head = (f"Scenario `{scn.name}`: {scn.about}. Baseline for ratios: `{scn.baseline}`.\n\n"
-            f"Reproduce: `{command}`\n\n"
+            "Reproduce (as root, on an idle machine): " + "; then ".join(f"`{c}`" for c in commands) + "\n\n"
             f"Environment: torch {env['torch']}, Python {env['python']}, {env['cores']} cores shared by the "
             f"emulated hosts (each host {env['cpus_per_host']} CPU, {env['threads_per_worker']} thread per worker), "
             f"{env['steps_per_run']} steps per run (median over steps after 3 warm-up steps), "
             f"{env['repeats']} repeats in alternating order.\n\n")
     cols = ["model", "strategy", "hosts", "link", "step ms: median (min–max)", "throughput/s", "vs baseline",
-            "compute-only ms", "comm bound ms", "efficiency", "sent/step busiest rank", "peak mem/rank"]
+            "compute-only ms", "comm bound ms", "bound by", "efficiency", "sent/step busiest rank", "peak mem/rank"]
+    if any(r["table_mem"] for r in rows):
+        cols.append("table+opt mem/rank")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         s = r["step_time"]
@@ -100,9 +106,11 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
             f"{r['vs_baseline']:.2f}x" if r["vs_baseline"] else "–",
             f"{r['compute_only'] * 1e3:.1f}" if r["compute_only"] else "–",
             f"{r['comm_bound'] * 1e3:.1f}" if r["comm_bound"] else "–",
+            ("comm" if r["comm_bound"] > r["compute_only"] else "compute") if r["compute_only"] else "–",
             f"{r['efficiency']:.2f}" if r["efficiency"] else "–",
             human_bytes(r["sent_per_step_max_rank"]) if r["sent_per_step_max_rank"] else "–",
             human_bytes(r["peak_mem"]),
+            *([human_bytes(r["table_mem"])] if len(cols) > 13 else []),
         ]) + " |")
     return head + "\n".join(lines) + "\n"
 
@@ -127,37 +135,49 @@ def plots(rows: list[dict[str, Any]], scn: Scenario, out: Path) -> list[Path]:
             ax.bar([i + k * width for i in range(len(rates))], vals, width, label=strategy)
         ax.set_xticks([i + width * (len(scn.strategies) - 1) / 2 for i in range(len(rates))], rates)
         ax.set(title=f"{model}, {top} hosts", ylabel=f"{sel[0]['unit'] if sel else ''}/s")
-        ax.legend(fontsize=8)
+        if sel:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     made.append(_save(fig, out / "throughput.png"))
 
     counted = _counted(scn)
-    sel = [r for r in rows if r["strategy"] == counted and r["rate"] != UNSHAPED]
-    labels = sorted({(r["model"], r["hosts"]) for r in sel})
+    shown = [st for st in scn.strategies if not st.startswith("torch")]  # torch's own traffic is not counted
+    first_rate = scn.rates[0]
+    sel = [r for r in rows if r["strategy"] in shown and (r["rate"] == first_rate or r["hosts"] == 1)]
+    labels = sorted({(r["model"], r["hosts"], r["strategy"]) for r in sel},
+                    key=lambda k: (k[0], k[1], shown.index(k[2])))
     channels = sorted({c for r in sel for c in r["bytes_per_step"]})
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(labels)), 3.8))
+    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(labels)), 4.2))
     bottom = [0.0] * len(labels)
     for c in channels:
-        vals = [next(r["bytes_per_step"].get(c, 0) for r in sel if (r["model"], r["hosts"]) == lab) / 2**20
-                for lab in labels]
+        vals = [next(r["bytes_per_step"].get(c, 0) for r in sel if (r["model"], r["hosts"], r["strategy"]) == lab)
+                / 2**20 for lab in labels]
         ax.bar(range(len(labels)), vals, bottom=bottom, label=c)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(range(len(labels)), [f"{m}\n{h} hosts" for m, h in labels], fontsize=7)
-    ax.set(ylabel="MiB sent per step per rank", title=f"bytes per channel ({counted})")
-    ax.legend()
+    ax.set_xticks(range(len(labels)), [f"{m}\n{h}h {st}" for m, h, st in labels], fontsize=6, rotation=90)
+    ax.set(ylabel="MiB sent per step per rank", title="bytes per channel")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     made.append(_save(fig, out / "bytes.png"))
 
     fig, axes = plt.subplots(1, len(scn.models), figsize=(4.2 * len(scn.models), 3.6), squeeze=False)
     for ax, model in zip(axes[0], scn.models):
-        for rate in [*scn.rates, UNSHAPED]:
-            pts = sorted((r["hosts"], r["throughput"]["median"]) for r in rows if r["model"] == model
-                         and r["strategy"] == counted and (r["rate"] == rate or r["hosts"] == 1))
-            if len(pts) > 1:
-                ax.plot(*zip(*pts), marker="o", label=rate if rate != UNSHAPED else "unshaped (compute only)")
-        ax.set(title=model, xlabel="hosts", ylabel="throughput/s")
+        for strategy in scn.strategies:
+            for rate in scn.rates:
+                pts = sorted((r["hosts"], r["throughput"]["median"]) for r in rows if r["model"] == model
+                             and r["strategy"] == strategy and (r["rate"] == rate or r["hosts"] == 1))
+                if len(pts) > 1:
+                    ax.plot(*zip(*pts), marker="o", label=f"{strategy} {rate}")
+        mine = [r for r in rows if r["model"] == model and r["strategy"] == counted]
+        # Same work per step, so compute-only throughput is the measured one scaled by the step-time ratio.
+        pts = sorted((r["hosts"], r["throughput"]["median"] * r["step_time"]["median"] / r["compute_only"])
+                     for r in mine if r["compute_only"] and (r["rate"] == scn.rates[0] or r["hosts"] == 1))
+        if len(pts) > 1:
+            ax.plot(*zip(*pts), marker="o", linestyle="--", label=f"{counted} compute only")
+        ax.set(title=model, xlabel="hosts", ylabel=f"{mine[0]['unit'] if mine else ''}/s")
         ax.set_xticks(scn.hosts)
-        ax.legend(fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     made.append(_save(fig, out / "scaling.png"))
     return made
@@ -171,12 +191,13 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def write(records, scn: Scenario, out: Path, repeats: int, command: str, doc: Path | None = None) -> str:
+def write(records, scn: Scenario, out: Path, repeats: int, commands: list[str], doc: Path | None = None) -> str:
     """results.json, report.md and plots under ``out``; optionally replace this scenario's section of ``doc``."""
     env = environment(scn, repeats)
     rows = aggregate(records, scn)
-    (out / "results.json").write_text(json.dumps({"environment": env, "rows": rows, "runs": records}, indent=1))
-    text = markdown(rows, scn, env, command)
+    (out / "results.json").write_text(json.dumps({"environment": env, "commands": commands, "rows": rows,
+                                                  "runs": records}, indent=1))
+    text = markdown(rows, scn, env, commands)
     made = plots(rows, scn, out)
     (out / "report.md").write_text(text)
     if doc is not None:

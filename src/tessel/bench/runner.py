@@ -36,6 +36,7 @@ def _record(summary: dict[str, Any], **keys) -> dict[str, Any]:
         "bytes_per_step": {c: v["sent_per_step_per_rank"] for c, v in summary["bytes"].items()},
         "max_rank_sent_per_step": sent_max,
         "peak_mem": max(summary.get("peak_mem_per_rank") or [0]),
+        "table_mem": max(summary.get("table_mem_per_rank") or [0]),
         "final_loss": summary["final_loss"],
     }
 

@@ -7,6 +7,7 @@ baseline the ratios are taken against.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -22,6 +23,8 @@ class Scenario:
     hosts: list[int] = field(default_factory=lambda: [1, 2, 4])
     rates: list[str] = field(default_factory=lambda: ["1gbit", "200mbit"])
     steps: int = 12
+    # strategy whose bytes tessel does not count -> a counted one that moves the same bytes (None: none does)
+    same_bytes: dict[str, str | None] = field(default_factory=dict)
     common: list[str] = field(default_factory=lambda: ["--batch", "32", "--metrics.progress", "log",
                                                        "--metrics.plot", "false", "--checkpoint.enabled", "false"])
 
@@ -39,12 +42,34 @@ DDP = Scenario(
     },
     strategies={"tessel-ddp": ["--parallel.ddp_comm", "tessel"], "torch-ddp": ["--parallel.ddp_comm", "torch"]},
     baseline="torch-ddp",
+    same_bytes={"torch-ddp": "tessel-ddp"},
 )
 
-SCENARIOS = {s.name: s for s in (DDP,)}
+# Parallax's setting: an LSTM LM whose tables (input embedding and sampled-softmax weights, 200K words)
+# dwarf its dense weights, a Transformer LM with an untied input table, and a model with no tables at all.
+SPARSE = Scenario(
+    name="sparse",
+    about="sparse tables: DDP dense (the whole table all-reduced), torch DDP with sparse gradients (gloo's "
+          "padded all-gather), tessel allgather (unpadded), and tessel ps (rows sharded over the hosts)",
+    models={
+        "lstm_lm": ["--model", "lstm_lm", "--model.softmax", "sampled", "--data.vocab_size", "200000"],
+        "transformer_lm": ["--model", "transformer_lm", "--data.vocab_size", "50000"],
+        "classifier": ["--model", "classifier", "--batch", "64"],
+    },
+    strategies={"dense": ["--sparse", "dense"], "torch-sparse": ["--sparse", "torch-sparse"],
+                "allgather": ["--sparse", "allgather"], "ps": ["--sparse", "ps"]},
+    baseline="dense",
+    same_bytes={"torch-sparse": None},
+    hosts=[2, 4, 8],
+    steps=10,
+    common=["--batch", "32", "--optimizer", "adagrad", "--lr", "0.05", "--metrics.progress", "log",
+            "--metrics.plot", "false", "--checkpoint.enabled", "false"],
+)
+
+SCENARIOS = {s.name: s for s in (DDP, SPARSE)}
 
 
 def get(name: str) -> Scenario:
     if name not in SCENARIOS:
         raise ConfigError(f"unknown benchmark scenario '{name}'; valid: {', '.join(SCENARIOS)}")
-    return SCENARIOS[name]
+    return copy.deepcopy(SCENARIOS[name])  # callers narrow it to the flags they were given

@@ -37,7 +37,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
 NETNS_DIR = Path("/run/netns")
 STATE_DIR = Path("/run")
 SUBNET = "10.77.0"
-PERIOD_US = 100_000
+PERIOD_US = 10_000
 QUEUE = "50ms"  # how long a packet may wait in a link's queue before tbf drops it
 _UNITS = {"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _RATE_FORMS = "a number of bit/s with an optional unit kbit, mbit or gbit, e.g. 500kbit, 200mbit, 1gbit, 1e6"
@@ -229,16 +229,16 @@ def _raise_interrupt(signum, frame):
 class EmulatedCluster:
     """N emulated hosts; a context manager that builds them on entry and removes them on exit.
 
-    ``rate`` shapes each host's link in both directions; ``delay`` is the one-way host-to-host latency
-    (half of it on each end of a link; needs the kernel's netem); ``cpus`` is each host's CPU budget
-    (default: this machine's cores / hosts).
+    ``rate`` shapes each host's link in both directions (``None``: unshaped, for compute-only runs);
+    ``delay`` is the one-way host-to-host latency (half of it on each end of a link; needs the kernel's
+    netem); ``cpus`` is each host's CPU budget (default: this machine's cores / hosts).
 
     >>> with EmulatedCluster(2, "200mbit", prefix="doc") as c:
     ...     [r.stdout for r in c.run([["hostname", "-I"]] * 2)]
     ['10.77.0.1 \\n', '10.77.0.2 \\n']
     """
 
-    def __init__(self, hosts: int, rate: str = "1gbit", delay: str = "0ms", cpus: float | None = None,
+    def __init__(self, hosts: int, rate: str | None = "1gbit", delay: str = "0ms", cpus: float | None = None,
                  prefix: str = "tsl"):
         if not isinstance(hosts, int) or not 1 <= hosts <= 254:
             raise ClusterError(f"hosts must be an integer from 1 to 254 (one address each in {SUBNET}.0/24), "
@@ -246,8 +246,8 @@ class EmulatedCluster:
         if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", prefix):
             # Interface names are limited to 15 characters: "{prefix}-s{i}" must fit.
             raise ClusterError(f"prefix {prefix!r} must be 1-8 lowercase letters or digits, starting with a letter")
-        self.hosts, self.rate, self.delay, self.prefix = hosts, str(rate), str(delay), prefix
-        self.rate_bits, self.delay_s = parse_rate(rate), parse_delay(delay)
+        self.hosts, self.rate, self.delay, self.prefix = hosts, rate and str(rate), str(delay), prefix
+        self.rate_bits, self.delay_s = rate and parse_rate(rate), parse_delay(delay)
         self.cpus = float(cpus) if cpus is not None else (os.cpu_count() or 1) / hosts
         if not self.cpus * PERIOD_US >= 1000:  # the kernel's smallest quota is 1 ms per period
             raise ClusterError(f"cpus must be at least 0.01 per host, not {cpus!r}")
@@ -318,6 +318,10 @@ class EmulatedCluster:
             (group / "cpu.cfs_quota_us").write_text(str(int(self.cpus * PERIOD_US)))
 
     def _shape(self, ns: str, dev: str) -> None:
+        if self.rate_bits is None:
+            if self.delay_s > 0:
+                raise ClusterError("a delay needs a rate; give both or neither")
+            return
         # tbf needs a bucket of at least rate/HZ bytes to reach its rate (HZ is 250 on common kernels); the
         # queue holds 50 ms at the line rate, enough for TCP to keep the link busy without bufferbloat.
         burst = max(int(self.rate_bits / 8 / 250), 32 * 1024)

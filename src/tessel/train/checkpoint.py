@@ -68,9 +68,10 @@ def latest(dir: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
-def _app_state(model, optimizer, extra: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _app_state(model, optimizer, extra: dict[str, torch.Tensor], tables=None) -> dict[str, Any]:
     msd, osd = get_state_dict(model, optimizer)
-    return {"model": msd, "optim": osd, **extra}
+    # Sparse tables are not parameters of the model any more; they are saved whole, with their row state.
+    return {"model": msd, "optim": osd, **extra, **({"tables": tables.state_dict()} if tables else {})}
 
 
 def _rank_state(position: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -88,8 +89,11 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def save(dir: str | Path, step: int, model, optimizer, data_state: dict[str, int], meta: dict[str, Any],
-         keep: int = 2) -> Path:
-    """Save a checkpoint of ``step`` on all ranks; returns the final directory."""
+         keep: int = 2, tables=None) -> Path:
+    """Save a checkpoint of ``step`` on all ranks; returns the final directory.
+
+    ``tables``: the run's :class:`tessel.sparse.SparseTables`, saved whole (gathered from their owners).
+    """
     dir = Path(dir)
     final, tmp = dir / f"step-{step:08d}", dir / f"step-{step:08d}.tmp"
     if _rank() == 0:
@@ -97,7 +101,7 @@ def save(dir: str | Path, step: int, model, optimizer, data_state: dict[str, int
         shutil.rmtree(tmp, ignore_errors=True)
     _barrier()
     position = torch.tensor([data_state["position"], data_state["dp_size"], data_state["global_batch"]])
-    dcp.save(_app_state(model, optimizer, _rank_state(position)), checkpoint_id=str(tmp))
+    dcp.save(_app_state(model, optimizer, _rank_state(position), tables), checkpoint_id=str(tmp))
     _barrier()
     if _rank() == 0:
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -133,7 +137,7 @@ def check_compatible(path: Path, meta: dict[str, Any], expected: dict[str, Any])
                               "resume with the model it was saved with or start a new run")
 
 
-def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any]) -> tuple[int, dict[str, int]]:
+def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any], tables=None) -> tuple[int, dict[str, int]]:
     """Load ``path`` into model and optimizer in place; restore this rank's RNG.
 
     Returns (step, data_state). Raises CheckpointError if the checkpoint is missing, corrupt, or
@@ -146,12 +150,14 @@ def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any]) -> t
         raise CheckpointError(f"checkpoint '{path}' is incomplete or corrupt: its .metadata file is missing")
     meta = read_meta(path)
     check_compatible(path, meta, expected_meta)
-    state = _app_state(model, optimizer, _rank_state(torch.zeros(3, dtype=torch.int64)))
+    state = _app_state(model, optimizer, _rank_state(torch.zeros(3, dtype=torch.int64)), tables)
     try:
         dcp.load(state, checkpoint_id=str(path), planner=_SafeLoadPlanner())
     except (Exception, CheckpointException) as e:  # DCP's own type derives from BaseException
         raise CheckpointError(f"checkpoint '{path}' is corrupt or unreadable ({_root_cause(e)})") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if tables:
+        tables.load_state_dict(state["tables"])
     r = _rank()
     torch.set_rng_state(state[f"rank{r}.rng"])
     pos, dp_size, global_batch = (int(v) for v in state[f"rank{r}.data"])

@@ -29,8 +29,11 @@ class StepResult:
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> None:
-        self.model, self.optimizer, self.cfg = model, optimizer, cfg
+    """``sparse``: the tables :func:`tessel.sparse.shard` took out of the model, updated here row by row."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig,
+                 sparse=None) -> None:
+        self.model, self.optimizer, self.cfg, self.sparse = model, optimizer, cfg, sparse
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
 
@@ -57,13 +60,29 @@ class Engine:
                 loss = self.model(x, y) / m
                 loss.backward()
             total += float(loss.detach())
-        # Gradients are already identical on every dp rank, so each rank computes the same norm.
+        # Gradients are already identical on every dp rank, so each rank computes the same norm; the
+        # sparse tables' share comes back from their reduce, summed over owners.
+        sq = torch.zeros((), dtype=torch.float64)
+        for p in self.params:
+            if p.grad is not None:
+                g = p.grad.coalesce()._values() if p.grad.is_sparse else p.grad
+                sq += g.double().pow(2).sum()
+        if self.sparse:
+            with comm.guard("exchange of sparse row gradients", "sparse"):
+                sq += self.sparse.reduce()
+        norm = sq.sqrt()
+        scale = 1.0
         if self.cfg.clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip, foreach=False)
-        else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params if p.grad is not None]))
+            # torch.nn.utils.clip_grad_norm_'s rule, over dense and sparse gradients together
+            scale = min(1.0, self.cfg.clip / (float(norm) + 1e-6))
+            if scale < 1.0:
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(scale)
         lr = lr_at(step, self.cfg)
         set_lr(self.optimizer, lr)
         self.optimizer.step()
+        if self.sparse:
+            self.sparse.step(lr, scale)
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=total, grad_norm=float(norm), lr=lr)

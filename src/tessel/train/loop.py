@@ -19,7 +19,7 @@ from ..data import ShardedLoader, build_dataset
 from ..errors import CheckpointError
 from ..mesh import ParallelDims, build_mesh, init_distributed
 from ..models import build_model
-from ..parallelize import parallelize
+from ..parallelize import apply_sparse, parallelize
 from . import checkpoint
 from .engine import Engine
 from .metrics import MetricsLogger
@@ -48,7 +48,10 @@ def build(cfg: Config, vocab_size: int) -> torch.nn.Module:
 
 def model_identity(cfg: Config, vocab_size: int) -> dict[str, Any]:
     """What a checkpoint must match to be loaded into this run's model."""
-    return {"model": {**cfg.to_dict()["model"], "vocab_size": vocab_size, "seq_len": cfg.data.seq_len}}
+    # ps/allgather tables are saved beside the model, not in it: resuming needs the same table plan.
+    sparse = {k: getattr(cfg.sparse, k) for k in ("strategy", "tables", "max_touched")}
+    return {"model": {**cfg.to_dict()["model"], "vocab_size": vocab_size, "seq_len": cfg.data.seq_len,
+                      "sparse": sparse}}
 
 
 def peak_memory_bytes() -> int:
@@ -58,6 +61,27 @@ def peak_memory_bytes() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def table_memory_bytes(tables, dense_tables: list[tuple[torch.nn.Parameter, bool]], optimizer) -> int:
+    """Bytes this rank holds for embedding tables: weights, optimizer state and gradients (dense tables)
+    or shard, row-optimizer state and the rows pulled for the last batch (ps and allgather tables)."""
+    total = tables.memory_bytes() if tables else 0
+    for p, sparse_grad in dense_tables:
+        state = optimizer.state.get(p, {})
+        # A dense gradient of the whole table exists during every step (zero_grad frees it after).
+        grad = 0 if sparse_grad else p.numel() * p.element_size()
+        total += p.numel() * p.element_size() + grad + sum(
+            v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v) and v.dim())
+    return total
+
+
+def _first_batches(loader: ShardedLoader, n: int, model: torch.nn.Module) -> list[tuple]:
+    """This rank's first ``n`` batches, read from a copy of the loader so training still starts with them."""
+    peek = ShardedLoader(loader.dataset, loader.global_batch, loader.dp_rank, loader.dp_size, seed=loader.seed,
+                         shuffle=loader.shuffle)
+    dtype = next(model.parameters()).dtype
+    return [tuple(t.to(dtype) if t.is_floating_point() else t for t in peek.next_batch()) for _ in range(n)]
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -78,10 +102,16 @@ def run(cfg: Config) -> dict[str, Any]:
     if dist.get_backend() == "nccl":
         model = model.cuda()
     identity = model_identity(cfg, vocab)
-    model = parallelize(model, dims, mesh, cfg.parallel.ddp_comm)
-    optimizer = build_optimizer(model.parameters(), cfg.train)
     loader = ShardedLoader(dataset, cfg.train.global_batch, dist.get_rank(dp_group), dims.dp, seed=cfg.train.seed)
-    engine = Engine(model, optimizer, cfg.train)
+    tables = apply_sparse(model, cfg, _first_batches(loader, cfg.sparse.sample_batches, model), dp_group)
+    if rank == 0 and tables.choices:
+        print(tables.describe(), flush=True)
+    dense_tables = [(model.get_submodule(c.info.name).weight, c.strategy == "torch-sparse") for c in tables.choices
+                    if c.strategy in ("dense", "torch-sparse")]
+    ddp_comm = "torch" if cfg.sparse.strategy == "torch-sparse" else cfg.parallel.ddp_comm
+    model = parallelize(model, dims, mesh, ddp_comm, cfg.parallel.bucket_mb)
+    optimizer = build_optimizer(model.parameters(), cfg.train)
+    engine = Engine(model, optimizer, cfg.train, tables)
 
     start = 0
     ckpt_dir = cfg.checkpoint_dir
@@ -93,7 +123,7 @@ def run(cfg: Config) -> dict[str, Any]:
         if saved_world != dims.world_size:
             raise CheckpointError(f"checkpoint '{path}' was saved by {saved_world} ranks and holds per-rank RNG "
                                   f"and data state; resume it with {saved_world} ranks, not {dims.world_size}")
-        start, data_state = checkpoint.load(path, model, optimizer, identity)
+        start, data_state = checkpoint.load(path, model, optimizer, identity, tables)
         loader.load_state_dict(data_state)
 
     unit = "samples" if cfg.model.name == "classifier" else "tokens"
@@ -120,14 +150,17 @@ def run(cfg: Config) -> dict[str, Any]:
         done = step + 1 == cfg.train.steps
         every = cfg.checkpoint.every
         if cfg.checkpoint.enabled and ((every and (step + 1) % every == 0) or done):
-            checkpoint.save(ckpt_dir, step + 1, model, optimizer, loader.state_dict(), identity, cfg.checkpoint.keep)
+            checkpoint.save(ckpt_dir, step + 1, model, optimizer, loader.state_dict(), identity, cfg.checkpoint.keep,
+                            tables)
 
-    per_rank = comm.all_gather_object({"bytes": run_bytes, "peak_mem": peak_memory_bytes()}, "meta")
+    per_rank = comm.all_gather_object({"bytes": run_bytes, "peak_mem": peak_memory_bytes(),
+                                       "table_mem": table_memory_bytes(tables, dense_tables, optimizer)}, "meta")
     summary = logger.summary(
         [r["bytes"] for r in per_rank],
         {"model": cfg.model.name, "dims": str(dims), "unit": unit, "out": cfg.metrics.out,
          "plot": cfg.metrics.plot, "tokens_per_step": per_step,
-         "peak_mem_per_rank": [r["peak_mem"] for r in per_rank]},
+         "peak_mem_per_rank": [r["peak_mem"] for r in per_rank],
+         "table_mem_per_rank": [r["table_mem"] for r in per_rank]},
     )
     logger.close(summary)
     return summary

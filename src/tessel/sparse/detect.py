@@ -1,0 +1,101 @@
+"""Find a model's sparse tables and measure how sparsely a step touches them.
+
+A table is an ``nn.Embedding`` or ``nn.EmbeddingBag``: layers that read rows by id, so a step's gradient
+is zero outside the rows it read (this includes the sampled-softmax output weights of the LSTM LM, which
+are looked up by id). A table whose weight is shared with another layer (tied input/output embeddings
+under a full softmax) gets a gradient in every row and is not sparse. The fraction of rows a step
+touches is measured by running the model on sample batches with hooks on the tables.
+
+    >>> from tessel.models import LSTMLM
+    >>> m = LSTMLM(vocab_size=1000, dim=16, hidden=32, softmax="sampled", num_sampled=20)
+    >>> [t.name for t in find_tables(m)]
+    ['embedding', 'head.weight', 'head.bias']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import PlanError
+
+TABLE_TYPES = (nn.Embedding, nn.EmbeddingBag)
+
+
+@dataclass
+class TableInfo:
+    name: str  # module name inside the model
+    rows: int
+    dim: int
+    bytes: int
+    shared_with: list[str] = field(default_factory=list)  # other modules holding the same weight
+    touched: float = 0.0  # mean fraction of rows one rank's batch reads
+    unique_per_step: float = 0.0  # mean unique ids one rank's batch reads
+    lookups_per_step: float = 0.0
+    counts: list[torch.Tensor] = field(default_factory=list, repr=False)  # per sample batch: accesses per row
+
+
+def find_tables(model: nn.Module) -> list[TableInfo]:
+    """Every embedding-like table of ``model``, with what else shares its weight."""
+    owners: dict[int, list[str]] = {}
+    for name, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            owners.setdefault(id(p), []).append(name)
+    tables = []
+    for name, module in model.named_modules():
+        if isinstance(module, TABLE_TYPES):
+            w = module.weight
+            tables.append(TableInfo(name, w.shape[0], w.shape[1], w.numel() * w.element_size(),
+                                    [o for o in owners[id(w)] if o != name]))
+    return tables
+
+
+def unsupported(module: nn.Module) -> str | None:
+    """Why ``module`` cannot be served row by row, or None."""
+    if getattr(module, "padding_idx", None) is not None:
+        return "padding_idx is set"
+    if getattr(module, "max_norm", None) is not None:
+        return "max_norm is set (it renormalises rows in the forward pass)"
+    if getattr(module, "scale_grad_by_freq", False):
+        return "scale_grad_by_freq is set"
+    return None
+
+
+@torch.no_grad()
+def measure(model: nn.Module, tables: list[TableInfo], batches: list[tuple]) -> None:
+    """Fill ``touched``, ``unique_per_step`` and ``counts`` of ``tables`` from ``model(*batch)`` calls.
+
+    The global RNG is restored afterwards, so layers that draw random numbers in the forward pass (the
+    sampled softmax) draw in training exactly what they would have drawn without this measurement.
+    """
+    if not batches:
+        raise PlanError("measuring table sparsity needs at least one sample batch")
+    modules = dict(model.named_modules())
+    seen: dict[str, list[torch.Tensor]] = {t.name: [] for t in tables}
+    hooks = [modules[t.name].register_forward_pre_hook(lambda m, args, n=t.name: seen[n].append(args[0].reshape(-1)))
+             for t in tables]
+    was_training = model.training
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model.train()
+            for batch in batches:
+                for t in tables:
+                    seen[t.name].append(None)  # batch boundary
+                model(*batch)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    for t in tables:
+        per_batch: list[torch.Tensor] = []
+        for ids in seen[t.name]:
+            if ids is None:
+                per_batch.append(torch.zeros(t.rows, dtype=torch.float64))
+            else:
+                per_batch[-1].index_add_(0, ids.cpu(), torch.ones(ids.numel(), dtype=torch.float64))
+        t.counts = per_batch
+        t.unique_per_step = sum(float((c > 0).sum()) for c in per_batch) / len(per_batch)
+        t.lookups_per_step = sum(float(c.sum()) for c in per_batch) / len(per_batch)
+        t.touched = t.unique_per_step / t.rows

@@ -1,0 +1,70 @@
+"""Optimizers that update only given rows of a table: what an owner applies to the rows pushed to it.
+
+Rows nobody touched in a step are left exactly as they are, state included (lazy semantics). For
+SGD without momentum and for Adagrad that equals the dense optimizer, whose update of a zero-gradient
+row is zero; for momentum and Adam it is the lazy variant (``torch.optim.SparseAdam`` for Adam).
+
+    opt = RowOptimizer("adagrad", lr=0.1)
+    state = opt.init(table)                      # per-row state, shaped like the table
+    opt.update(table, state, rows, grads, lr=0.1)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ConfigError
+
+KINDS = ("sgd", "adagrad", "adam")
+
+
+def row_kind(dense_optimizer: str) -> str:
+    """The row optimizer that goes with a dense one: sgd->sgd, adagrad->adagrad, adam/adamw->lazy adam."""
+    return {"sgd": "sgd", "adagrad": "adagrad", "adam": "adam", "adamw": "adam"}[dense_optimizer]
+
+
+class RowOptimizer:
+    def __init__(self, kind: str, lr: float, momentum: float = 0.0, betas=(0.9, 0.999), eps: float | None = None,
+                 initial_accumulator: float = 0.0):
+        if kind not in KINDS:
+            raise ConfigError(f"row optimizer '{kind}' is unknown; valid: {', '.join(KINDS)}")
+        self.kind, self.lr, self.momentum, self.betas = kind, lr, momentum, betas
+        # torch's defaults: Adagrad eps 1e-10, Adam 1e-8.
+        self.eps = eps if eps is not None else (1e-10 if kind == "adagrad" else 1e-8)
+        self.initial_accumulator = initial_accumulator
+
+    def init(self, table: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Fresh state for ``table`` (its own rows only), as named tensors shaped like it."""
+        if self.kind == "sgd":
+            return {"momentum": torch.zeros_like(table)} if self.momentum else {}
+        if self.kind == "adagrad":
+            return {"sum": torch.full_like(table, self.initial_accumulator)}
+        return {"exp_avg": torch.zeros_like(table), "exp_avg_sq": torch.zeros_like(table),
+                "step": torch.zeros((), dtype=torch.int64)}
+
+    @torch.no_grad()
+    def update(self, table: torch.Tensor, state: dict[str, torch.Tensor], rows: torch.Tensor, grads: torch.Tensor,
+               lr: float | None = None) -> None:
+        """Apply one step to ``table[rows]`` with ``grads`` (one row each, ``rows`` unique)."""
+        lr = self.lr if lr is None else lr
+        if self.kind == "sgd":
+            if self.momentum:
+                buf = state["momentum"]
+                buf[rows] = buf[rows] * self.momentum + grads
+                grads = buf[rows]
+            table.index_add_(0, rows, grads, alpha=-lr)
+        elif self.kind == "adagrad":
+            acc = state["sum"]
+            acc.index_add_(0, rows, grads * grads)
+            table.index_add_(0, rows, grads / (acc[rows].sqrt() + self.eps), alpha=-lr)
+        else:
+            # SparseAdam: the step count is per table, moments move only on touched rows.
+            state["step"] += 1
+            step = int(state["step"])
+            b1, b2 = self.betas
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            m_rows = m[rows].mul_(b1).add_(grads, alpha=1 - b1)
+            v_rows = v[rows].mul_(b2).addcmul_(grads, grads, value=1 - b2)
+            m[rows], v[rows] = m_rows, v_rows
+            step_size = lr * (1 - b2 ** step) ** 0.5 / (1 - b1 ** step)
+            table.index_add_(0, rows, m_rows / (v_rows.sqrt() + self.eps), alpha=-step_size)

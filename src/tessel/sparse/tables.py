@@ -1,0 +1,249 @@
+"""Embedding tables whose rows move sparsely: ``ps`` (sharded over owners) and ``allgather`` (replicated).
+
+Both replace an ``nn.Embedding`` and look like it to the model (same call, same output). A forward pass
+looks up the batch's unique ids once, as a leaf tensor of rows, so autograd sums the gradients of
+duplicate ids into one row each; ``reduce()`` after the backward pass moves those row gradients, and
+``update()`` applies the row optimizer. Rows no rank touched are neither sent nor changed.
+
+- ``PSTable``: this rank holds only its shard (rows chosen by :mod:`tessel.sparse.partition`) and its
+  optimizer state. Pull: ids go to their owners and rows come back (one uneven all_to_all each way).
+  Push: the row gradients go to their owners, which sum them over ranks and update their rows.
+- ``AllGatherTable``: every rank holds the whole table; every rank's (ids, row gradients) go to every
+  other rank, unpadded, and each applies the same update (Horovod's and DeepSpeed's way, without padding).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from .. import comm
+from .partition import RowPlan
+from .rowopt import RowOptimizer
+
+
+def _splits(owner_of: torch.Tensor, p: int) -> list[int]:
+    return torch.bincount(owner_of, minlength=p).tolist()
+
+
+class RowTable(nn.Module):
+    """Shared part: lookup through unique ids, pending row gradients, the update."""
+
+    strategy = ""
+
+    def __init__(self, name: str, num_rows: int, dim: int, group, opt: RowOptimizer, bag: nn.Module | None):
+        super().__init__()
+        self.name, self.num_embeddings, self.embedding_dim = name, num_rows, dim
+        # An EmbeddingBag's pooling is kept as it was: (mode, include_last_offset).
+        self.bag = (bag.mode, bag.include_last_offset) if isinstance(bag, nn.EmbeddingBag) else None
+        self.group, self.opt = group, opt
+        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (unique ids, leaf rows) per forward
+        self._update: tuple[torch.Tensor, torch.Tensor] | None = None  # (local rows, averaged grads)
+        self.last_rows = 0  # unique rows this rank looked up in its last forward (for reports)
+
+    def _fetch(self, ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        uniq, inv = torch.unique(ids.reshape(-1), return_inverse=True)
+        if uniq.numel() and (int(uniq[0]) < 0 or int(uniq[-1]) >= self.num_embeddings):
+            raise IndexError(f"table '{self.name}' has {self.num_embeddings} rows; got id "
+                             f"{int(uniq[0]) if int(uniq[0]) < 0 else int(uniq[-1])}")
+        rows = self._fetch(uniq)
+        self.last_rows = uniq.numel()
+        if torch.is_grad_enabled() and self.training:
+            rows.requires_grad_(True)
+            self._pending.append((uniq, rows))
+        if self.bag:
+            mode, last = self.bag
+            return F.embedding_bag(inv.reshape(ids.shape), rows, offsets, mode=mode,
+                                   per_sample_weights=per_sample_weights, include_last_offset=last)
+        return F.embedding(inv, rows).reshape(*ids.shape, self.embedding_dim)
+
+    def _local_grads(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's unique ids and their summed row gradients over all forwards since the last step."""
+        pend = [(u, r.grad if r.grad is not None else torch.zeros_like(r)) for u, r in self._pending]
+        self._pending = []
+        if not pend:
+            return torch.empty(0, dtype=torch.int64), torch.empty(0, self.embedding_dim, dtype=self.dtype)
+        if len(pend) == 1:
+            return pend[0]
+        ids, inv = torch.unique(torch.cat([u for u, _ in pend]), return_inverse=True)
+        grads = torch.cat([g for _, g in pend])
+        return ids, grads.new_zeros(ids.numel(), grads.shape[1]).index_add_(0, inv, grads)
+
+    def _combine(self, ids: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+        """Sum rows received for the same id, average over ranks as DDP does; keep for ``update``."""
+        rows, inv = torch.unique(ids, return_inverse=True)
+        total = grads.new_zeros(rows.numel(), grads.shape[1]).index_add_(0, inv, grads).div_(self.world)
+        self._update = (rows, total)
+        return total.pow(2).sum()
+
+    def update(self, lr: float, scale: float = 1.0) -> None:
+        """Apply the row optimizer to the rows reduced by ``reduce`` (gradients times ``scale``)."""
+        if self._update is not None:
+            rows, grads = self._update
+            self.opt.update(self.table, self.state, rows, grads * scale if scale != 1.0 else grads, lr)
+            self._update = None
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, strategy={self.strategy}"
+
+
+class AllGatherTable(RowTable):
+    strategy = "allgather"
+    sharded = False
+
+    def __init__(self, name: str, source: nn.Module, group, opt: RowOptimizer):
+        weight = source.weight
+        super().__init__(name, weight.shape[0], weight.shape[1], group, opt, source)
+        self.table = weight.detach().clone()
+        self.dtype = self.table.dtype
+        self.state = opt.init(self.table)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.table
+
+    def _fetch(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table[ids]
+
+    def reduce(self) -> torch.Tensor:
+        """All-gather every rank's unique ids and row gradients; returns the squared norm (same on all)."""
+        ids, grads = self._local_grads()
+        p = self.world
+        if p == 1:
+            return self._combine(ids, grads)
+        counts = torch.tensor([ids.numel()], dtype=torch.int64)
+        sizes = [int(c) for c in comm.all_gather(counts, "sparse.meta", self.group)]
+        all_ids = ids.new_empty(sum(sizes))
+        all_grads = grads.new_empty(sum(sizes), self.embedding_dim)
+        # An all_to_all that sends the same block to everyone is an all-gather with uneven sizes.
+        comm.all_to_all(all_ids, ids.repeat(p), "sparse.allgather", sizes, [ids.numel()] * p, self.group)
+        comm.all_to_all(all_grads, grads.repeat(p, 1), "sparse.allgather", sizes, [ids.numel()] * p, self.group)
+        return self._combine(all_ids, all_grads)
+
+
+class PSTable(RowTable):
+    """Rows sharded over owners; with ``hosts`` = (local group, host group), traffic is aggregated per host.
+
+    Local aggregation (Parallax): rank j of every host forwards the rows owned by ranks with local index
+    j. A pull first collects the host's ids at the forwarders (``ps.local``), each forwarder asks the
+    owners once per row for the whole host (``ps.pull``), and hands the rows back. A push sums the host's
+    gradients of a row at its forwarder before sending (``ps.push``). So a row crosses a host link once
+    per host, however many of the host's workers touched it. Owner rank o sits on host o // L as local
+    rank o % L (L workers per host), the layout torchrun gives.
+    """
+
+    strategy = "ps"
+    sharded = True
+
+    def __init__(self, name: str, source: nn.Module, group, opt: RowOptimizer, plan: RowPlan, hosts=None):
+        weight = source.weight
+        super().__init__(name, weight.shape[0], weight.shape[1], group, opt, source)
+        self.plan, self.me = plan, dist.get_rank(group) if dist.is_initialized() else 0
+        self.hosts = hosts  # None, or (local group, host group)
+        self.local_size = dist.get_world_size(hosts[0]) if hosts else 1
+        mine = (plan.owner == self.me).nonzero().squeeze(1)  # ascending global ids = local order
+        self.table = weight.detach()[mine].clone()
+        self.dtype = self.table.dtype
+        self.state = opt.init(self.table)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        raise AttributeError(f"table '{self.name}' is sharded over {self.world} ranks (strategy ps); "
+                             "tessel.sparse.full_table(module) gathers it")
+
+    def _send(self, ids: torch.Tensor, dest: torch.Tensor, group, channel: str, payload: torch.Tensor | None = None):
+        """ids (and payload rows) to rank ``dest`` of ``group``; returns what arrived and how to answer it."""
+        order = torch.argsort(dest, stable=True)
+        splits = _splits(dest, dist.get_world_size(group))
+        counts = torch.tensor(splits, dtype=torch.int64)
+        got = torch.empty_like(counts)
+        comm.all_to_all(got, counts, "ps.meta", group=group)
+        recv_splits = got.tolist()
+        rids = ids.new_empty(sum(recv_splits))
+        comm.all_to_all(rids, ids[order], channel, recv_splits, splits, group)
+        rpay = None
+        if payload is not None:
+            rpay = payload.new_empty(sum(recv_splits), self.embedding_dim)
+            comm.all_to_all(rpay, payload[order].contiguous(), channel, recv_splits, splits, group)
+        return rids, rpay, (order, splits, recv_splits, group)
+
+    def _reply(self, rows: torch.Tensor, route, channel: str) -> torch.Tensor:
+        """Rows answering the ids that ``_send`` delivered, back in the sender's original order."""
+        order, splits, recv_splits, group = route
+        back = rows.new_empty(sum(splits), self.embedding_dim)
+        comm.all_to_all(back, rows.contiguous(), channel, splits, recv_splits, group)
+        out = torch.empty_like(back)
+        out[order] = back
+        return out
+
+    def _fetch(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.world == 1:
+            return self.table[self.plan.local[ids]]
+        owner = self.plan.owner
+        if not self.hosts:
+            wanted, _, route = self._send(ids, owner[ids], self.group, "ps.pull")
+            return self._reply(self.table[self.plan.local[wanted]], route, "ps.pull")
+        local, host, L = *self.hosts, self.local_size
+        at_fwd, _, route1 = self._send(ids, owner[ids] % L, local, "ps.local")
+        host_ids, inv = torch.unique(at_fwd, return_inverse=True)  # the host's union, once per row
+        wanted, _, route2 = self._send(host_ids, owner[host_ids] // L, host, "ps.pull")
+        rows = self._reply(self.table[self.plan.local[wanted]], route2, "ps.pull")
+        return self._reply(rows[inv], route1, "ps.local")
+
+    def reduce(self) -> torch.Tensor:
+        """Push row gradients to their owners; returns the squared norm of this owner's share."""
+        ids, grads = self._local_grads()
+        if self.world == 1:
+            return self._combine(self.plan.local[ids], grads)
+        owner = self.plan.owner
+        if self.hosts:
+            local, host, L = *self.hosts, self.local_size
+            at_fwd, g, _ = self._send(ids, owner[ids] % L, local, "ps.local", grads)
+            ids, inv = torch.unique(at_fwd, return_inverse=True)
+            grads = g.new_zeros(ids.numel(), self.embedding_dim).index_add_(0, inv, g)  # local aggregation
+            got_ids, got, _ = self._send(ids, owner[ids] // L, host, "ps.push", grads)
+        else:
+            got_ids, got, _ = self._send(ids, owner[ids], self.group, "ps.push", grads)
+        return self._combine(self.plan.local[got_ids], got)
+
+
+def full_table(module: RowTable, shard: torch.Tensor | None = None) -> torch.Tensor:
+    """The whole table of a ``ps`` or ``allgather`` module on every rank (a collective for ``ps``).
+
+    ``shard``: gather this per-row tensor shaped like the module's own rows instead (optimizer state).
+    """
+    shard = module.table if shard is None else shard
+    if not module.sharded or module.world == 1:
+        return shard
+    counts = module.plan.counts
+    pad = shard.new_zeros(max(counts), *shard.shape[1:])
+    pad[: shard.shape[0]] = shard
+    parts = comm.all_gather(pad, "ps.gather", module.group)
+    out = shard.new_empty(module.num_embeddings, *shard.shape[1:])
+    for r, part in enumerate(parts):
+        out[(module.plan.owner == r).nonzero().squeeze(1)] = part[: counts[r]]
+    return out
+
+
+def table_state(module: RowTable) -> dict[str, torch.Tensor]:
+    """Whole-table weight and row-optimizer state, as a single process would hold them."""
+    out = {"weight": full_table(module)}
+    for k, v in module.state.items():
+        out[f"row.{k}"] = full_table(module, v) if v.dim() else v.clone()
+    return out
+
+
+@torch.no_grad()
+def load_table_state(module: RowTable, state: dict[str, torch.Tensor]) -> None:
+    """Take this rank's rows of a :func:`table_state` (whatever strategy or rank count saved it)."""
+    mine = (module.plan.owner == module.me).nonzero().squeeze(1) if module.sharded else slice(None)
+    module.table.copy_(state["weight"][mine])
+    for k, v in module.state.items():
+        v.copy_(state[f"row.{k}"][mine] if v.dim() else state[f"row.{k}"])
