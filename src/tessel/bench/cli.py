@@ -77,7 +77,13 @@ def main(ns, argv: list[str]) -> int:
     saved = out / "results.json"
     prev = json.loads(saved.read_text()) if (ns.append or ns.report_only) and saved.is_file() else None
     if ns.report_only and prev is None:
-        raise ConfigError(f"--report-only needs {saved} from an earlier run; run the benchmark first")
+        from .runner import records_from_runs
+
+        found = records_from_runs(out)  # an interrupted benchmark left its finished runs behind
+        if not found:
+            raise ConfigError(f"--report-only needs {saved} or finished runs under {out / 'runs'}; "
+                              "run the benchmark first")
+        prev = {"runs": found, "commands": [], "environment": {}}
     records = [] if ns.report_only else run_scenario(scn, out, ns.repeats)
     commands = prev.get("commands", []) if prev else []
     if not ns.report_only:

@@ -9,6 +9,7 @@ slow drift of the machine does not favour whichever runs first.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,25 @@ def _record(summary: dict[str, Any], **keys) -> dict[str, Any]:
     }
 
 
+RUN_NAME = re.compile(r"^(?P<model>[a-z0-9_]+)-(?P<strategy>.+)-h(?P<hosts>\d+)-(?P<rate>[^-]+)-r(?P<repeat>\d+)$")
+
+
+def records_from_runs(out: Path) -> list[dict[str, Any]]:
+    """The records of every finished run under ``out/runs`` (to rebuild a report after an interruption)."""
+    records = []
+    for d in sorted((out / "runs").glob("*")):
+        m = RUN_NAME.match(d.name)
+        if m and (d / "summary.json").is_file():
+            records.append(_record(json.loads((d / "summary.json").read_text()), model=m["model"],
+                                   strategy=m["strategy"], hosts=int(m["hosts"]), rate=m["rate"],
+                                   repeat=int(m["repeat"])))
+    return records
+
+
+def _eta(t0: float, done: int, total: int) -> float:
+    return (time.monotonic() - t0) / done * (total - done) / 60
+
+
 def run_scenario(scn: Scenario, out: Path, repeats: int = 3, prefix: str = "tslb",
                  log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> list[dict[str, Any]]:
     """All runs of ``scn``; each record holds one run's medians (over its steps after warm-up)."""
@@ -56,15 +76,16 @@ def run_scenario(scn: Scenario, out: Path, repeats: int = 3, prefix: str = "tslb
                     run_dir = out / "runs" / f"{model}-{strategy}-h{hosts}-{rate}-r{repeat}"
                     args = ["-m", "tessel", "train", *scn.common, *scn.models[model], *scn.strategies[strategy],
                             "--steps", str(scn.steps), "--out", str(run_dir.resolve())]
+                    done += 1
                     try:
                         cluster.run(cluster.torchrun_commands(args, run_id=f"b{done}"), timeout=900)
                     except HostFailed as e:
-                        raise RuntimeError(f"benchmark run {run_dir.name} failed: {e}") from None
-                    summary = json.loads((run_dir / "summary.json").read_text())
-                    rec = _record(summary, model=model, strategy=strategy, hosts=hosts, rate=rate, repeat=repeat)
+                        # One failed run must not throw away the others: report it and go on.
+                        log(f"[{done}/{total}] {run_dir.name} FAILED: {str(e).splitlines()[0]}")
+                        continue
+                    rec = _record(json.loads((run_dir / "summary.json").read_text()), model=model,
+                                  strategy=strategy, hosts=hosts, rate=rate, repeat=repeat)
                     records.append(rec)
-                    done += 1
-                    eta = (time.monotonic() - t0) / done * (total - done)
                     log(f"[{done}/{total}] {model:<15} {strategy:<11} hosts={hosts} {rate:<8} rep {repeat}: "
-                        f"{rec['step_time'] * 1000:8.1f} ms/step  (about {eta / 60:.0f} min left)")
+                        f"{rec['step_time'] * 1000:8.1f} ms/step  (about {_eta(t0, done, total):.0f} min left)")
     return records

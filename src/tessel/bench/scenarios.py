@@ -62,7 +62,9 @@ SPARSE = Scenario(
     same_bytes={"torch-sparse": None},
     hosts=[2, 4, 8],
     steps=10,
-    common=["--batch", "32", "--optimizer", "adagrad", "--lr", "0.05", "--metrics.progress", "log",
+    # torch DDP broadcasts the 200 MB of tables at start-up in one collective: over 8 hosts at 200 Mbit/s
+    # that takes longer than the default 30 s timeout.
+    common=["--batch", "32", "--optimizer", "adagrad", "--lr", "0.05", "--timeout", "300", "--metrics.progress", "log",
             "--metrics.plot", "false", "--checkpoint.enabled", "false"],
 )
 
