@@ -212,6 +212,35 @@ def test_ps_host_aggregation_bytes(world4):
             assert len(remote) < flat
 
 
+class TwoTables(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.bias = nn.Embedding(10, 3), nn.Embedding(10, 1)
+
+    def forward(self, ids, y):
+        return (self.emb(ids).sum() + self.bias(ids).sum() - y.sum()) ** 2
+
+
+def check_fused_push_bytes() -> dict:
+    r = dist.get_rank()
+    torch.manual_seed(0)
+    model = TwoTables().double()
+    ids = [torch.tensor([[0, 1, 2, 2, 5]]), torch.tensor([[1, 3, 3, 4, 4]])][r]
+    y = torch.zeros(1, dtype=torch.float64)
+    tables = sparse.shard(model, [(ids, y)], "ps", "sgd", lr=0.1, partitions=2)
+    model(ids, y).backward()
+    comm.counter.end_step()
+    tables.reduce()
+    return comm.counter.end_step()
+
+
+def test_fused_push_of_two_tables_moves_the_bytes_of_two_pushes(world2):
+    out = world2.run(check_fused_push_bytes)
+    # rank 0 pushes rows 1 and 5 (owned by rank 1) of both tables: ids 8 B each, values 3 and 1 fp64
+    assert out[0]["ps.push"] == {"sent": 2 * (8 + 24) + 2 * (8 + 8), "recv": 1 * (8 + 24) + 1 * (8 + 8)}
+    assert out[0]["ps.meta"] == {"sent": 2 * 8, "recv": 2 * 8}  # one [P, T] block of counts
+
+
 @pytest.mark.parametrize("kind", ["sgd", "adagrad"])
 def test_row_optimizer_equals_dense_torch_on_touched_rows(kind):
     torch.manual_seed(0)

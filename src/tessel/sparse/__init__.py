@@ -33,7 +33,7 @@ from ..errors import PlanError
 from .detect import TableInfo, find_tables, measure, unsupported
 from .partition import plan_rows
 from .rowopt import RowOptimizer
-from .tables import AllGatherTable, PSTable, RowTable, full_table, load_table_state, table_state
+from .tables import AllGatherTable, PSTable, RowTable, full_table, load_table_state, push_fused, table_state
 
 STRATEGIES = ("dense", "allgather", "ps", "torch-sparse")
 __all__ = ["shard", "SparseTables", "find_tables", "full_table", "STRATEGIES"]
@@ -59,7 +59,12 @@ class SparseTables:
         """Move this step's row gradients; returns their global squared norm (for clipping)."""
         sharded = torch.zeros((), dtype=torch.float64)
         replicated = torch.zeros((), dtype=torch.float64)
+        flat_ps = [t for t in self.tables.values() if isinstance(t, PSTable) and not t.hosts and t.world > 1]
+        if len(flat_ps) > 1:
+            sharded += sum(sq.double() for sq in push_fused(flat_ps))
         for t in self.tables.values():
+            if len(flat_ps) > 1 and t in flat_ps:
+                continue
             sq = t.reduce().double()
             if t.sharded:
                 sharded += sq
