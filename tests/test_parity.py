@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from steps import step_side_by_side
 from tessel import comm
 from tessel.config import load_config
 from tessel.data import ShardedLoader
@@ -62,17 +63,7 @@ def check_parity(name: str, optimizer: str, micro: int, steps: int = 4):
 
     engine = Engine(model, build_optimizer(model.parameters(), cfg.train), cfg.train)
     ref_engine = Engine(ref, build_optimizer(ref.parameters(), cfg.train), cfg.train)
-    for step in range(steps):
-        x, y = loader.next_batch()
-        rx, ry = ref_loader.next_batch()
-        rng = torch.get_rng_state()
-        res = engine.step(x, y, step)
-        torch.set_rng_state(rng)
-        ref_res = ref_engine.step(rx, ry, step)
-        assert abs(res.grad_norm - ref_res.grad_norm) < ATOL
-        mean = torch.tensor([res.loss], dtype=torch.float64)
-        comm.all_reduce(mean, "meta")
-        assert abs(float(mean) / p - ref_res.loss) < ATOL
+    ref_res = step_side_by_side(engine, ref_engine, loader, ref_loader, steps, p, ATOL)
     moved = 0.0
     for (n, a), b in zip(model.module.named_parameters(), ref.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=ATOL, msg=n)

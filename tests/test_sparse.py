@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from steps import step_side_by_side
 from tessel import comm, sparse
 from tessel.config import load_config
 from tessel.data import ShardedLoader
@@ -57,17 +58,7 @@ def check_sparse_parity(name: str, strategy: str, optimizer: str, micro: int = 1
     ref_loader = ShardedLoader(data, 8, 0, 1)
     engine = Engine(model, build_optimizer(model.parameters(), cfg.train), cfg.train, tables)
     ref_engine = Engine(ref, build_optimizer(ref.parameters(), cfg.train), cfg.train)
-    for step in range(steps):
-        x, y = loader.next_batch()
-        rx, ry = ref_loader.next_batch()
-        rng = torch.get_rng_state()
-        res = engine.step(x, y, step)
-        torch.set_rng_state(rng)  # the sampled softmax draws the same candidates in the reference
-        ref_res = ref_engine.step(rx, ry, step)
-        assert abs(res.grad_norm - ref_res.grad_norm) < ATOL, (res.grad_norm, ref_res.grad_norm)
-        mean = torch.tensor([res.loss], dtype=torch.float64)
-        comm.all_reduce(mean, "meta")
-        assert abs(float(mean) / p - ref_res.loss) < ATOL
+    ref_res = step_side_by_side(engine, ref_engine, loader, ref_loader, steps, p, ATOL)
     ref_params = dict(ref.named_parameters())
     for n, a in model.module.named_parameters():
         torch.testing.assert_close(a, ref_params[n], rtol=0, atol=ATOL, msg=n)

@@ -1,0 +1,22 @@
+"""Train a distributed model and its single-process reference side by side, checking every step."""
+
+import torch
+
+from tessel import comm
+
+
+def step_side_by_side(engine, ref_engine, loader, ref_loader, steps: int, world: int, atol: float):
+    """``steps`` engine steps on both; the global norm and mean loss must agree each step. Returns the last
+    reference result."""
+    for step in range(steps):
+        x, y = loader.next_batch()
+        rx, ry = ref_loader.next_batch()
+        rng = torch.get_rng_state()
+        res = engine.step(x, y, step)
+        torch.set_rng_state(rng)  # the sampled softmax draws the same candidates in the reference
+        ref_res = ref_engine.step(rx, ry, step)
+        assert abs(res.grad_norm - ref_res.grad_norm) < atol, (res.grad_norm, ref_res.grad_norm)
+        mean = torch.tensor([res.loss], dtype=torch.float64)
+        comm.all_reduce(mean, "meta")
+        assert abs(float(mean) / world - ref_res.loss) < atol
+    return ref_res
