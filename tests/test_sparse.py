@@ -24,6 +24,8 @@ from tessel.train.optim import build_optimizer
 
 SMALL = {
     "transformer_lm": ["model.dim=16", "model.layers=1", "model.heads=2", "data.vocab_size=64", "data.seq_len=8"],
+    "transformer_sampled": ["model.name=transformer_lm", "model.dim=16", "model.layers=1", "model.heads=2",
+                            "model.softmax=sampled", "model.num_sampled=16", "data.vocab_size=80", "data.seq_len=8"],
     "lstm_lm": ["model.dim=12", "model.hidden=16", "model.softmax=sampled", "model.num_sampled=16",
                 "data.vocab_size=80", "data.seq_len=6"],
 }
@@ -34,12 +36,14 @@ def _batch(loader, dtype=torch.float64):
     return tuple(t.to(dtype) if t.is_floating_point() else t for t in loader.next_batch())
 
 
-def check_sparse_parity(name: str, strategy: str, optimizer: str, micro: int = 1, steps: int = 3, hosts: int = 0):
+def check_sparse_parity(name: str, strategy: str, optimizer: str, micro: int = 1, steps: int = 3, hosts: int = 0,
+                        extra: tuple = ()):
     p, r = dist.get_world_size(), dist.get_rank()
-    cfg = load_config(None, [f"model.name={name}", *SMALL[name], "train.dtype=float64", "train.global_batch=8",
+    cfg = load_config(None, [f"model.name={name.replace('_sampled', '_lm')}", *SMALL[name], "train.dtype=float64", "train.global_batch=8",
                              f"train.micro_batches={micro}", f"train.optimizer={optimizer}", "train.lr=0.05",
                              "train.warmup=1", "train.clip=0.5", f"train.steps={steps}", "train.momentum=0",
-                             f"sparse.strategy={strategy}", "sparse.max_touched=1.0", f"sparse.hosts={hosts}"])
+                             f"sparse.strategy={strategy}", "sparse.max_touched=1.0", f"sparse.hosts={hosts}",
+                             *extra])
     dims = ParallelDims.resolve(p)
     mesh = build_mesh(dims, timeout=20)
     data = build_data(cfg)

@@ -94,10 +94,14 @@ class CheckpointConfig:
 
 @dataclass
 class SparseConfig:
-    strategy: str = "dense"  # dense | allgather | ps | torch-sparse, for every sparse table (see tessel.sparse)
+    # auto (cost model per table) | dense | allgather | ps | alltoall | torch-sparse (see tessel.sparse)
+    strategy: str = "auto"
     tables: str = ""  # per-table overrides, "name=strategy,name=strategy" (e.g. "embedding=ps,head.weight=dense")
-    optimizer: str = "auto"  # rows of ps/allgather tables: auto (follows train.optimizer) | sgd | adagrad | adam
-    max_touched: float = 0.5  # a table whose step touches more of its rows than this stays dense
+    optimizer: str = "auto"  # rows of replaced tables: auto (follows train.optimizer) | sgd | adagrad | adam
+    max_touched: float = 0.5  # a table whose step touches more of its rows than this stays dense (not auto)
+    split: str = "auto"  # alltoall tables: column | row | auto (column unless the cost model prefers row)
+    schedule: bool = True  # alltoall: overlap its traffic with backward and the next forward (2-D scheduling)
+    link_mbit: float = 0.0  # link rate for auto; 0: TESSEL_LINK_MBIT if set, else measured at start-up
     partitions: int = 0  # ps row partitions; 0: chosen from measured access counts
     sample_batches: int = 2  # first batches used to measure sparsity and balance ps rows
     hosts: int = 0  # hosts the ranks fill, in order, for ps local aggregation; 0: torchrun's node ranks
@@ -158,7 +162,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.schedule": ("cosine", "linear", "constant"),
     "train.dtype": ("float32", "float64"),
     "metrics.progress": ("auto", "bar", "log", "off"),
-    "sparse.strategy": ("dense", "allgather", "ps", "torch-sparse"),
+    "sparse.strategy": ("auto", "dense", "allgather", "ps", "alltoall", "torch-sparse"),
+    "sparse.split": ("auto", "column", "row"),
     "sparse.optimizer": ("auto", "sgd", "adagrad", "adam"),
 }
 

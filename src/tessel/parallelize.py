@@ -63,16 +63,20 @@ def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 0.0, ddp_comm
     return ddp
 
 
-def apply_sparse(model: torch.nn.Module, cfg, batches: list[tuple], group):
-    """Take the model's sparse tables out of it per ``cfg.sparse`` (before DDP, which must not see them)."""
+def apply_sparse(model: torch.nn.Module, cfg, batches: list[tuple], group, fixed: dict | None = None):
+    """Take the model's sparse tables out of it per ``cfg.sparse`` (before DDP, which must not see them).
+
+    ``fixed``: table name -> [strategy, split] to use as they are (a resumed run's saved plan)."""
     from . import sparse
     from .config import sparse_overrides
     from .sparse.rowopt import row_kind
 
     kind = row_kind(cfg.train.optimizer) if cfg.sparse.optimizer == "auto" else cfg.sparse.optimizer
-    return sparse.shard(model, batches, cfg.sparse.strategy, kind, cfg.train.lr, cfg.train.momentum, group,
-                        sparse_overrides(cfg), cfg.sparse.max_touched, cfg.sparse.partitions,
-                        hosts=cfg.sparse.hosts or None, timeout=cfg.parallel.timeout)
+    s = cfg.sparse
+    return sparse.shard(model, batches, s.strategy, kind, cfg.train.lr, cfg.train.momentum, group,
+                        sparse_overrides(cfg), s.max_touched, s.partitions, hosts=s.hosts or None,
+                        timeout=cfg.parallel.timeout, split=s.split, schedule=s.schedule, link_mbit=s.link_mbit,
+                        fixed=fixed)
 
 
 def check_supported(dims: ParallelDims) -> None:

@@ -41,6 +41,11 @@ def _stats(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _median_or_none(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
 def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, Any]]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
@@ -75,6 +80,9 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
             "bytes_per_step": rs[0]["bytes_per_step"], "peak_mem": max(r["peak_mem"] for r in rs),
             "table_mem": max(r.get("table_mem", 0) for r in rs),
             "final_loss": statistics.median(r["final_loss"] for r in rs),
+            "sparse_hidden": _median_or_none([r.get("sparse_hidden") for r in rs]),
+            "sparse_comm": _median_or_none([r.get("sparse_comm") for r in rs]),
+            "plan": rs[0].get("sparse_plan") or {},
         }
         rows.append(row)
     return rows
@@ -96,6 +104,9 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
             "compute-only ms", "comm bound ms", "bound by", "efficiency", "sent/step busiest rank", "peak mem/rank"]
     if any(r["table_mem"] for r in rows):
         cols.append("table+opt mem/rank")
+    hidden = any(r.get("sparse_hidden") is not None for r in rows)
+    if hidden:
+        cols.append("sparse comm ms (hidden)")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         s = r["step_time"]
@@ -110,9 +121,29 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
             f"{r['efficiency']:.2f}" if r["efficiency"] else "–",
             human_bytes(r["sent_per_step_max_rank"]) if r["sent_per_step_max_rank"] else "–",
             human_bytes(r["peak_mem"]),
-            *([human_bytes(r["table_mem"])] if len(cols) > 13 else []),
+            *([human_bytes(r["table_mem"])] if "table+opt mem/rank" in cols else []),
+            *([f"{r['sparse_comm'] * 1e3:.1f} ({r['sparse_hidden']:.0%})" if r.get("sparse_hidden") is not None
+               else "–"] if hidden else []),
         ]) + " |")
-    return head + "\n".join(lines) + "\n"
+    return head + "\n".join(lines) + "\n" + auto_table(rows)
+
+
+def auto_table(rows: list[dict[str, Any]]) -> str:
+    """Where a scenario has an ``auto`` strategy: what it chose and how it compares with the fastest run."""
+    autos = [r for r in rows if r["strategy"] == "auto" and r["rate"] != UNSHAPED]
+    if not autos:
+        return ""
+    lines = ["", "What `auto` chose, against the fastest strategy measured in the same cell:", "",
+             "| model | hosts | link | auto chose | auto ms | fastest | fastest ms | auto / fastest |",
+             "|---|---|---|---|---|---|---|---|"]
+    for a in autos:
+        cell = [r for r in rows if (r["model"], r["hosts"], r["rate"]) == (a["model"], a["hosts"], a["rate"])]
+        best = min(cell, key=lambda r: r["step_time"]["median"])
+        plan = ", ".join(f"{k}={v}" for k, v in a["plan"].items()) or "no tables"
+        lines.append(f"| {a['model']} | {a['hosts']} | {a['rate']} | {plan} | {a['step_time']['median'] * 1e3:.1f} | "
+                     f"{best['strategy']} | {best['step_time']['median'] * 1e3:.1f} | "
+                     f"{a['step_time']['median'] / best['step_time']['median']:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def plots(rows: list[dict[str, Any]], scn: Scenario, out: Path) -> list[Path]:

@@ -39,6 +39,9 @@ def _record(summary: dict[str, Any], **keys) -> dict[str, Any]:
         "peak_mem": max(summary.get("peak_mem_per_rank") or [0]),
         "table_mem": max(summary.get("table_mem_per_rank") or [0]),
         "final_loss": summary["final_loss"],
+        "sparse_hidden": summary.get("sparse_hidden"),
+        "sparse_comm": summary.get("sparse_comm_per_step"),
+        "sparse_plan": summary.get("sparse_plan") or {},
     }
 
 

@@ -45,23 +45,27 @@ DDP = Scenario(
     same_bytes={"torch-ddp": "tessel-ddp"},
 )
 
-# Parallax's setting: an LSTM LM whose tables (input embedding and sampled-softmax weights, 200K words)
-# dwarf its dense weights, a Transformer LM with an untied input table, and a model with no tables at all.
+# Parallax's and EmbRace's setting: LMs whose tables (input embedding and sampled-softmax weights, 200K
+# words) dwarf their dense weights, and a model with no tables at all.
 SPARSE = Scenario(
     name="sparse",
     about="sparse tables: DDP dense (the whole table all-reduced), torch DDP with sparse gradients (gloo's "
-          "padded all-gather), tessel allgather (unpadded), and tessel ps (rows sharded over the hosts)",
+          "padded all-gather), tessel allgather (unpadded), ps (rows sharded over the hosts), alltoall (tables "
+          "split over the hosts, EmbRace) with and without 2-D scheduling, and auto (the cost model's choice)",
     models={
         "lstm_lm": ["--model", "lstm_lm", "--model.softmax", "sampled", "--data.vocab_size", "200000"],
-        "transformer_lm": ["--model", "transformer_lm", "--data.vocab_size", "50000"],
+        "transformer_lm": ["--model", "transformer_lm", "--model.softmax", "sampled", "--data.vocab_size", "200000"],
         "classifier": ["--model", "classifier", "--batch", "64"],
     },
     strategies={"dense": ["--sparse", "dense"], "torch-sparse": ["--sparse", "torch-sparse"],
-                "allgather": ["--sparse", "allgather"], "ps": ["--sparse", "ps"]},
+                "allgather": ["--sparse", "allgather"], "ps": ["--sparse", "ps"],
+                "alltoall": ["--sparse", "alltoall"],
+                "alltoall-unsched": ["--sparse", "alltoall", "--sparse.schedule", "false"],
+                "auto": ["--sparse", "auto"]},
     baseline="dense",
     same_bytes={"torch-sparse": None},
     hosts=[2, 4, 8],
-    steps=10,
+    steps=8,
     # torch DDP broadcasts the 200 MB of tables at start-up in one collective: over 8 hosts at 200 Mbit/s
     # that takes longer than the default 30 s timeout.
     common=["--batch", "32", "--optimizer", "adagrad", "--lr", "0.05", "--timeout", "300", "--metrics.progress", "log",

@@ -369,7 +369,8 @@ class EmulatedCluster:
             cwd: str | None = None, capture: bool = True, check: bool = True) -> list[HostResult]:
         """Run ``commands[i]`` on host i, all at once, and wait for all; one result per host.
 
-        Each runs in its host's namespace and cgroup with OMP_NUM_THREADS=1 and GLOO_SOCKET_IFNAME=eth0.
+        Each runs in its host's namespace and cgroup with OMP_NUM_THREADS=1, GLOO_SOCKET_IFNAME=eth0 and,
+        on shaped links, TESSEL_LINK_MBIT.
         When one fails (or ``timeout`` passes) the others are stopped; with ``check`` that raises HostFailed
         naming the host. ``capture=False`` lets output through instead of returning it.
 
@@ -382,6 +383,8 @@ class EmulatedCluster:
         if len(commands) != self.hosts:
             raise ClusterError(f"got {len(commands)} commands for {self.hosts} hosts; give one per host")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", **(env or {})}
+        if self.rate_bits:  # what tessel's cost model (--sparse auto) takes as the link rate
+            env.setdefault("TESSEL_LINK_MBIT", f"{self.rate_bits / 1e6:g}")
         # The shell joins the host's cgroup before exec'ing into the namespace, so every descendant is counted.
         script = 'echo $$ > "$0" || exit 126; exec ip netns exec "$@"'
         procs, files, ends, failed, start = [], [], [None] * self.hosts, None, time.monotonic()

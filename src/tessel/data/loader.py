@@ -60,6 +60,7 @@ class ShardedLoader:
             raise DataError(f"dataset has {self.num_samples} samples; give one with at least one sample")
         self.position = 0
         self._perms: dict[int, np.ndarray] = {}
+        self._peeked: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def _order(self, epoch: int) -> np.ndarray:
         perm = self._perms.get(epoch)
@@ -90,9 +91,15 @@ class ShardedLoader:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (inputs, targets) for the current global batch; then advance by one batch."""
-        batch = self.dataset.get_batch(self.sample_ids(self.position))
+        batch = self.peek()
         self.position += 1
         return batch
+
+    def peek(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch ``next_batch`` will return, without advancing (read once, kept until then)."""
+        if self._peeked is None or self._peeked[0] != self.position:
+            self._peeked = (self.position, self.dataset.get_batch(self.sample_ids(self.position)))
+        return self._peeked[1]
 
     def __iter__(self):
         return self

@@ -13,8 +13,12 @@ them alone). In a training loop, between ``backward()`` and the dense optimizer'
     sparse.step(lr=0.1)      # owners update their rows
     dense_opt.step()
 
-Strategies per table: ``dense`` (stays in DDP, whole gradient all-reduced), ``allgather``, ``ps``, and
-``torch-sparse`` (``sparse=True`` inside torch DDP as shipped: the peer DDP-with-sparse-gradients).
+Strategies per table: ``dense`` (stays in DDP, whole gradient all-reduced), ``allgather``, ``ps``,
+``alltoall`` (split over the ranks, EmbRace; :mod:`tessel.sparse.alltoall`), ``auto`` (the cost model of
+:mod:`tessel.sparse.cost` picks per table), and ``torch-sparse`` (``sparse=True`` inside torch DDP as
+shipped: the peer DDP-with-sparse-gradients). With scheduled ``alltoall`` tables, also call
+``sparse.begin_step(inputs, next_inputs)`` before each step's forward pass so the input table's rows
+are fetched a step ahead (:mod:`tessel.sparse.schedule`).
 """
 
 from __future__ import annotations
@@ -30,30 +34,49 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .. import comm
 from ..errors import PlanError
-from .detect import TableInfo, find_tables, measure, unsupported
+from .alltoall import AllToAllTable
+from .detect import find_tables, measure, unsupported
 from .partition import plan_rows
+from .plan import Choice, decide_auto, forced, global_counts
 from .rowopt import RowOptimizer
+from .schedule import Clock
 from .tables import AllGatherTable, PSTable, RowTable, full_table, load_table_state, push_fused, table_state
 
-STRATEGIES = ("dense", "allgather", "ps", "torch-sparse")
+STRATEGIES = ("auto", "dense", "allgather", "ps", "alltoall", "torch-sparse")
+SPLITS = ("auto", "column", "row")
 __all__ = ["shard", "SparseTables", "find_tables", "full_table", "STRATEGIES"]
-
-
-@dataclass
-class Choice:
-    info: TableInfo
-    strategy: str
-    why: str
 
 
 class SparseTables:
     """The tables ``shard`` replaced, with the plan that chose them; reduce and update them each step."""
 
-    def __init__(self, choices: list[Choice], tables: dict[str, RowTable], group, lr: float):
+    def __init__(self, choices: list[Choice], tables: dict[str, RowTable], group, lr: float,
+                 clock: Clock | None = None, link=None):
         self.choices, self.tables, self.group, self.lr = choices, tables, group, lr
+        self.clock, self.link = clock or Clock(), link
 
     def __bool__(self) -> bool:
         return bool(self.tables)
+
+    def begin_step(self, inputs: torch.Tensor | None, next_inputs: torch.Tensor | None = None) -> None:
+        """Before a step's forward pass: fetch this step's rows if not yet coming, start the next step's.
+
+        Only scheduled ``alltoall`` tables fed from the batch act on it; ``inputs`` is the step's whole
+        first model argument (all micro-batches), ``next_inputs`` the next step's (None on the last step)."""
+        for t in self.tables.values():
+            if isinstance(t, AllToAllTable):
+                t.prefetch(inputs, next_inputs)
+
+    def final_backward(self, final: bool) -> None:
+        """Tell the tables whether the coming backward pass is the step's last (micro-batching)."""
+        for t in self.tables.values():
+            if isinstance(t, AllToAllTable):
+                t.final = final
+
+    def timing(self) -> tuple[float, float]:
+        """(seconds with sparse collectives of ``alltoall`` tables in flight, seconds the trainer waited
+        for them) since the last call; 1 - waited/busy is the share hidden behind computation."""
+        return self.clock.take()
 
     def reduce(self) -> torch.Tensor:
         """Move this step's row gradients; returns their global squared norm (for clipping)."""
@@ -105,8 +128,12 @@ class SparseTables:
                     f"{i.touched:.1%} of rows per step per rank ({i.unique_per_step:.0f} unique of "
                     f"{i.lookups_per_step:.0f} lookups) -> {c.strategy} ({c.why})")
             t = self.tables.get(i.name)
-            if isinstance(t, PSTable):
+            if isinstance(t, AllToAllTable):
+                line += f" [{t.split} split{', scheduled' if t.schedule else ''}{', prefetched' if t.lookahead else ''}]"
+            if isinstance(t, (PSTable, AllToAllTable)) and t.plan is not None:
                 line += f"\n{'':<19}{t.plan.describe()}"
+            if plan := c.describe_plan():
+                line += f"\n{plan}"
             lines.append(line)
         return "\n".join(lines)
 
@@ -114,20 +141,6 @@ class SparseTables:
 def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
     parent, _, leaf = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, leaf, new)
-
-
-def _choose(info: TableInfo, module: nn.Module, strategy: str, override: str | None, max_touched: float) -> Choice:
-    if override:
-        return Choice(info, override, "given")
-    if strategy in ("dense", "torch-sparse"):
-        return Choice(info, strategy, "given for all tables")
-    if info.shared_with:
-        return Choice(info, "dense", f"weight shared with {', '.join(info.shared_with)}: every row gets a gradient")
-    if info.touched > max_touched:
-        return Choice(info, "dense", f"a step touches more than {max_touched:.0%} of its rows")
-    if why := unsupported(module):
-        return Choice(info, "dense", why)
-    return Choice(info, strategy, "sparse")
 
 
 def host_groups(group, hosts: int | None = None, timeout: float = 30.0):
@@ -156,19 +169,37 @@ def host_groups(group, hosts: int | None = None, timeout: float = 30.0):
     return out
 
 
+def _side_group(group, timeout: float):
+    """A second group over the ranks of ``group`` so sparse traffic never queues behind DDP's all-reduce."""
+    mine = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    layouts = comm.all_gather_object(mine, "sparse.plan")  # every dp group is created by every rank
+    out = None
+    for ranks in sorted({tuple(r) for r in layouts}):
+        g = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout))
+        if list(ranks) == mine:
+            out = g
+    return out
+
+
 def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimizer: str = "adagrad",
           lr: float = 0.1, momentum: float = 0.0, group=None, overrides: dict[str, str] | None = None,
           max_touched: float = 0.5, partitions: int = 0, hosts: int | None = None,
-          timeout: float = 30.0) -> SparseTables:
+          timeout: float = 30.0, split: str = "auto", schedule: bool = True, link_mbit: float = 0.0,
+          fixed: dict[str, list[str]] | None = None) -> SparseTables:
     """Replace ``model``'s sparse tables in place; every rank of ``group`` must call it with its own batches.
 
     ``batches``: a few ``model(*batch)`` argument tuples (this rank's first batches) to measure sparsity
-    and, for ``ps``, balance rows over owners. ``overrides`` maps table names to strategies. ``optimizer``
-    (sgd | adagrad | adam, lazy for adam) updates the rows of ``ps`` and ``allgather`` tables. ``hosts``:
-    see :func:`host_groups` (``ps`` aggregates each host's rows before they cross its link).
+    and, for ``ps`` and row-split ``alltoall``, balance rows over owners. ``overrides`` maps table names to
+    strategies. ``optimizer`` (sgd | adagrad | adam, lazy for adam) updates the rows of the replaced
+    tables. ``hosts``: see :func:`host_groups` (``ps`` aggregates each host's rows before they cross its
+    link). ``split``/``schedule``: how ``alltoall`` tables are split and whether their traffic is
+    scheduled; ``link_mbit``: the link rate for ``auto`` (0: measured). ``fixed``: name -> [strategy,
+    split] taken as they are (a resumed run keeps its saved plan).
     """
     if strategy not in STRATEGIES:
         raise PlanError(f"sparse strategy '{strategy}' is unknown; valid: {', '.join(STRATEGIES)}")
+    if split not in SPLITS:
+        raise PlanError(f"alltoall split '{split}' is unknown; valid: {', '.join(SPLITS)}")
     overrides = dict(overrides or {})
     infos = find_tables(model)
     names = [i.name for i in infos]
@@ -180,30 +211,62 @@ def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimize
             raise PlanError(f"table '{name}': strategy '{s}' is unknown; valid: {', '.join(STRATEGIES)}")
     if not infos:
         return SparseTables([], {}, group, lr)
-    measure(model, infos, batches)
-    opt = RowOptimizer(optimizer, lr, momentum=momentum)
+    compute = 3 * measure(model, infos, batches)
+    distributed = dist.is_initialized() and dist.get_world_size(group) > 1
     modules = dict(model.named_modules())
-    choices, tables, layout = [], {}, False
+    layout = host_groups(group, hosts, timeout) if distributed else None
+    n_hosts = dist.get_world_size(group) // dist.get_world_size(layout[0]) if layout else (
+        dist.get_world_size(group) if distributed else 1)
+    choices: list[Choice | None] = []
+    counts, pending = {}, []
     for info in infos:
-        module = modules[info.name]
-        choice = _choose(info, module, strategy, overrides.get(info.name), max_touched)
-        if choice.strategy in ("ps", "allgather") and (why := unsupported(module)):
+        c = forced(info, modules[info.name], strategy, overrides.get(info.name), max_touched)
+        if fixed and info.name in fixed:
+            c = Choice(info, fixed[info.name][0], "as saved in the checkpoint", fixed[info.name][1])
+        if c is not None and c.strategy == "auto":
+            c = None
+        if c is None and not distributed:
+            c = Choice(info, "dense", "one rank: nothing to move")
+        if c is not None and c.strategy == "alltoall" and not (fixed and info.name in fixed):
+            # a column split needs a column per rank; narrower tables (a bias) go by rows
+            wide = info.dim >= (dist.get_world_size(group) if distributed else 1)
+            c.split = ("column" if wide else "row") if split == "auto" else split
+        if c is None or c.strategy == "ps" or (c.strategy == "alltoall" and c.split == "row"):
+            counts[info.name] = global_counts(info, group)
+        if c is None:
+            pending.append((info, counts[info.name][0]))
+        choices.append(c)
+    link = None
+    if pending:
+        decided, link = decide_auto(pending, group, n_hosts, layout, compute, link_mbit, schedule, split,
+                                    modules[pending[0][0].name].weight.dtype)
+        it = iter(decided)
+        choices = [c if c is not None else next(it) for c in choices]
+    opt = RowOptimizer(optimizer, lr, momentum=momentum)
+    tables, clock, side = {}, Clock(), None
+    for choice in choices:
+        info, module = choice.info, modules[choice.info.name]
+        if choice.strategy in ("ps", "allgather", "alltoall") and (why := unsupported(module)):
             raise PlanError(f"table '{info.name}' cannot use {choice.strategy}: {why}; use dense for it")
-        choices.append(choice)
         if choice.strategy == "torch-sparse":
             module.sparse = True
         elif choice.strategy == "allgather":
             tables[info.name] = AllGatherTable(info.name, module, group, opt)
-        elif choice.strategy == "ps":
-            # Every rank must build the same owner map: sum the access counts of all ranks' samples.
-            fit, held = info.counts[0].clone(), info.counts[-1].clone()
-            if dist.is_initialized():
-                comm.all_reduce(fit, "sparse.plan", group=group)
-                comm.all_reduce(held, "sparse.plan", group=group)
-            plan = plan_rows(fit, held, dist.get_world_size(group) if dist.is_initialized() else 1, partitions)
-            if layout is False:
-                layout = host_groups(group, hosts, timeout) if dist.is_initialized() else None
-            tables[info.name] = PSTable(info.name, module, group, opt, plan, layout)
+        elif choice.strategy == "ps" or (choice.strategy == "alltoall" and choice.split == "row"):
+            # Every rank must build the same owner map: access counts summed over all ranks' samples.
+            p = dist.get_world_size(group) if dist.is_initialized() else 1
+            fit, held = counts.get(info.name, (info.counts[0], info.counts[-1]))
+            row_plan = plan_rows(fit, held, p, partitions)
+            if choice.strategy == "ps":
+                tables[info.name] = PSTable(info.name, module, group, opt, row_plan, layout)
+            else:
+                side = side if side is not None else (_side_group(group, timeout) if distributed else group)
+                tables[info.name] = AllToAllTable(info.name, module, side, opt, "row", row_plan, schedule,
+                                                  lookahead=info.fed, clock=clock)
+        elif choice.strategy == "alltoall":
+            side = side if side is not None else (_side_group(group, timeout) if distributed else group)
+            tables[info.name] = AllToAllTable(info.name, module, side, opt, "column", None, schedule,
+                                              lookahead=info.fed, clock=clock)
     for name, t in tables.items():
         _set_module(model, name, t)
-    return SparseTables(choices, tables, group, lr)
+    return SparseTables(choices, tables, group, lr, clock, link)

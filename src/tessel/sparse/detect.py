@@ -14,6 +14,7 @@ touches is measured by running the model on sample batches with hooks on the tab
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +35,7 @@ class TableInfo:
     touched: float = 0.0  # mean fraction of rows one rank's batch reads
     unique_per_step: float = 0.0  # mean unique ids one rank's batch reads
     lookups_per_step: float = 0.0
+    fed: bool = False  # the table reads the batch's first argument as its ids (so they are known ahead)
     counts: list[torch.Tensor] = field(default_factory=list, repr=False)  # per sample batch: accesses per row
 
 
@@ -64,8 +66,9 @@ def unsupported(module: nn.Module) -> str | None:
 
 
 @torch.no_grad()
-def measure(model: nn.Module, tables: list[TableInfo], batches: list[tuple]) -> None:
-    """Fill ``touched``, ``unique_per_step`` and ``counts`` of ``tables`` from ``model(*batch)`` calls.
+def measure(model: nn.Module, tables: list[TableInfo], batches: list[tuple]) -> float:
+    """Fill ``touched``, ``unique_per_step``, ``counts`` and ``fed`` of ``tables`` from ``model(*batch)``
+    calls; returns the mean seconds of one forward pass.
 
     The global RNG is restored afterwards, so layers that draw random numbers in the forward pass (the
     sampled softmax) draw in training exactly what they would have drawn without this measurement.
@@ -73,29 +76,35 @@ def measure(model: nn.Module, tables: list[TableInfo], batches: list[tuple]) -> 
     if not batches:
         raise PlanError("measuring table sparsity needs at least one sample batch")
     modules = dict(model.named_modules())
-    seen: dict[str, list[torch.Tensor]] = {t.name: [] for t in tables}
-    hooks = [modules[t.name].register_forward_pre_hook(lambda m, args, n=t.name: seen[n].append(args[0].reshape(-1)))
+    seen: dict[str, list[list[torch.Tensor]]] = {t.name: [] for t in tables}
+    hooks = [modules[t.name].register_forward_pre_hook(lambda m, args, n=t.name: seen[n][-1].append(args[0].reshape(-1)))
              for t in tables]
     was_training = model.training
+    t0 = time.perf_counter()
     try:
         with torch.random.fork_rng(devices=[]):
             model.train()
             for batch in batches:
                 for t in tables:
-                    seen[t.name].append(None)  # batch boundary
+                    seen[t.name].append([])
                 model(*batch)
     finally:
         for h in hooks:
             h.remove()
         model.train(was_training)
+    seconds = (time.perf_counter() - t0) / len(batches)
     for t in tables:
-        per_batch: list[torch.Tensor] = []
+        per_batch = []
         for ids in seen[t.name]:
-            if ids is None:
-                per_batch.append(torch.zeros(t.rows, dtype=torch.float64))
-            else:
-                per_batch[-1].index_add_(0, ids.cpu(), torch.ones(ids.numel(), dtype=torch.float64))
+            c = torch.zeros(t.rows, dtype=torch.float64)
+            for x in ids:
+                c.index_add_(0, x.cpu(), torch.ones(x.numel(), dtype=torch.float64))
+            per_batch.append(c)
+        # Prefetching the next step's rows needs ids known before the forward pass: the batch's inputs.
+        t.fed = all(len(ids) == 1 and torch.is_tensor(b[0]) and torch.equal(ids[0], b[0].reshape(-1))
+                    for ids, b in zip(seen[t.name], batches))
         t.counts = per_batch
         t.unique_per_step = sum(float((c > 0).sum()) for c in per_batch) / len(per_batch)
         t.lookups_per_step = sum(float(c.sum()) for c in per_batch) / len(per_batch)
         t.touched = t.unique_per_step / t.rows
+    return seconds

@@ -90,6 +90,10 @@ class RowTable(nn.Module):
             self.opt.update(self.table, self.state, rows, grads * scale if scale != 1.0 else grads, lr)
             self._update = None
 
+    def own(self, full: torch.Tensor) -> torch.Tensor:
+        """The part of a whole-table tensor (weight or per-row state) that this rank holds."""
+        return full
+
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, strategy={self.strategy}"
 
@@ -158,6 +162,9 @@ class PSTable(RowTable):
         raise AttributeError(f"table '{self.name}' is sharded over {self.world} ranks (strategy ps); "
                              "tessel.sparse.full_table(module) gathers it")
 
+    def own(self, full: torch.Tensor) -> torch.Tensor:
+        return full[(self.plan.owner == self.me).nonzero().squeeze(1)]
+
     def _send(self, ids: torch.Tensor, dest: torch.Tensor, group, channel: str, payload: torch.Tensor | None = None):
         """ids (and payload rows) to rank ``dest`` of ``group``; returns what arrived and how to answer it."""
         order = torch.argsort(dest, stable=True)
@@ -215,13 +222,20 @@ class PSTable(RowTable):
 
 
 def full_table(module: RowTable, shard: torch.Tensor | None = None) -> torch.Tensor:
-    """The whole table of a ``ps`` or ``allgather`` module on every rank (a collective for ``ps``).
+    """The whole table of a ``ps``, ``alltoall`` or ``allgather`` module on every rank (a collective
+    unless replicated).
 
     ``shard``: gather this per-row tensor shaped like the module's own rows instead (optimizer state).
     """
     shard = module.table if shard is None else shard
     if not module.sharded or module.world == 1:
         return shard
+    if getattr(module, "split", "row") == "column":
+        widths = module.widths
+        pad = shard.new_zeros(shard.shape[0], max(widths))
+        pad[:, : shard.shape[1]] = shard
+        parts = comm.all_gather(pad, "a2a.gather", module.group)
+        return torch.cat([part[:, :w] for part, w in zip(parts, widths)], dim=1)
     counts = module.plan.counts
     pad = shard.new_zeros(max(counts), *shard.shape[1:])
     pad[: shard.shape[0]] = shard
@@ -243,10 +257,9 @@ def table_state(module: RowTable) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def load_table_state(module: RowTable, state: dict[str, torch.Tensor]) -> None:
     """Take this rank's rows of a :func:`table_state` (whatever strategy or rank count saved it)."""
-    mine = (module.plan.owner == module.me).nonzero().squeeze(1) if module.sharded else slice(None)
-    module.table.copy_(state["weight"][mine])
+    module.table.copy_(module.own(state["weight"]))
     for k, v in module.state.items():
-        v.copy_(state[f"row.{k}"][mine] if v.dim() else state[f"row.{k}"])
+        v.copy_(module.own(state[f"row.{k}"]) if v.dim() else state[f"row.{k}"])
 
 
 def push_fused(tables: list[PSTable]) -> list[torch.Tensor]:

@@ -48,16 +48,24 @@ class Engine:
             return self.model.no_sync()
         return contextlib.nullcontext()
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int) -> StepResult:
-        """One optimizer step on this rank's batch, split into ``cfg.micro_batches`` micro-batches."""
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int,
+             next_inputs: torch.Tensor | None = None) -> StepResult:
+        """One optimizer step on this rank's batch, split into ``cfg.micro_batches`` micro-batches.
+
+        ``next_inputs``: the next step's inputs, if known, so scheduled sparse tables fetch ahead."""
         self.model.train()
         m = self.cfg.micro_batches
         inputs, targets = self.to_device(inputs), self.to_device(targets)
+        if self.sparse:
+            with comm.guard("prefetch of sparse rows", "sparse"):
+                self.sparse.begin_step(inputs, next_inputs)
         total = 0.0
         for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
             # DDP's gradient all-reduce runs inside backward; a dead peer surfaces here.
             with self._no_sync(i == m - 1), comm.guard("all_reduce of gradients", "dp.dense"):
                 loss = self.model(x, y) / m
+                if self.sparse:
+                    self.sparse.final_backward(i == m - 1)
                 loss.backward()
             total += float(loss.detach())
         # Gradients are already identical on every dp rank, so each rank computes the same norm; the
@@ -81,8 +89,9 @@ class Engine:
                         p.grad.mul_(scale)
         lr = lr_at(step, self.cfg)
         set_lr(self.optimizer, lr)
-        self.optimizer.step()
         if self.sparse:
+            # Rows first: the next step's rows that waited for this update travel during the dense step.
             self.sparse.step(lr, scale)
+        self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=total, grad_norm=float(norm), lr=lr)

@@ -103,9 +103,18 @@ def run(cfg: Config) -> dict[str, Any]:
         model = model.cuda()
     identity = model_identity(cfg, vocab)
     loader = ShardedLoader(dataset, cfg.train.global_batch, dist.get_rank(dp_group), dims.dp, seed=cfg.train.seed)
-    tables = apply_sparse(model, cfg, _first_batches(loader, cfg.sparse.sample_batches, model), dp_group)
+    ckpt_dir = cfg.checkpoint_dir
+    resume_from = None
+    if cfg.checkpoint.resume:
+        resume_from = checkpoint.latest(ckpt_dir)
+        if resume_from is None:
+            raise CheckpointError(f"--resume: no complete checkpoint in '{ckpt_dir}'; train without --resume first")
+    # A resumed run keeps the table plan it was saved with, whatever auto would choose today.
+    fixed = checkpoint.read_meta(resume_from).get("sparse_plan") if resume_from else None
+    tables = apply_sparse(model, cfg, _first_batches(loader, cfg.sparse.sample_batches, model), dp_group, fixed)
     if rank == 0 and tables.choices:
         print(tables.describe(), flush=True)
+    meta = {**identity, "sparse_plan": {c.info.name: [c.strategy, c.split] for c in tables.choices}}
     dense_tables = [(model.get_submodule(c.info.name).weight, c.strategy == "torch-sparse") for c in tables.choices
                     if c.strategy in ("dense", "torch-sparse")]
     ddp_comm = "torch" if cfg.sparse.strategy == "torch-sparse" else cfg.parallel.ddp_comm
@@ -114,16 +123,12 @@ def run(cfg: Config) -> dict[str, Any]:
     engine = Engine(model, optimizer, cfg.train, tables)
 
     start = 0
-    ckpt_dir = cfg.checkpoint_dir
-    if cfg.checkpoint.resume:
-        path = checkpoint.latest(ckpt_dir)
-        if path is None:
-            raise CheckpointError(f"--resume: no complete checkpoint in '{ckpt_dir}'; train without --resume first")
-        saved_world = checkpoint.read_meta(path).get("world_size")
+    if resume_from is not None:
+        saved_world = checkpoint.read_meta(resume_from).get("world_size")
         if saved_world != dims.world_size:
-            raise CheckpointError(f"checkpoint '{path}' was saved by {saved_world} ranks and holds per-rank RNG "
-                                  f"and data state; resume it with {saved_world} ranks, not {dims.world_size}")
-        start, data_state = checkpoint.load(path, model, optimizer, identity, tables)
+            raise CheckpointError(f"checkpoint '{resume_from}' was saved by {saved_world} ranks and holds per-rank "
+                                  f"RNG and data state; resume it with {saved_world} ranks, not {dims.world_size}")
+        start, data_state = checkpoint.load(resume_from, model, optimizer, identity, tables)
         loader.load_state_dict(data_state)
 
     unit = "samples" if cfg.model.name == "classifier" else "tokens"
@@ -135,7 +140,9 @@ def run(cfg: Config) -> dict[str, Any]:
     for step in range(start, cfg.train.steps):
         t0 = time.perf_counter()
         inputs, targets = loader.next_batch()
-        result = engine.step(inputs, targets, step)
+        # scheduled alltoall tables fetch the next batch's rows during this step
+        upcoming = loader.peek()[0] if tables and step + 1 < cfg.train.steps else None
+        result = engine.step(inputs, targets, step, upcoming)
         loss = torch.tensor([result.loss], dtype=torch.float64)
         comm.all_reduce(loss, "meta", group=dp_group)
         dt = time.perf_counter() - t0
@@ -144,13 +151,15 @@ def run(cfg: Config) -> dict[str, Any]:
             acc = run_bytes.setdefault(c, {"sent": 0, "recv": 0})
             acc["sent"] += v["sent"]
             acc["recv"] += v["recv"]
-        logger.log_step({"step": step + 1, "loss": float(loss) / dims.dp, "lr": result.lr,
-                         "grad_norm": result.grad_norm, "step_time": dt, "tokens_per_s": per_step / dt,
-                         "bytes": step_bytes})
+        record = {"step": step + 1, "loss": float(loss) / dims.dp, "lr": result.lr,
+                  "grad_norm": result.grad_norm, "step_time": dt, "tokens_per_s": per_step / dt, "bytes": step_bytes}
+        if tables:
+            record["sparse_busy"], record["sparse_waited"] = tables.timing()
+        logger.log_step(record)
         done = step + 1 == cfg.train.steps
         every = cfg.checkpoint.every
         if cfg.checkpoint.enabled and ((every and (step + 1) % every == 0) or done):
-            checkpoint.save(ckpt_dir, step + 1, model, optimizer, loader.state_dict(), identity, cfg.checkpoint.keep,
+            checkpoint.save(ckpt_dir, step + 1, model, optimizer, loader.state_dict(), meta, cfg.checkpoint.keep,
                             tables)
 
     per_rank = comm.all_gather_object({"bytes": run_bytes, "peak_mem": peak_memory_bytes(),
@@ -160,7 +169,9 @@ def run(cfg: Config) -> dict[str, Any]:
         {"model": cfg.model.name, "dims": str(dims), "unit": unit, "out": cfg.metrics.out,
          "plot": cfg.metrics.plot, "tokens_per_step": per_step,
          "peak_mem_per_rank": [r["peak_mem"] for r in per_rank],
-         "table_mem_per_rank": [r["table_mem"] for r in per_rank]},
+         "table_mem_per_rank": [r["table_mem"] for r in per_rank],
+         "sparse_plan": {c.info.name: c.strategy + (f"/{c.split}" if c.strategy == "alltoall" else "")
+                         for c in tables.choices}},
     )
     logger.close(summary)
     return summary

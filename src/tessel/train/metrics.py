@@ -91,6 +91,12 @@ class MetricsLogger:
             "wall_time": time.perf_counter() - self.t0,
             "bytes": per_channel,
         }
+        if timed and "sparse_busy" in timed[0]:
+            busy = sum(r["sparse_busy"] for r in timed)
+            waited = sum(r["sparse_waited"] for r in timed)
+            # share of the alltoall tables' communication time the trainer did not wait for
+            out["sparse_comm_per_step"] = busy / len(timed)
+            out["sparse_hidden"] = max(0.0, 1 - waited / busy) if busy > 0 else None
         return out
 
     def close(self, summary: dict[str, Any]) -> None:
@@ -117,6 +123,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  step time       {s['median_step_time'] * 1000:.1f} ms (median)",
         f"  peak memory     {human_bytes(max(s['peak_mem_per_rank']))} (largest rank)" if s.get("peak_mem_per_rank")
         else "",
+        f"  sparse comm     {s['sparse_comm_per_step'] * 1000:.1f} ms/step, {s['sparse_hidden']:.0%} hidden behind "
+        "compute" if s.get("sparse_hidden") is not None else "",
         "  bytes per channel, per step per rank:",
         f"    {'channel':<12} {'sent':>12} {'received':>12}",
     ]

@@ -1,0 +1,283 @@
+"""``alltoall``: a table split over the dp ranks inside data-parallel training (EmbRace, TorchRec-style).
+
+- *column* split (default): rank j holds the columns [c_j, c_j + s_j) of every row. Every rank's unique
+  ids go to every owner; each owner answers its slice of each row. Work and bytes are the same on every
+  owner however skewed the ids are (a hot row is served by all owners, 1/N of it each).
+- *row* split: rank j holds the rows the partition plan (:mod:`tessel.sparse.partition`) gives it; an
+  id goes to its one owner. Ids cost 1/N of the column split's, but the busiest owner serves the hot
+  rows. Row wins when the rows are narrow (d·b/N close to the 8 bytes of an id) or N exceeds d.
+
+Forward: ids to owners (``a2a.meta`` counts, ``a2a.ids``), owners' parts of the rows back
+(``a2a.fwd``). Backward: each row's gradient goes back along the same route (``a2a.bwd``, no ids resent)
+and the owner sums it over ranks and updates its part with the row optimizer. Nothing else moves: the
+table's gradient is never synchronised. Scheduling (``schedule=True``): see :mod:`tessel.sparse.schedule`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from .. import comm
+from ..errors import PlanError
+from .partition import RowPlan
+from .rowopt import RowOptimizer
+from .schedule import Clock, priority
+from .tables import RowTable
+
+
+@dataclass
+class Route:
+    """Who asked whom for which rows in one lookup; both ends know it after the id exchange."""
+
+    uniq: torch.Tensor  # this rank's unique ids, ascending
+    ids_in: torch.Tensor  # ids this rank serves, requester by requester
+    n_in: list[int]  # rows each requester asked of this rank
+    n_out: list[int]  # rows this rank asked of each owner
+    order: torch.Tensor | None = None  # row split: positions of ``uniq`` sorted by owner
+
+
+@dataclass
+class Fetch:
+    """Rows of one lookup in flight: pieces arriving from the owners, possibly in two priority phases."""
+
+    route: Route
+    rows: torch.Tensor  # (k, d), filled as phases are assembled
+    phases: list = field(default_factory=list)  # (work, recv buffer, mask over uniq or None)
+    late: tuple[torch.Tensor, torch.Tensor] | None = None  # (mask over ids_in, mask over uniq) after update
+
+
+class AllToAllTable(RowTable):
+    strategy = "alltoall"
+    sharded = True
+
+    def __init__(self, name: str, source: nn.Module, group, opt: RowOptimizer, split: str = "column",
+                 plan: RowPlan | None = None, schedule: bool = False, lookahead: bool = False,
+                 clock: Clock | None = None):
+        weight = source.weight
+        super().__init__(name, weight.shape[0], weight.shape[1], group, opt, source)
+        p, d = self.world, weight.shape[1]
+        self.me = dist.get_rank(group) if dist.is_initialized() else 0
+        self.split, self.plan, self.schedule = split, plan, schedule
+        if split == "column":
+            if d < p:
+                raise PlanError(f"table '{name}' has {d} columns, fewer than {p} ranks: a column split leaves ranks "
+                                "empty; use --sparse.split row")
+            self.widths = [d // p + (r < d % p) for r in range(p)]
+            c0 = sum(self.widths[: self.me])
+            self.cols = (c0, c0 + self.widths[self.me])
+            self.table = weight.detach()[:, c0: self.cols[1]].clone()
+        else:
+            self.widths = [d] * p
+            self.table = weight.detach()[(plan.owner == self.me).nonzero().squeeze(1)].clone()
+        # Prefetching the next batch needs every rank to know which rows this step touches: only the
+        # column split, where every owner sees every id, has that for free.
+        self.lookahead = bool(lookahead and schedule and split == "column")
+        self.dtype = self.table.dtype
+        self.state = opt.init(self.table)
+        self.clock = clock or Clock()
+        self.final = True  # the engine clears it before all but the last micro-batch's backward
+        self._lookups: list[list] = []  # [route, leaf rows, in-flight gradient exchange or None]
+        self._ready: Fetch | None = None  # this step's rows, fetched ahead
+        self._next: Fetch | None = None  # the next step's rows, being fetched
+        self._leaf: tuple[Route, torch.Tensor] | None = None  # this step's prefetched rows, once assembled
+
+    @property
+    def weight(self) -> torch.Tensor:
+        raise AttributeError(f"table '{self.name}' is split over {self.world} ranks (strategy alltoall); "
+                             "tessel.sparse.full_table(module) gathers it")
+
+    def own(self, full: torch.Tensor) -> torch.Tensor:
+        if self.split == "column":
+            return full[:, self.cols[0]: self.cols[1]]
+        return full[(self.plan.owner == self.me).nonzero().squeeze(1)]
+
+    def _local(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids if self.split == "column" else self.plan.local[ids]
+
+    # -- the three exchanges ------------------------------------------------------------------------
+
+    def _ask(self, uniq: torch.Tensor) -> Route:
+        """Send this rank's unique ids to their owners (blocking: two small collectives)."""
+        p, g, k = self.world, self.group, uniq.numel()
+        if self.split == "column":
+            n_in = [int(c) for c in comm.all_gather(torch.tensor([k]), "a2a.meta", g)]
+            ids_in = uniq.new_empty(sum(n_in))
+            comm.all_to_all(ids_in, uniq.repeat(p), "a2a.ids", n_in, [k] * p, g)
+            return Route(uniq, ids_in, n_in, [k] * p)
+        dest = self.plan.owner[uniq]
+        order = torch.argsort(dest, stable=True)
+        n_out = torch.bincount(dest, minlength=p)
+        got = torch.empty_like(n_out)
+        comm.all_to_all(got, n_out, "a2a.meta", group=g)
+        n_in = got.tolist()
+        ids_in = uniq.new_empty(sum(n_in))
+        comm.all_to_all(ids_in, uniq[order], "a2a.ids", n_in, n_out.tolist(), g)
+        return Route(uniq, ids_in, n_in, n_out.tolist(), order)
+
+    def _serve(self, route: Route, fetch: Fetch, mask_in=None, mask_out=None, async_op: bool = False) -> None:
+        """Answer the ids of ``route`` (those in ``mask_in``) with this rank's part of each row."""
+        w_me = self.widths[self.me]
+        ids, n_in = route.ids_in, route.n_in
+        if mask_in is not None:
+            ids = ids[mask_in]
+            n_in = [int(m.sum()) for m in mask_in.split(route.n_in)]
+        vals = self.table[self._local(ids)].reshape(-1)
+        if self.split == "column":
+            count = route.uniq.numel() if mask_out is None else int(mask_out.sum())
+            n_out = [count] * self.world
+        else:
+            sorted_mask = None if mask_out is None else mask_out[route.order]
+            n_out = route.n_out if sorted_mask is None else [int(m.sum()) for m in sorted_mask.split(route.n_out)]
+        out_splits = [n * w for n, w in zip(n_out, self.widths)]
+        buf = vals.new_empty(sum(out_splits))
+        call = lambda: comm.all_to_all(buf, vals, "a2a.fwd", out_splits, [n * w_me for n in n_in], self.group,
+                                       async_op=async_op)
+        work = self.clock.launch(call()) if async_op else self.clock.sync(call)
+        fetch.phases.append((work, buf, mask_out, n_out))
+
+    def _assemble(self, fetch: Fetch) -> torch.Tensor:
+        """Wait for the phases of ``fetch`` and place their pieces into ``fetch.rows``."""
+        route = fetch.route
+        for work, buf, mask, n_out in fetch.phases:
+            if work is not None:
+                self.clock.wait(work)
+            pieces = buf.split([n * w for n, w in zip(n_out, self.widths)])
+            if self.split == "column":
+                part = torch.cat([x.view(n_out[0], w) for x, w in zip(pieces, self.widths)], dim=1)
+                if mask is None:
+                    fetch.rows.copy_(part)
+                else:
+                    fetch.rows[mask] = part
+            else:
+                pos = route.order if mask is None else route.order[mask[route.order]]
+                fetch.rows[pos] = torch.cat([x.view(-1, self.embedding_dim) for x in pieces])
+        fetch.phases = []
+        return fetch.rows
+
+    def _send_grads(self, route: Route, grad: torch.Tensor, async_op: bool):
+        """Row gradients back to the owners along ``route``; returns (work or None, receive buffer)."""
+        w_me = self.widths[self.me]
+        if self.split == "column":
+            c = [0]
+            for w in self.widths:
+                c.append(c[-1] + w)
+            send = torch.cat([grad[:, a:b].reshape(-1) for a, b in zip(c, c[1:])])
+            out_splits = [route.uniq.numel() * w for w in self.widths]
+        else:
+            send = grad[route.order].reshape(-1)
+            out_splits = [n * self.embedding_dim for n in route.n_out]
+        buf = grad.new_empty(sum(route.n_in) * w_me)
+        call = lambda: comm.all_to_all(buf, send, "a2a.bwd", [n * w_me for n in route.n_in], out_splits, self.group,
+                                       async_op=async_op)
+        return (self.clock.launch(call()) if async_op else self.clock.sync(call)), buf
+
+    # -- lookahead (across iterations) --------------------------------------------------------------
+
+    def prefetch(self, ids_now: torch.Tensor | None, ids_next: torch.Tensor | None) -> None:
+        """At the start of a step: make sure this step's rows are coming, and start the next step's.
+
+        ``ids_now``/``ids_next``: this and the next step's whole input ids (all micro-batches)."""
+        if not self.lookahead or not (self.training and torch.is_grad_enabled()):
+            return
+        if self._next is not None:
+            self._ready, self._next = self._next, None
+        elif ids_now is not None:
+            uniq = torch.unique(ids_now.reshape(-1))
+            self._check(uniq)
+            route = self.clock.sync(lambda: self._ask(uniq))
+            self._ready = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim))
+            self._serve(route, self._ready, async_op=True)
+        if ids_next is None or self._ready is None:
+            return
+        touched = torch.zeros(self.num_embeddings, dtype=torch.bool)
+        touched[self._ready.route.ids_in] = True  # column split: every rank's ids of this step
+        uniq = torch.unique(ids_next.reshape(-1))
+        self._check(uniq)
+        route = self.clock.sync(lambda: self._ask(uniq))
+        early_in, late_in = priority(route.ids_in, touched)
+        early_out, late_out = priority(uniq, touched)
+        self._next = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim), late=(late_in, late_out))
+        self._serve(route, self._next, early_in, early_out, async_op=True)
+
+    def _check(self, uniq: torch.Tensor) -> None:
+        if uniq.numel() and (int(uniq[0]) < 0 or int(uniq[-1]) >= self.num_embeddings):
+            raise IndexError(f"table '{self.name}' has {self.num_embeddings} rows; got id "
+                             f"{int(uniq[0]) if int(uniq[0]) < 0 else int(uniq[-1])}")
+
+    # -- forward, backward, update ------------------------------------------------------------------
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        uniq, inv = torch.unique(ids.reshape(-1), return_inverse=True)
+        self._check(uniq)
+        train = torch.is_grad_enabled() and self.training
+        self.last_rows = uniq.numel()
+        if train and (self._ready is not None or self._leaf is not None):
+            if self._leaf is None:
+                rows = self._assemble(self._ready).requires_grad_(True)
+                self._leaf = (self._ready.route, rows)
+                self._ready = None
+                self._track(self._leaf[0], rows, whole_step=True)
+            route, rows = self._leaf
+            pos = torch.searchsorted(route.uniq, uniq)
+            if pos.numel() and (int(pos.max()) >= route.uniq.numel() or not torch.equal(route.uniq[pos], uniq)):
+                raise PlanError(f"table '{self.name}' was prefetched for this step's input ids, but the forward "
+                                "pass asked for others; pass the batch's inputs to begin_step")
+            rows = rows[pos]
+        else:
+            route = self.clock.sync(lambda: self._ask(uniq))
+            fetch = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim))
+            self._serve(route, fetch)
+            rows = self._assemble(fetch)
+            if train:
+                rows.requires_grad_(True)
+                self._track(route, rows, whole_step=False)
+        if self.bag:
+            mode, last = self.bag
+            return F.embedding_bag(inv.reshape(ids.shape), rows, offsets, mode=mode,
+                                   per_sample_weights=per_sample_weights, include_last_offset=last)
+        return F.embedding(inv, rows).reshape(*ids.shape, self.embedding_dim)
+
+    def _track(self, route: Route, rows: torch.Tensor, whole_step: bool) -> None:
+        entry = [route, rows, None]
+        self._lookups.append(entry)
+        if self.schedule:
+            def hook(t, entry=entry):
+                # A step's prefetched rows collect every micro-batch's gradient: send after the last.
+                if entry[2] is None and (self.final or not whole_step):
+                    entry[2] = self._send_grads(route, t.grad, async_op=True)
+            rows.register_post_accumulate_grad_hook(hook)
+
+    def reduce(self) -> torch.Tensor:
+        """Finish the gradient exchanges; returns the squared norm of this owner's part."""
+        got_ids, got = [], []
+        w_me = self.widths[self.me]
+        for route, rows, sent in self._lookups:
+            if sent is None:
+                grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)
+                sent = self._send_grads(route, grad, async_op=False)
+            work, buf = sent
+            if work is not None:
+                self.clock.wait(work)
+            got_ids.append(self._local(route.ids_in))
+            got.append(buf.view(-1, w_me))
+        self._lookups, self._leaf = [], None
+        if not got:
+            return self._combine(torch.empty(0, dtype=torch.int64), self.table.new_empty(0, w_me))
+        return self._combine(torch.cat(got_ids), torch.cat(got))
+
+    def update(self, lr: float, scale: float = 1.0) -> None:
+        """Apply the row update, then send the next step's rows that waited for it (the late phase)."""
+        super().update(lr, scale)
+        if self._next is not None and self._next.late is not None:
+            late_in, late_out = self._next.late
+            self._next.late = None
+            self._serve(self._next.route, self._next, late_in, late_out, async_op=True)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, split={self.split}, schedule={self.schedule}, lookahead={self.lookahead}"

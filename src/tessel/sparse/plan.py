@@ -1,0 +1,101 @@
+"""Decide each table's strategy: given, forced (shared or unsupported tables stay dense), or ``auto``.
+
+``auto`` follows TorchRec's planner in miniature: enumerate the options of every table, estimate
+each with :mod:`tessel.sparse.cost` from the measured sparsity and the probed link, propose the
+cheapest, and print the plan. Every rank must build the same tables, so the statistics are averaged
+over ranks and rank 0's decisions are the ones used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import comm
+from .cost import Estimate, Link, Sparsity, choose, estimate, format_plan, probe
+from .detect import TableInfo, unsupported
+
+AUTO_OPTIONS = ("dense", "allgather", "ps", "alltoall")
+
+
+@dataclass
+class Choice:
+    info: TableInfo
+    strategy: str
+    why: str
+    split: str = "column"  # alltoall only
+    estimates: dict[str, Estimate] = field(default_factory=dict)
+
+    def describe_plan(self) -> str:
+        chosen = f"alltoall/{self.split}" if self.strategy == "alltoall" else self.strategy
+        return format_plan(self.info.name, self.estimates, chosen) if self.estimates else ""
+
+
+def forced(info: TableInfo, module: nn.Module, strategy: str, override: str | None,
+           max_touched: float) -> Choice | None:
+    """The choice when nothing needs estimating, or None (``auto`` decides)."""
+    if override:
+        return Choice(info, override, "given")
+    if strategy in ("dense", "torch-sparse"):
+        return Choice(info, strategy, "given for all tables")
+    if info.shared_with:
+        return Choice(info, "dense", f"weight shared with {', '.join(info.shared_with)}: every row gets a gradient")
+    if why := unsupported(module):
+        return Choice(info, "dense", why)
+    if strategy == "auto":
+        return None  # the cost model weighs density itself
+    if info.touched > max_touched:
+        return Choice(info, "dense", f"a step touches more than {max_touched:.0%} of its rows")
+    return Choice(info, strategy, "sparse")
+
+
+def global_counts(info: TableInfo, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """Access counts of the first and last sample batch summed over all ranks (one owner map for all)."""
+    fit, held = info.counts[0].clone(), info.counts[-1].clone()
+    if dist.is_initialized():
+        comm.all_reduce(fit, "sparse.plan", group=group)
+        comm.all_reduce(held, "sparse.plan", group=group)
+    return fit, held
+
+
+def sparsity(info: TableInfo, fit: torch.Tensor, group, local_group=None) -> Sparsity:
+    """Per-step sparsity of ``info`` averaged over the ranks of ``group``."""
+    n = dist.get_world_size(group)
+    mine = info.counts[0] > 0
+    nxt = info.counts[1] > 0 if len(info.counts) > 1 else mine
+    late = float((nxt & (fit > 0)).sum()) / max(float(nxt.sum()), 1.0)
+    stats = torch.tensor([info.unique_per_step, late], dtype=torch.float64)
+    comm.all_reduce(stats, "sparse.plan", group=group)
+    u_host = float(mine.sum())
+    if local_group is not None:
+        host = info.counts[0].clone()
+        comm.all_reduce(host, "sparse.plan", group=local_group)
+        u_host = float((host > 0).sum())
+    w = info.bytes // max(info.rows * info.dim, 1)
+    return Sparsity(rows=info.rows, dim=info.dim, elem=w, k=float(stats[0]) / n, u=float((fit > 0).sum()),
+                    u_host=u_host, late=float(stats[1]) / n, fed=info.fed)
+
+
+def decide_auto(pending: list[tuple[TableInfo, torch.Tensor]], group, hosts: int, layout, compute: float,
+                link_mbit: float, schedule: bool, split: str, dtype=torch.float32) -> tuple[list[Choice], Link]:
+    """Choices for the tables ``auto`` decides (each with its global access counts), from the cost model."""
+    n = dist.get_world_size(group)
+    link = probe(group, link_mbit, dtype=dtype)
+    out = []
+    for info, fit in pending:
+        s = sparsity(info, fit, group, layout[0] if layout else None)
+        est = estimate(s, n, hosts, link, compute, schedule, local_aggregation=layout is not None)
+        if split != "auto":
+            est = {o: e for o, e in est.items() if o.split("/")[-1] == split or not o.startswith("alltoall")}
+        best = choose(est, AUTO_OPTIONS)
+        strategy, _, how = best.partition("/")
+        out.append(Choice(info, strategy, f"cost model, link {link.rate * 8 / 1e6:.0f} Mbit/s ({link.source})",
+                          how or "column", est))
+    # Floating-point sums may differ in the last bit between ranks; rank 0's plan is everyone's.
+    picked = comm.all_gather_object([(c.strategy, c.split) for c in out], "sparse.plan", group)[0]
+    for c, (strategy, how) in zip(out, picked):
+        c.strategy, c.split = strategy, how
+    return out, link

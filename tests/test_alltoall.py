@@ -1,0 +1,187 @@
+"""alltoall tables (EmbRace), their scheduling, and the auto cost model.
+
+Parity: fp64 against one process, several steps with clipping, scheduled and unscheduled, on the LSTM
+LM and the Transformer LM (sampled softmax, and full softmax with two micro-batches), SGD and Adagrad,
+2 and 4 ranks. Bytes: exact per channel for known ids, column and row split.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from test_sparse import Bag, check_sparse_parity
+from tessel import comm, sparse
+from tessel.errors import PlanError
+from tessel.sparse.cost import Link, Sparsity, choose, estimate
+from tessel.sparse.schedule import Clock
+
+UNSCHEDULED = ("sparse.schedule=false",)
+# (model, optimizer, micro-batches, extra config)
+CASES = [("lstm_lm", "sgd", 1, ()), ("lstm_lm", "adagrad", 1, UNSCHEDULED),
+         ("lstm_lm", "adagrad", 1, ()), ("lstm_lm", "sgd", 1, UNSCHEDULED),
+         ("transformer_sampled", "adagrad", 1, ()), ("transformer_sampled", "sgd", 1, UNSCHEDULED),
+         ("transformer_sampled", "sgd", 1, ()), ("transformer_sampled", "adagrad", 1, UNSCHEDULED),
+         ("transformer_lm", "adagrad", 2, ()), ("lstm_lm", "adagrad", 1, ("sparse.split=row",))]
+
+
+def _id(case):
+    name, opt, micro, extra = case
+    return f"{name}-{opt}-m{micro}-{'-'.join(e.split('=')[0].split('.')[1] + e.split('=')[1] for e in extra) or 'sched'}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_alltoall_parity_2_ranks(world2, case):
+    name, opt, micro, extra = case
+    assert len(set(world2.run(check_sparse_parity, name, "alltoall", opt, micro, steps=4, extra=extra))) == 1
+
+
+@pytest.mark.parametrize("case", CASES[:8], ids=[_id(c) for c in CASES[:8]])
+def test_alltoall_parity_4_ranks(world4, case):
+    name, opt, micro, extra = case
+    assert len(set(world4.run(check_sparse_parity, name, "alltoall", opt, micro, steps=3, extra=extra))) == 1
+
+
+def check_alltoall_bytes(split: str, schedule: bool) -> list:
+    """Known ids on 2 ranks, a 10 x 4 fp64 table; with scheduling, the ids of step 2 are known in step 1."""
+    r = dist.get_rank()
+    torch.manual_seed(0)
+    model = Bag(rows=10, dim=4).double()
+    steps = [[torch.tensor([[0, 1, 2, 2, 5]]), torch.tensor([[1, 3, 3, 4, 4]])][r],
+             [torch.tensor([[5, 6, 6, 7, 0]]), torch.tensor([[9, 9, 9, 9, 9]])][r]]
+    y = torch.zeros(1, dtype=torch.float64)
+    tables = sparse.shard(model, [(steps[0], y)], "alltoall", "sgd", lr=0.1, partitions=2, split=split,
+                          schedule=schedule)
+    t = tables.tables["emb"]
+    assert t.lookahead == (schedule and split == "column")
+    out = []
+    comm.counter.end_step()
+    for i, ids in enumerate(steps):
+        tables.begin_step(ids, steps[i + 1] if i + 1 < len(steps) else None)
+        ahead = comm.counter.end_step()
+        model(ids, y).backward()
+        forward = comm.counter.end_step()  # forward and backward pass
+        tables.reduce()
+        tables.step()
+        out.append({"ahead": ahead, "forward": forward, "reduce": comm.counter.end_step()})
+    return out
+
+
+def test_alltoall_exact_bytes_column_and_row(world2):
+    b = 8  # fp64 and int64
+    # step 1: rank 0 asks {0,1,2,5} (k=4), rank 1 {1,3,4} (k=3); column split: 2 columns per rank
+    col = world2.run(check_alltoall_bytes, "column", False)
+    f0, f1 = col[0][0]["forward"], col[1][0]["forward"]
+    assert f0["a2a.meta"] == {"sent": b, "recv": b}
+    assert f0["a2a.ids"] == {"sent": 4 * b, "recv": 3 * b}
+    assert f0["a2a.fwd"] == {"sent": 3 * 2 * b, "recv": 4 * 2 * b}  # rank 1's 3 rows, my 2 columns
+    assert f1["a2a.fwd"] == {"sent": 4 * 2 * b, "recv": 3 * 2 * b}
+    assert col[0][0]["reduce"]["a2a.bwd"] == {"sent": 4 * 2 * b, "recv": 3 * 2 * b}  # no ids resent
+    assert col[0][0]["reduce"]["sparse.norm"] == {"sent": b, "recv": b}
+    assert not col[0][0]["ahead"]
+    # row split, rows owned alternately: rank 0 asks 1 and 5 of rank 1; rank 1 asks 4 of rank 0
+    row = world2.run(check_alltoall_bytes, "row", False)
+    f0 = row[0][0]["forward"]
+    assert f0["a2a.meta"] == {"sent": b, "recv": b}
+    assert f0["a2a.ids"] == {"sent": 2 * b, "recv": 1 * b}
+    assert f0["a2a.fwd"] == {"sent": 1 * 4 * b, "recv": 2 * 4 * b}
+    assert row[0][0]["reduce"]["a2a.bwd"] == {"sent": 2 * 4 * b, "recv": 1 * 4 * b}
+    # scheduled: step 2's rows are fetched during step 1, so step 2's forward asks for nothing; gradients
+    # leave during the backward pass (from the hook), not in reduce
+    sched = world2.run(check_alltoall_bytes, "column", True)
+    for r in range(2):
+        assert set(sched[r][1]["forward"]) == {"a2a.bwd"}, sched[r][1]["forward"]
+        assert "a2a.bwd" not in sched[r][1]["reduce"]
+        for ch in ("a2a.meta", "a2a.ids", "a2a.fwd", "a2a.bwd"):
+            plain = sum(step[k].get(ch, {}).get("sent", 0) for step in col[r] for k in step)
+            ahead = sum(step[k].get(ch, {}).get("sent", 0) for step in sched[r] for k in step)
+            assert plain == ahead, (ch, plain, ahead)
+
+
+def check_prefetch_mismatch():
+    r = dist.get_rank()
+    model = Bag(rows=10, dim=4).double()
+    ids = torch.tensor([[0, 1, 2]]) + r
+    y = torch.zeros(1, dtype=torch.float64)
+    tables = sparse.shard(model, [(ids, y)], "alltoall", "sgd", lr=0.1)
+    tables.begin_step(ids, None)
+    with pytest.raises(PlanError, match="prefetched"):
+        model(ids + 5, y)
+    return True
+
+
+def test_prefetched_table_refuses_other_ids(world2):
+    assert world2.run(check_prefetch_mismatch) == [True, True]
+
+
+def check_auto_plan(rate: float) -> tuple:
+    r = dist.get_rank()
+    torch.manual_seed(0)
+    model = Bag(rows=4000, dim=32)
+    g = torch.Generator().manual_seed(r)
+    batches = [(torch.randint(0, 4000, (8, 16), generator=g), torch.zeros(8)) for _ in range(2)]
+    tables = sparse.shard(model, batches, "auto", "sgd", lr=0.1, link_mbit=rate)
+    (choice,) = tables.choices
+    return choice.strategy, choice.split, sorted(choice.estimates), tables.describe()
+
+
+def test_auto_plan_is_printed_and_agreed(world2):
+    out = world2.run(check_auto_plan, 100.0)
+    assert out[0][:2] == out[1][:2]
+    assert out[0][2] == ["allgather", "alltoall/column", "alltoall/row", "dense", "ps"]
+    assert out[0][0] in ("allgather", "ps", "alltoall")  # 128 of 4000 rows per rank: never dense
+    text = out[0][3]
+    assert "predicted per step" in text and "cost model, link 100 Mbit/s (given)" in text
+
+
+def test_cost_model_bytes_and_choice():
+    s = Sparsity(rows=100_000, dim=64, elem=4, k=1000, u=3000, u_host=1000, late=0.5, fed=True)
+    link = Link(rate=125e6, latency=1e-3, per_elem=1e-9)
+    est = estimate(s, ranks=4, hosts=4, link=link, compute=0.2)
+    row = 64 * 4
+    assert est["dense"].bytes == 2 * 3 / 4 * 100_000 * row
+    assert est["allgather"].bytes == 3 * 1000 * (row + 8)
+    assert est["ps"].bytes == 3 / 4 * 1000 * (2 * row + 16)
+    assert est["alltoall/column"].bytes == 3 * 1000 * 8 + 2 * 3 / 4 * 1000 * row
+    assert est["alltoall/row"].bytes == 3 / 4 * 1000 * (2 * row + 8)
+    assert choose(est, ("dense", "allgather", "ps", "alltoall")) == "alltoall/column"
+    assert choose(est, ("dense", "allgather")) == "allgather"
+    # a table every step reads whole (u = V) is cheapest dense: nothing sparse about it
+    full = Sparsity(rows=1000, dim=64, elem=4, k=1000, u=1000, u_host=1000, late=1.0, fed=False)
+    assert choose(estimate(full, 8, 8, link, 0.0, schedule=False), ("dense", "allgather", "ps", "alltoall")) in (
+        "dense", "alltoall/row", "alltoall/column")
+    assert choose(estimate(full, 8, 8, link, 0.0), ("dense", "allgather", "ps")) == "dense"
+
+
+def test_clock_hidden_share():
+    c = Clock()
+    c.sync(lambda: None)
+
+    class Done:
+        def __init__(self):
+            self.f = torch.futures.Future()
+
+        def get_future(self):
+            return self.f
+
+        def wait(self):
+            self.f.wait()
+
+    w = c.launch(Done())
+    w.f.set_result(None)
+    c.wait(w)
+    busy, waited = c.take()
+    assert busy >= 0 and waited >= 0 and c.take() == (0.0, 0.0)
+
+
+def check_narrow_column_split():
+    model = Bag(rows=10, dim=1).double()
+    batch = (torch.tensor([[0, 1, 2]]), torch.zeros(1, dtype=torch.float64))
+    with pytest.raises(PlanError, match="split row"):
+        sparse.shard(model, [batch], "alltoall", "sgd", split="column")
+    tables = sparse.shard(model, [batch], "alltoall", "sgd", split="auto")  # a 1-wide table goes by rows
+    return tables.tables["emb"].split
+
+
+def test_column_split_needs_a_column_per_rank(world2):
+    assert world2.run(check_narrow_column_split) == ["row", "row"]
