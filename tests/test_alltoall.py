@@ -92,10 +92,14 @@ def test_alltoall_exact_bytes_column_and_row(world2):
     for r in range(2):
         assert set(sched[r][1]["forward"]) == {"a2a.bwd"}, sched[r][1]["forward"]
         assert "a2a.bwd" not in sched[r][1]["reduce"]
-        for ch in ("a2a.meta", "a2a.ids", "a2a.fwd", "a2a.bwd"):
+        for ch in ("a2a.fwd", "a2a.bwd"):  # the same rows move, in two priority phases
             plain = sum(step[k].get(ch, {}).get("sent", 0) for step in col[r] for k in step)
             ahead = sum(step[k].get(ch, {}).get("sent", 0) for step in sched[r] for k in step)
             assert plain == ahead, (ch, plain, ahead)
+        # step 1 asks as usual (counts, unique ids); step 2's 5 raw ids go ahead as int32, no counts
+        assert sched[r][0]["ahead"]["a2a.meta"] == {"sent": b, "recv": b}
+        assert sched[r][0]["ahead"]["a2a.ids"]["sent"] == [4, 3][r] * b + 5 * 4
+        assert sum(step[k].get("a2a.meta", {}).get("sent", 0) for step in sched[r] for k in step) == b
 
 
 def check_prefetch_mismatch():
@@ -177,7 +181,7 @@ def test_clock_hidden_share():
 def check_narrow_column_split():
     model = Bag(rows=10, dim=1).double()
     batch = (torch.tensor([[0, 1, 2]]), torch.zeros(1, dtype=torch.float64))
-    with pytest.raises(PlanError, match="split row"):
+    with pytest.raises(PlanError, match="split auto"):
         sparse.shard(model, [batch], "alltoall", "sgd", split="column")
     tables = sparse.shard(model, [batch], "alltoall", "sgd", split="auto")  # a 1-wide table goes by rows
     return tables.tables["emb"].split

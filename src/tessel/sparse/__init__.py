@@ -68,10 +68,12 @@ class SparseTables:
                 t.prefetch(inputs, next_inputs)
 
     def final_backward(self, final: bool) -> None:
-        """Tell the tables whether the coming backward pass is the step's last (micro-batching)."""
+        """Before each backward pass: whether it is the step's last (micro-batching). Prefetching tables
+        also start sending the next step's rows that are final already, to travel behind this backward."""
         for t in self.tables.values():
             if isinstance(t, AllToAllTable):
                 t.final = final
+                t.launch_next()
 
     def timing(self) -> tuple[float, float]:
         """(seconds with sparse collectives of ``alltoall`` tables in flight, seconds the trainer waited
@@ -243,7 +245,7 @@ def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimize
         it = iter(decided)
         choices = [c if c is not None else next(it) for c in choices]
     opt = RowOptimizer(optimizer, lr, momentum=momentum)
-    tables, clock, side = {}, Clock(), None
+    tables, clock, side, routes, row_plans = {}, Clock(), None, {}, []
     for choice in choices:
         info, module = choice.info, modules[choice.info.name]
         if choice.strategy in ("ps", "allgather", "alltoall") and (why := unsupported(module)):
@@ -257,16 +259,19 @@ def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimize
             p = dist.get_world_size(group) if dist.is_initialized() else 1
             fit, held = counts.get(info.name, (info.counts[0], info.counts[-1]))
             row_plan = plan_rows(fit, held, p, partitions)
+            if choice.strategy == "alltoall":  # equal owner maps become one object, so routes can be shared
+                row_plan = next((q for q in row_plans if torch.equal(q.owner, row_plan.owner)), row_plan)
+                row_plans.append(row_plan)
             if choice.strategy == "ps":
                 tables[info.name] = PSTable(info.name, module, group, opt, row_plan, layout)
             else:
                 side = side if side is not None else (_side_group(group, timeout) if distributed else group)
                 tables[info.name] = AllToAllTable(info.name, module, side, opt, "row", row_plan, schedule,
-                                                  lookahead=info.fed, clock=clock)
+                                                  lookahead=info.fed, clock=clock, routes=routes)
         elif choice.strategy == "alltoall":
             side = side if side is not None else (_side_group(group, timeout) if distributed else group)
             tables[info.name] = AllToAllTable(info.name, module, side, opt, "column", None, schedule,
-                                              lookahead=info.fed, clock=clock)
+                                              lookahead=info.fed, clock=clock, routes=routes)
     for name, t in tables.items():
         _set_module(model, name, t)
     return SparseTables(choices, tables, group, lr, clock, link)

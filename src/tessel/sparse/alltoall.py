@@ -15,6 +15,7 @@ table's gradient is never synchronised. Scheduling (``schedule=True``): see :mod
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -57,7 +58,7 @@ class AllToAllTable(RowTable):
 
     def __init__(self, name: str, source: nn.Module, group, opt: RowOptimizer, split: str = "column",
                  plan: RowPlan | None = None, schedule: bool = False, lookahead: bool = False,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, routes: dict | None = None):
         weight = source.weight
         super().__init__(name, weight.shape[0], weight.shape[1], group, opt, source)
         p, d = self.world, weight.shape[1]
@@ -66,7 +67,7 @@ class AllToAllTable(RowTable):
         if split == "column":
             if d < p:
                 raise PlanError(f"table '{name}' has {d} columns, fewer than {p} ranks: a column split leaves ranks "
-                                "empty; use --sparse.split row")
+                                "empty; use --sparse.split auto (rows for tables this narrow) or row")
             self.widths = [d // p + (r < d % p) for r in range(p)]
             c0 = sum(self.widths[: self.me])
             self.cols = (c0, c0 + self.widths[self.me])
@@ -80,10 +81,14 @@ class AllToAllTable(RowTable):
         self.dtype = self.table.dtype
         self.state = opt.init(self.table)
         self.clock = clock or Clock()
+        # Tables looked up with the very same ids tensor (a sampled softmax's weight and bias) and split
+        # alike share one route: the ids cross the wire once.
+        self.routes = routes if routes is not None else {}
         self.final = True  # the engine clears it before all but the last micro-batch's backward
         self._lookups: list[list] = []  # [route, leaf rows, in-flight gradient exchange or None]
         self._ready: Fetch | None = None  # this step's rows, fetched ahead
         self._next: Fetch | None = None  # the next step's rows, being fetched
+        self._asked = None  # the next step's raw ids in flight: (work, buffer, rows this step touches)
         self._leaf: tuple[Route, torch.Tensor] | None = None  # this step's prefetched rows, once assembled
 
     @property
@@ -184,6 +189,7 @@ class AllToAllTable(RowTable):
         ``ids_now``/``ids_next``: this and the next step's whole input ids (all micro-batches)."""
         if not self.lookahead or not (self.training and torch.is_grad_enabled()):
             return
+        self.launch_next()  # in case no backward pass came between (a loop without the engine)
         if self._next is not None:
             self._ready, self._next = self._next, None
         elif ids_now is not None:
@@ -196,9 +202,24 @@ class AllToAllTable(RowTable):
             return
         touched = torch.zeros(self.num_embeddings, dtype=torch.bool)
         touched[self._ready.route.ids_in] = True  # column split: every rank's ids of this step
-        uniq = torch.unique(ids_next.reshape(-1))
-        self._check(uniq)
-        route = self.clock.sync(lambda: self._ask(uniq))
+        # The next ids travel raw and in the background (every rank's batch has the same shape); the
+        # owners deduplicate them once they are in, before this step's backward pass (launch_next).
+        raw = ids_next.reshape(-1).to(torch.int32 if self.num_embeddings < 2**31 else torch.int64)
+        buf = raw.new_empty(self.world * raw.numel())
+        work = self.clock.launch(comm.all_gather_into(buf, raw, "a2a.ids", self.group, async_op=True))
+        self._asked = (work, buf, touched)
+
+    def launch_next(self) -> None:
+        """Turn the next step's ids into a route and send the rows that are final already (early phase)."""
+        if self._asked is None:
+            return
+        work, buf, touched = self._asked
+        self._asked = None
+        self.clock.wait(work)
+        self._check(torch.unique(buf))
+        uniqs = [torch.unique(x).long() for x in buf.view(self.world, -1)]
+        uniq = uniqs[self.me]
+        route = Route(uniq, torch.cat(uniqs), [u.numel() for u in uniqs], [uniq.numel()] * self.world)
         early_in, late_in = priority(route.ids_in, touched)
         early_out, late_out = priority(uniq, touched)
         self._next = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim), late=(late_in, late_out))
@@ -230,7 +251,13 @@ class AllToAllTable(RowTable):
                                 "pass asked for others; pass the batch's inputs to begin_step")
             rows = rows[pos]
         else:
-            route = self.clock.sync(lambda: self._ask(uniq))
+            key = (self.split, id(self.plan))
+            last = self.routes.get(key)
+            if last is not None and last[0]() is ids:
+                route = last[1]
+            else:
+                route = self.clock.sync(lambda: self._ask(uniq))
+                self.routes[key] = (weakref.ref(ids), route)
             fetch = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim))
             self._serve(route, fetch)
             rows = self._assemble(fetch)
@@ -274,6 +301,7 @@ class AllToAllTable(RowTable):
     def update(self, lr: float, scale: float = 1.0) -> None:
         """Apply the row update, then send the next step's rows that waited for it (the late phase)."""
         super().update(lr, scale)
+        self.launch_next()
         if self._next is not None and self._next.late is not None:
             late_in, late_out = self._next.late
             self._next.late = None
