@@ -1,7 +1,11 @@
-"""Your own loop with sparse tables on parameter-server shards (Parallax's hybrid): an unmodified model.
+"""Your own loop with sparse tables taken out of an unmodified model: split over the ranks with 2-D
+scheduling (alltoall, the default here), on row shards (ps), all-gathered, or chosen by the cost model.
 
-    torchrun --standalone --nproc-per-node 2 examples/sparse_loop.py
+    torchrun --standalone --nproc-per-node 2 examples/sparse_loop.py            # alltoall
+    torchrun --standalone --nproc-per-node 2 examples/sparse_loop.py ps         # or allgather, auto
 """
+
+import sys
 
 import torch
 
@@ -19,18 +23,21 @@ g = torch.Generator().manual_seed(rank)  # each rank its own data
 batches = [torch.randint(0, 20000, (8, 33), generator=g) for _ in range(12)]
 split = [(b[:, :-1], b[:, 1:]) for b in batches]
 
-# Take the tables out (embedding, sampled-softmax weights and bias) and shard their rows; DDP gets the rest.
-tables = sparse.shard(model, split[:2], strategy="ps", optimizer="adagrad", lr=0.1, group=mesh.get_group("dp"))
+# Take the tables out (embedding, sampled-softmax weights and bias) and split them; DDP gets the rest.
+strategy = sys.argv[1] if len(sys.argv) > 1 else "alltoall"
+tables = sparse.shard(model, split[:2], strategy=strategy, optimizer="adagrad", lr=0.1, group=mesh.get_group("dp"))
 model = parallelize(model, dims, mesh)
 opt = torch.optim.Adagrad(model.parameters(), lr=0.1)
 if rank == 0:
     print(tables.describe())
 
-for x, y in split:
+for i, (x, y) in enumerate(split):
+    tables.begin_step(x, split[i + 1][0] if i + 1 < len(split) else None)  # the next batch's rows come early
     loss = model(x, y)
+    tables.final_backward(True)  # one micro-batch: this backward completes the step's gradients
     loss.backward()
-    tables.reduce()  # row gradients to their owners
-    tables.step()  # owners update their rows
+    tables.reduce()  # row gradients to their owners (already in flight under alltoall)
+    tables.step()  # owners update their rows, then send the next step's late rows
     opt.step()
     opt.zero_grad()
     step = comm.counter.end_step()

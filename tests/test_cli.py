@@ -212,12 +212,13 @@ def test_train_on_text_files(tmp_path):
     assert len(lines) == 30 and "dp.dense" in json.loads(lines[-1])["bytes"]
 
 
-def test_sparse_loop_example_runs(tmp_path):
+@pytest.mark.parametrize("strategy,channel", [("ps", "ps.push"), ("alltoall", "a2a.bwd")])
+def test_sparse_loop_example_runs(tmp_path, strategy, channel):
     example = Path(__file__).resolve().parent.parent / "examples" / "sparse_loop.py"
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        str(example)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                        str(example), strategy], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "-> ps (sparse)" in r.stdout and "'ps.push'" in r.stdout
+    assert f"-> {strategy} (sparse)" in r.stdout and f"'{channel}'" in r.stdout
 
 
 def test_readme_library_example_runs(tmp_path):
