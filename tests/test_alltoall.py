@@ -8,13 +8,12 @@ LM and the Transformer LM (sampled softmax, and full softmax with two micro-batc
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from test_sparse import Bag, check_sparse_parity
 from tessel import comm, sparse
 from tessel.errors import PlanError
 from tessel.sparse.cost import Link, Sparsity, choose, estimate
 from tessel.sparse.schedule import Clock
+from test_sparse import Bag, check_sparse_parity
 
 UNSCHEDULED = ("sparse.schedule=false",)
 # (model, optimizer, micro-batches, extra config)
@@ -27,7 +26,8 @@ CASES = [("lstm_lm", "sgd", 1, ()), ("lstm_lm", "adagrad", 1, UNSCHEDULED),
 
 def _id(case):
     name, opt, micro, extra = case
-    return f"{name}-{opt}-m{micro}-{'-'.join(e.split('=')[0].split('.')[1] + e.split('=')[1] for e in extra) or 'sched'}"
+    how = "-".join(e.split("=")[0].split(".")[1] + e.split("=")[1] for e in extra)
+    return f"{name}-{opt}-m{micro}-{how or 'sched'}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])

@@ -39,7 +39,8 @@ def _batch(loader, dtype=torch.float64):
 def check_sparse_parity(name: str, strategy: str, optimizer: str, micro: int = 1, steps: int = 3, hosts: int = 0,
                         extra: tuple = ()):
     p, r = dist.get_world_size(), dist.get_rank()
-    cfg = load_config(None, [f"model.name={name.replace('_sampled', '_lm')}", *SMALL[name], "train.dtype=float64", "train.global_batch=8",
+    model = name.replace("_sampled", "_lm")
+    cfg = load_config(None, [f"model.name={model}", *SMALL[name], "train.dtype=float64", "train.global_batch=8",
                              f"train.micro_batches={micro}", f"train.optimizer={optimizer}", "train.lr=0.05",
                              "train.warmup=1", "train.clip=0.5", f"train.steps={steps}", "train.momentum=0",
                              f"sparse.strategy={strategy}", "sparse.max_touched=1.0", f"sparse.hosts={hosts}",

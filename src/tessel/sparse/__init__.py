@@ -24,7 +24,6 @@ are fetched a step ahead (:mod:`tessel.sparse.schedule`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -131,7 +130,8 @@ class SparseTables:
                     f"{i.lookups_per_step:.0f} lookups) -> {c.strategy} ({c.why})")
             t = self.tables.get(i.name)
             if isinstance(t, AllToAllTable):
-                line += f" [{t.split} split{', scheduled' if t.schedule else ''}{', prefetched' if t.lookahead else ''}]"
+                how = [f"{t.split} split"] + ["scheduled"] * t.schedule + ["prefetched"] * t.lookahead
+                line += f" [{', '.join(how)}]"
             if isinstance(t, (PSTable, AllToAllTable)) and t.plan is not None:
                 line += f"\n{'':<19}{t.plan.describe()}"
             if plan := c.describe_plan():

@@ -77,8 +77,10 @@ def measure(model: nn.Module, tables: list[TableInfo], batches: list[tuple]) -> 
         raise PlanError("measuring table sparsity needs at least one sample batch")
     modules = dict(model.named_modules())
     seen: dict[str, list[list[torch.Tensor]]] = {t.name: [] for t in tables}
-    hooks = [modules[t.name].register_forward_pre_hook(lambda m, args, n=t.name: seen[n][-1].append(args[0].reshape(-1)))
-             for t in tables]
+    def hook(name):
+        return lambda m, args: seen[name][-1].append(args[0].reshape(-1))
+
+    hooks = [modules[t.name].register_forward_pre_hook(hook(t.name)) for t in tables]
     was_training = model.training
     t0 = time.perf_counter()
     try:
