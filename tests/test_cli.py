@@ -14,6 +14,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tessel.cli import main
+from tessel.train import checkpoint
 
 TINY = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--vocab", "200", "--seq-len", "8",
         "--batch", "8", "--metrics.progress", "log"]
@@ -95,9 +96,10 @@ def _assert_identical(a, b, where=""):
         assert a == b, where
 
 
-@pytest.mark.parametrize("sparse", ["dense", "ps"])
+@pytest.mark.parametrize("sparse", ["dense", "ps", "alltoall", "auto"])
 def test_resume_is_bit_identical(tmp_path, sparse):
-    """6 steps uninterrupted == the step-3 checkpoint resumed in fresh workers for 3 more steps."""
+    """6 steps uninterrupted == the step-3 checkpoint resumed in fresh workers for 3 more steps (auto: the
+    resumed run keeps the saved plan, whatever the link probe says this time)."""
     args = [*TINY, "--model", "lstm_lm", "--model.softmax", "sampled", "--model.num_sampled", "32",
             "--optimizer", "adam", "--steps", "6", "--sparse", sparse]
     full = tmp_path / "full"
@@ -112,10 +114,14 @@ def test_resume_is_bit_identical(tmp_path, sparse):
     b = _load(part / "checkpoints" / "step-00000006", tmp_path)
     _assert_identical(a, b)
     before = _load(full / "checkpoints" / "step-00000003", tmp_path)
-    where = "model" if sparse == "dense" else "tables"  # ps tables are saved whole beside the model
+    # replaced tables are saved whole beside the model
+    where = "tables" if "embedding.weight" in a.get("tables", {}) else "model"
+    assert sparse == "auto" or (where == "model") == (sparse == "dense")
     assert not torch.equal(before[where]["embedding.weight"], a[where]["embedding.weight"])
-    if sparse == "ps":
+    if where == "tables":
         assert "row.exp_avg" in " ".join(a["tables"])  # lazy Adam's row state is saved too
+    plans = [checkpoint.read_meta(d / "checkpoints" / "step-00000006")["sparse_plan"] for d in (full, part)]
+    assert plans[0] == plans[1] and set(plans[0]) == {"embedding", "head.weight", "head.bias"}
 
 
 def _workers(launcher_pid: int) -> dict[int, int]:
