@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from .. import comm
@@ -28,7 +27,7 @@ from ..errors import PlanError
 from .partition import RowPlan
 from .rowopt import RowOptimizer
 from .schedule import Clock, priority
-from .tables import RowTable
+from .tables import RowTable, gather_rows
 
 
 @dataclass
@@ -74,7 +73,7 @@ class AllToAllTable(RowTable):
             self.table = weight.detach()[:, c0: self.cols[1]].clone()
         else:
             self.widths = [d] * p
-            self.table = weight.detach()[(plan.owner == self.me).nonzero().squeeze(1)].clone()
+            self.table = weight.detach()[plan.rows_of(self.me)].clone()
         # Prefetching the next batch needs every rank to know which rows this step touches: only the
         # column split, where every owner sees every id, has that for free.
         self.lookahead = bool(lookahead and schedule and split == "column")
@@ -99,7 +98,15 @@ class AllToAllTable(RowTable):
     def own(self, full: torch.Tensor) -> torch.Tensor:
         if self.split == "column":
             return full[:, self.cols[0]: self.cols[1]]
-        return full[(self.plan.owner == self.me).nonzero().squeeze(1)]
+        return full[self.plan.rows_of(self.me)]
+
+    def full(self, part: torch.Tensor) -> torch.Tensor:
+        if self.split == "row":
+            return gather_rows(self, part)
+        pad = part.new_zeros(part.shape[0], max(self.widths))
+        pad[:, : part.shape[1]] = part
+        pieces = comm.all_gather(pad, "a2a.gather", self.group)
+        return torch.cat([x[:, :w] for x, w in zip(pieces, self.widths)], dim=1)
 
     def _local(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.split == "column" else self.plan.local[ids]
@@ -187,14 +194,14 @@ class AllToAllTable(RowTable):
         """At the start of a step: make sure this step's rows are coming, and start the next step's.
 
         ``ids_now``/``ids_next``: this and the next step's whole input ids (all micro-batches)."""
-        if not self.lookahead or not (self.training and torch.is_grad_enabled()):
+        if not self.lookahead or not self.training_step:
             return
         self.launch_next()  # in case no backward pass came between (a loop without the engine)
         if self._next is not None:
             self._ready, self._next = self._next, None
         elif ids_now is not None:
             uniq = torch.unique(ids_now.reshape(-1))
-            self._check(uniq)
+            self.check_ids(uniq)
             route = self.clock.sync(lambda: self._ask(uniq))
             self._ready = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim))
             self._serve(route, self._ready, async_op=True)
@@ -216,7 +223,7 @@ class AllToAllTable(RowTable):
         work, buf, touched = self._asked
         self._asked = None
         self.clock.wait(work)
-        self._check(torch.unique(buf))
+        self.check_ids(buf)
         uniqs = [torch.unique(x).long() for x in buf.view(self.world, -1)]
         uniq = uniqs[self.me]
         route = Route(uniq, torch.cat(uniqs), [u.numel() for u in uniqs], [uniq.numel()] * self.world)
@@ -225,50 +232,39 @@ class AllToAllTable(RowTable):
         self._next = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim), late=(late_in, late_out))
         self._serve(route, self._next, early_in, early_out, async_op=True)
 
-    def _check(self, uniq: torch.Tensor) -> None:
-        if uniq.numel() and (int(uniq[0]) < 0 or int(uniq[-1]) >= self.num_embeddings):
-            raise IndexError(f"table '{self.name}' has {self.num_embeddings} rows; got id "
-                             f"{int(uniq[0]) if int(uniq[0]) < 0 else int(uniq[-1])}")
-
     # -- forward, backward, update ------------------------------------------------------------------
 
-    def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None,
-                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
-        uniq, inv = torch.unique(ids.reshape(-1), return_inverse=True)
-        self._check(uniq)
-        train = torch.is_grad_enabled() and self.training
-        self.last_rows = uniq.numel()
-        if train and (self._ready is not None or self._leaf is not None):
-            if self._leaf is None:
-                rows = self._assemble(self._ready).requires_grad_(True)
-                self._leaf = (self._ready.route, rows)
-                self._ready = None
-                self._track(self._leaf[0], rows, whole_step=True)
-            route, rows = self._leaf
-            pos = torch.searchsorted(route.uniq, uniq)
-            if pos.numel() and (int(pos.max()) >= route.uniq.numel() or not torch.equal(route.uniq[pos], uniq)):
-                raise PlanError(f"table '{self.name}' was prefetched for this step's input ids, but the forward "
-                                "pass asked for others; pass the batch's inputs to begin_step")
-            rows = rows[pos]
+    def _lookup(self, uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if self.training_step and (self._ready is not None or self._leaf is not None):
+            return self._prefetched(uniq)
+        key = (self.split, id(self.plan))
+        last = self.routes.get(key)
+        if last is not None and last[0]() is ids:
+            route = last[1]
         else:
-            key = (self.split, id(self.plan))
-            last = self.routes.get(key)
-            if last is not None and last[0]() is ids:
-                route = last[1]
-            else:
-                route = self.clock.sync(lambda: self._ask(uniq))
-                self.routes[key] = (weakref.ref(ids), route)
-            fetch = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim))
-            self._serve(route, fetch)
-            rows = self._assemble(fetch)
-            if train:
-                rows.requires_grad_(True)
-                self._track(route, rows, whole_step=False)
-        if self.bag:
-            mode, last = self.bag
-            return F.embedding_bag(inv.reshape(ids.shape), rows, offsets, mode=mode,
-                                   per_sample_weights=per_sample_weights, include_last_offset=last)
-        return F.embedding(inv, rows).reshape(*ids.shape, self.embedding_dim)
+            route = self.clock.sync(lambda: self._ask(uniq))
+            self.routes[key] = (weakref.ref(ids), route)
+        fetch = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim))
+        self._serve(route, fetch)
+        rows = self._assemble(fetch)
+        if self.training_step:
+            rows.requires_grad_(True)
+            self._track(route, rows, whole_step=False)
+        return rows
+
+    def _prefetched(self, uniq: torch.Tensor) -> torch.Tensor:
+        """This micro-batch's rows out of the step's prefetched rows (one leaf for the whole step)."""
+        if self._leaf is None:
+            rows = self._assemble(self._ready).requires_grad_(True)
+            self._leaf = (self._ready.route, rows)
+            self._ready = None
+            self._track(self._leaf[0], rows, whole_step=True)
+        route, rows = self._leaf
+        pos = torch.searchsorted(route.uniq, uniq)
+        if pos.numel() and (int(pos.max()) >= route.uniq.numel() or not torch.equal(route.uniq[pos], uniq)):
+            raise PlanError(f"table '{self.name}' was prefetched for this step's input ids, but the forward "
+                            "pass asked for others; pass the batch's inputs to begin_step")
+        return rows[pos]
 
     def _track(self, route: Route, rows: torch.Tensor, whole_step: bool) -> None:
         entry = [route, rows, None]

@@ -160,7 +160,7 @@ def probe(group, rate_mbit: float, dtype=torch.float32, dim: int = 64) -> Link:
                 source=source)
 
 
-def format_plan(name: str, est: dict[str, Estimate], chosen: str) -> str:
+def format_plan(est: dict[str, Estimate], chosen: str) -> str:
     cells = "  ".join(f"{'*' if o == chosen else ' '}{o} {e.bytes / 2**20:.2f} MiB {e.time * 1e3:.1f} ms"
                       for o, e in est.items())
     return f"{'':<19}predicted per step: {cells}"

@@ -28,6 +28,10 @@ class RowPlan:
     partitions: int
     imbalance: float  # max / mean owner load on the held-out batches (1.0 is perfect)
 
+    def rows_of(self, rank: int) -> torch.Tensor:
+        """Global ids of the rows ``rank`` owns, ascending (their order in its shard)."""
+        return (self.owner == rank).nonzero().squeeze(1)
+
     def describe(self) -> str:
         return (f"{self.partitions} partitions over {len(self.counts)} owners, {min(self.counts)}-{max(self.counts)} "
                 f"rows each, load imbalance {self.imbalance:.2f} (max/mean of accesses on held-out batches)")

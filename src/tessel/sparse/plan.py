@@ -31,7 +31,7 @@ class Choice:
 
     def describe_plan(self) -> str:
         chosen = f"alltoall/{self.split}" if self.strategy == "alltoall" else self.strategy
-        return format_plan(self.info.name, self.estimates, chosen) if self.estimates else ""
+        return format_plan(self.estimates, chosen) if self.estimates else ""
 
 
 def forced(info: TableInfo, module: nn.Module, strategy: str, override: str | None,

@@ -1,4 +1,6 @@
-"""2-D communication scheduling for ``alltoall`` tables (EmbRace), and the clock that measures it.
+"""2-D communication scheduling for ``alltoall`` tables (EmbRace): the priority rule and the clock
+that measures the overlap. The table carries the schedule out (``AllToAllTable._track``, ``prefetch``,
+``launch_next`` and ``update`` in :mod:`tessel.sparse.alltoall`).
 
 Two axes, both keeping the update exactly synchronous:
 

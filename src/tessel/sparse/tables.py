@@ -14,6 +14,8 @@ duplicate ids into one row each; ``reduce()`` after the backward pass moves thos
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -28,8 +30,9 @@ def _splits(owner_of: torch.Tensor, p: int) -> list[int]:
     return torch.bincount(owner_of, minlength=p).tolist()
 
 
-class RowTable(nn.Module):
-    """Shared part: lookup through unique ids, pending row gradients, the update."""
+class RowTable(nn.Module, metaclass=ABCMeta):
+    """Shared part: lookup through unique ids, pending row gradients, the update. A strategy supplies
+    ``_lookup`` (the rows of a forward pass) and ``reduce`` (move their gradients)."""
 
     strategy = ""
 
@@ -44,20 +47,38 @@ class RowTable(nn.Module):
         self._update: tuple[torch.Tensor, torch.Tensor] | None = None  # (local rows, averaged grads)
         self.last_rows = 0  # unique rows this rank looked up in its last forward (for reports)
 
-    def _fetch(self, ids: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    @abstractmethod
+    def _lookup(self, uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Rows (len(uniq), d) for the ascending unique ids ``uniq`` of the call's ``ids``, tracked for
+        the backward pass when training."""
+
+    @abstractmethod
+    def reduce(self) -> torch.Tensor:
+        """Move this step's row gradients; returns this rank's share of their squared norm."""
+
+    @property
+    def training_step(self) -> bool:
+        return torch.is_grad_enabled() and self.training
+
+    def _leaf(self, uniq: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Make ``rows`` a leaf whose gradient ``_local_grads`` collects (training only)."""
+        if self.training_step:
+            rows.requires_grad_(True)
+            self._pending.append((uniq, rows))
+        return rows
+
+    def check_ids(self, ids: torch.Tensor) -> None:
+        """IndexError unless every id is a row of the table."""
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_embeddings):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise IndexError(f"table '{self.name}' has {self.num_embeddings} rows; got id {bad}")
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         uniq, inv = torch.unique(ids.reshape(-1), return_inverse=True)
-        if uniq.numel() and (int(uniq[0]) < 0 or int(uniq[-1]) >= self.num_embeddings):
-            raise IndexError(f"table '{self.name}' has {self.num_embeddings} rows; got id "
-                             f"{int(uniq[0]) if int(uniq[0]) < 0 else int(uniq[-1])}")
-        rows = self._fetch(uniq)
+        self.check_ids(uniq)
+        rows = self._lookup(uniq, ids)
         self.last_rows = uniq.numel()
-        if torch.is_grad_enabled() and self.training:
-            rows.requires_grad_(True)
-            self._pending.append((uniq, rows))
         if self.bag:
             mode, last = self.bag
             return F.embedding_bag(inv.reshape(ids.shape), rows, offsets, mode=mode,
@@ -94,6 +115,11 @@ class RowTable(nn.Module):
         """The part of a whole-table tensor (weight or per-row state) that this rank holds."""
         return full
 
+    def full(self, part: torch.Tensor) -> torch.Tensor:
+        """The whole-table tensor from every rank's ``part`` (the inverse of ``own``; a collective if
+        the table is split)."""
+        return part
+
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, strategy={self.strategy}"
 
@@ -113,8 +139,8 @@ class AllGatherTable(RowTable):
     def weight(self) -> torch.Tensor:
         return self.table
 
-    def _fetch(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.table[ids]
+    def _lookup(self, uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self._leaf(uniq, self.table[uniq])
 
     def reduce(self) -> torch.Tensor:
         """All-gather every rank's unique ids and row gradients; returns the squared norm (same on all)."""
@@ -152,8 +178,7 @@ class PSTable(RowTable):
         self.plan, self.me = plan, dist.get_rank(group) if dist.is_initialized() else 0
         self.hosts = hosts  # None, or (local group, host group)
         self.local_size = dist.get_world_size(hosts[0]) if hosts else 1
-        mine = (plan.owner == self.me).nonzero().squeeze(1)  # ascending global ids = local order
-        self.table = weight.detach()[mine].clone()
+        self.table = weight.detach()[plan.rows_of(self.me)].clone()
         self.dtype = self.table.dtype
         self.state = opt.init(self.table)
 
@@ -163,7 +188,10 @@ class PSTable(RowTable):
                              "tessel.sparse.full_table(module) gathers it")
 
     def own(self, full: torch.Tensor) -> torch.Tensor:
-        return full[(self.plan.owner == self.me).nonzero().squeeze(1)]
+        return full[self.plan.rows_of(self.me)]
+
+    def full(self, part: torch.Tensor) -> torch.Tensor:
+        return gather_rows(self, part)
 
     def _send(self, ids: torch.Tensor, dest: torch.Tensor, group, channel: str, payload: torch.Tensor | None = None):
         """ids (and payload rows) to rank ``dest`` of ``group``; returns what arrived and how to answer it."""
@@ -190,7 +218,10 @@ class PSTable(RowTable):
         out[order] = back
         return out
 
-    def _fetch(self, ids: torch.Tensor) -> torch.Tensor:
+    def _lookup(self, uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self._leaf(uniq, self._pull(uniq))
+
+    def _pull(self, ids: torch.Tensor) -> torch.Tensor:
         if self.world == 1:
             return self.table[self.plan.local[ids]]
         owner = self.plan.owner
@@ -221,6 +252,18 @@ class PSTable(RowTable):
         return self._combine(self.plan.local[got_ids], got)
 
 
+def gather_rows(module: RowTable, part: torch.Tensor) -> torch.Tensor:
+    """The whole per-row tensor of a table split by rows (``module.plan``), from every owner's ``part``."""
+    counts = module.plan.counts
+    pad = part.new_zeros(max(counts), *part.shape[1:])
+    pad[: part.shape[0]] = part
+    parts = comm.all_gather(pad, "ps.gather", module.group)
+    out = part.new_empty(module.num_embeddings, *part.shape[1:])
+    for r, got in enumerate(parts):
+        out[module.plan.rows_of(r)] = got[: counts[r]]
+    return out
+
+
 def full_table(module: RowTable, shard: torch.Tensor | None = None) -> torch.Tensor:
     """The whole table of a ``ps``, ``alltoall`` or ``allgather`` module on every rank (a collective
     unless replicated).
@@ -228,22 +271,7 @@ def full_table(module: RowTable, shard: torch.Tensor | None = None) -> torch.Ten
     ``shard``: gather this per-row tensor shaped like the module's own rows instead (optimizer state).
     """
     shard = module.table if shard is None else shard
-    if not module.sharded or module.world == 1:
-        return shard
-    if getattr(module, "split", "row") == "column":
-        widths = module.widths
-        pad = shard.new_zeros(shard.shape[0], max(widths))
-        pad[:, : shard.shape[1]] = shard
-        parts = comm.all_gather(pad, "a2a.gather", module.group)
-        return torch.cat([part[:, :w] for part, w in zip(parts, widths)], dim=1)
-    counts = module.plan.counts
-    pad = shard.new_zeros(max(counts), *shard.shape[1:])
-    pad[: shard.shape[0]] = shard
-    parts = comm.all_gather(pad, "ps.gather", module.group)
-    out = shard.new_empty(module.num_embeddings, *shard.shape[1:])
-    for r, part in enumerate(parts):
-        out[(module.plan.owner == r).nonzero().squeeze(1)] = part[: counts[r]]
-    return out
+    return shard if module.world == 1 else module.full(shard)
 
 
 def table_state(module: RowTable) -> dict[str, torch.Tensor]:

@@ -109,8 +109,9 @@ def run(cfg: Config) -> dict[str, Any]:
         resume_from = checkpoint.latest(ckpt_dir)
         if resume_from is None:
             raise CheckpointError(f"--resume: no complete checkpoint in '{ckpt_dir}'; train without --resume first")
+    saved = checkpoint.read_meta(resume_from) if resume_from else {}
     # A resumed run keeps the table plan it was saved with, whatever auto would choose today.
-    fixed = checkpoint.read_meta(resume_from).get("sparse_plan") if resume_from else None
+    fixed = saved.get("sparse_plan")
     tables = apply_sparse(model, cfg, _first_batches(loader, cfg.sparse.sample_batches, model), dp_group, fixed)
     if rank == 0 and tables.choices:
         print(tables.describe(), flush=True)
@@ -124,7 +125,7 @@ def run(cfg: Config) -> dict[str, Any]:
 
     start = 0
     if resume_from is not None:
-        saved_world = checkpoint.read_meta(resume_from).get("world_size")
+        saved_world = saved.get("world_size")
         if saved_world != dims.world_size:
             raise CheckpointError(f"checkpoint '{resume_from}' was saved by {saved_world} ranks and holds per-rank "
                                   f"RNG and data state; resume it with {saved_world} ranks, not {dims.world_size}")
