@@ -41,7 +41,13 @@ def test_config_errors(capsys, tmp_path):
     one_line_error(capsys, ["train", "--model", "resnet"], "model.name", "transformer_lm, lstm_lm, classifier")
     one_line_error(capsys, ["train", "--train.stepz", "3"], "--train.stepz")
     one_line_error(capsys, ["train", "--steps", "ten"], "train.steps", "int")
-    one_line_error(capsys, ["train", "--pp", "2", "--nproc", "2"], "pp=2", "not available")
+    one_line_error(capsys, ["train", "--pp", "5", "--nproc", "5"], "pp=5", "valid: pp <= 4")
+    one_line_error(capsys, ["train", "--pp", "2", "--pipeline.split", "3,3"], "pipeline.split '3,3'", "e.g. '2,2'")
+    one_line_error(capsys, ["train", "--pp", "2", "--pipeline.schedule", "zb"], "pipeline.schedule", "async-predict")
+    one_line_error(capsys, ["train", "--pp", "2", "--model", "lstm_lm", "--model.softmax", "sampled"],
+                   "model.softmax=full")
+    one_line_error(capsys, ["train", "--pp", "2", "--pipeline.schedule", "async-predict", "--optimizer", "adagrad"],
+                   "adagrad", "valid: train.optimizer sgd")
     toml = tmp_path / "run.toml"
     toml.write_text("[train]\nsteps = 5\nbogus = 1\n")
     one_line_error(capsys, ["train", "--config", str(toml)], "train.bogus", "train.steps")
@@ -96,12 +102,9 @@ def _assert_identical(a, b, where=""):
         assert a == b, where
 
 
-@pytest.mark.parametrize("sparse", ["dense", "ps", "alltoall", "auto"])
-def test_resume_is_bit_identical(tmp_path, sparse):
-    """6 steps uninterrupted == the step-3 checkpoint resumed in fresh workers for 3 more steps (auto: the
-    resumed run keeps the saved plan, whatever the link probe says this time)."""
-    args = [*TINY, "--model", "lstm_lm", "--model.softmax", "sampled", "--model.num_sampled", "32",
-            "--optimizer", "adam", "--steps", "6", "--sparse", sparse]
+def _resumed_equals_uninterrupted(tmp_path, args):
+    """6 steps with checkpoints every 3 == the step-3 checkpoint resumed for 3 more steps in fresh workers.
+    Returns (final state, step-3 state, full run dir, resumed run dir)."""
     full = tmp_path / "full"
     r = tessel("train", *args, "--ckpt-every", "3", "--checkpoint.keep", "5", "--out", str(full), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -111,9 +114,17 @@ def test_resume_is_bit_identical(tmp_path, sparse):
     r = tessel("train", *args, "--resume", "--out", str(part), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     a = _load(full / "checkpoints" / "step-00000006", tmp_path)
-    b = _load(part / "checkpoints" / "step-00000006", tmp_path)
-    _assert_identical(a, b)
-    before = _load(full / "checkpoints" / "step-00000003", tmp_path)
+    _assert_identical(a, _load(part / "checkpoints" / "step-00000006", tmp_path))
+    return a, _load(full / "checkpoints" / "step-00000003", tmp_path), full, part
+
+
+@pytest.mark.parametrize("sparse", ["dense", "ps", "alltoall", "auto"])
+def test_resume_is_bit_identical(tmp_path, sparse):
+    """6 steps uninterrupted == the step-3 checkpoint resumed in fresh workers for 3 more steps (auto: the
+    resumed run keeps the saved plan, whatever the link probe says this time)."""
+    args = [*TINY, "--model", "lstm_lm", "--model.softmax", "sampled", "--model.num_sampled", "32",
+            "--optimizer", "adam", "--steps", "6", "--sparse", sparse]
+    a, before, full, part = _resumed_equals_uninterrupted(tmp_path, args)
     # replaced tables are saved whole beside the model
     where = "tables" if "embedding.weight" in a.get("tables", {}) else "model"
     assert sparse == "auto" or (where == "model") == (sparse == "dense")
@@ -122,6 +133,21 @@ def test_resume_is_bit_identical(tmp_path, sparse):
         assert "row.exp_avg" in " ".join(a["tables"])  # lazy Adam's row state is saved too
     plans = [checkpoint.read_meta(d / "checkpoints" / "step-00000006")["sparse_plan"] for d in (full, part)]
     assert plans[0] == plans[1] and set(plans[0]) == {"embedding", "head.weight", "head.bias"}
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "async-predict"])
+def test_pipeline_resume_is_bit_identical(tmp_path, schedule):
+    """pp=2: each stage saves its own parameters under the model's names; a resumed run keeps the saved
+    stage bounds and (async) restarts from the drained pipeline exactly as the uninterrupted run does."""
+    args = [*TINY, "--model", "classifier", "--model.layers", "3", "--model.hidden", "32", "--pp", "2",
+            "--micro-batches", "2", "--optimizer", "sgd", "--steps", "6", "--pipeline.schedule", schedule]
+    a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args)
+    summary = json.loads((full / "summary.json").read_text())
+    assert summary["pipeline"]["schedule"] == schedule and summary["pipeline"]["plan_bounds"][0][0] == 0
+    # both stages' parameters, under the plain model's names
+    assert {k for k in a["model"] if k.endswith("weight")} == {"net.0.weight", "net.2.weight", "net.4.weight",
+                                                                "net.6.weight"}
+    assert not torch.equal(before["model"]["net.0.weight"], a["model"]["net.0.weight"])
 
 
 def _workers(launcher_pid: int) -> dict[int, int]:

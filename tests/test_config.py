@@ -63,4 +63,5 @@ def test_toml_errors(tmp_path):
 
 def test_config_is_plain_dataclasses():
     cfg = Config()
-    assert set(cfg.to_dict()) == {"model", "data", "parallel", "train", "checkpoint", "sparse", "metrics"}
+    assert set(cfg.to_dict()) == {"model", "data", "parallel", "train", "checkpoint", "sparse", "pipeline",
+                                  "metrics"}

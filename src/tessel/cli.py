@@ -44,7 +44,8 @@ class _Parser(argparse.ArgumentParser):
 def _train_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model on local workers or as a torchrun worker",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="TOML file with [model] [data] [parallel] [train] [checkpoint] [metrics]")
+    p.add_argument("--config", help="TOML file with [model] [data] [parallel] [train] [checkpoint] [sparse] "
+                                    "[pipeline] [metrics]")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML and exit")

@@ -108,6 +108,15 @@ class SparseConfig:
 
 
 @dataclass
+class PipelineConfig:
+    # pp > 1: gpipe | 1f1b (flush every step) | async | async-stash | async-predict (no flush) |
+    # torch-gpipe | torch-1f1b (torch.distributed.pipelining's schedules, the peer)
+    schedule: str = "1f1b"
+    split: str = ""  # layer counts per stage, e.g. "3,3,2,2"; '' : balanced from a profile
+    predict: str = "v1"  # async-predict: v1 (SpecTrain paper) | v2 (forward-only prediction reused in backward)
+
+
+@dataclass
 class MetricsConfig:
     out: str = "runs/latest"  # metrics.jsonl, loss.png, summary.json and checkpoints go here
     log_every: int = 10
@@ -124,6 +133,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     sparse: SparseConfig = field(default_factory=SparseConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -165,6 +175,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "sparse.strategy": ("auto", "dense", "allgather", "ps", "alltoall", "torch-sparse"),
     "sparse.split": ("auto", "column", "row"),
     "sparse.optimizer": ("auto", "sgd", "adagrad", "adam"),
+    "pipeline.schedule": ("gpipe", "1f1b", "async", "async-stash", "async-predict", "torch-gpipe", "torch-1f1b"),
+    "pipeline.predict": ("v1", "v2"),
 }
 
 # Lower bounds of numeric keys; keys not listed must be >= 0 when numeric.

@@ -83,13 +83,11 @@ def check_supported(dims: ParallelDims) -> None:
     """Refuse degrees this version cannot apply yet, before anything is launched."""
     if dims.tp > 1:
         raise PlanError(f"tensor parallelism (tp={dims.tp}) is not available in this version; valid: tp=1")
-    if dims.pp > 1:
-        raise PlanError(f"pipeline parallelism (pp={dims.pp}) is not available in this version; valid: pp=1")
 
 
 def parallelize(model: torch.nn.Module, dims: ParallelDims, mesh, ddp_comm: str = "tessel",
                 bucket_mb: float = 0.0) -> torch.nn.Module:
-    """The model as this rank trains it under ``dims``."""
+    """The model as this rank trains it under ``dims`` (pp > 1 goes through :func:`tessel.pipeline.build`)."""
     check_supported(dims)
     if dims.dp > 1:
         return apply_ddp(model, mesh.get_group("dp"), bucket_mb, ddp_comm)

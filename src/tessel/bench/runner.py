@@ -42,6 +42,7 @@ def _record(summary: dict[str, Any], **keys) -> dict[str, Any]:
         "sparse_hidden": summary.get("sparse_hidden"),
         "sparse_comm": summary.get("sparse_comm_per_step"),
         "sparse_plan": summary.get("sparse_plan") or {},
+        "pipeline": summary.get("pipeline"),
     }
 
 
@@ -68,7 +69,8 @@ def run_scenario(scn: Scenario, out: Path, repeats: int = 3, prefix: str = "tslb
                  log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> list[dict[str, Any]]:
     """All runs of ``scn``; each record holds one run's medians (over its steps after warm-up)."""
     records: list[dict[str, Any]] = []
-    configs = [(h, r) for h in scn.hosts for r in ([UNSHAPED] if h == 1 else [UNSHAPED, *scn.rates])]
+    configs = [(h, r) for h in scn.hosts
+               for r in ([UNSHAPED] if h == 1 else [UNSHAPED, *scn.rates] if scn.unshaped else scn.rates)]
     total = sum(repeats * len(scn.models) * len(scn.strategies) for _ in configs)
     done, t0 = 0, time.monotonic()
     for hosts, rate in configs:

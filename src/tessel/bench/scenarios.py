@@ -23,6 +23,7 @@ class Scenario:
     hosts: list[int] = field(default_factory=lambda: [1, 2, 4])
     rates: list[str] = field(default_factory=lambda: ["1gbit", "200mbit"])
     steps: int = 12
+    unshaped: bool = True  # also run each host count > 1 on unshaped links
     # strategy whose bytes tessel does not count -> a counted one that moves the same bytes (None: none does)
     same_bytes: dict[str, str | None] = field(default_factory=dict)
     common: list[str] = field(default_factory=lambda: ["--batch", "32", "--metrics.progress", "log",
@@ -72,7 +73,34 @@ SPARSE = Scenario(
             "--metrics.plot", "false", "--checkpoint.enabled", "false"],
 )
 
-SCENARIOS = {s.name: s for s in (DDP, SPARSE)}
+# SpecTrain's setting: a model cut into 4 stages, one per host, against data parallelism over the same 4
+# hosts and against torch.distributed.pipelining's schedules on the very same stages and micro-batches.
+# Layer counts are chosen so that the stages can balance (8 equal classifier layers + a small head).
+_PP = ["--pp", "4", "--pipeline.schedule"]
+PIPELINE = Scenario(
+    name="pipeline",
+    about="pipeline parallelism on 4 hosts: DDP (4 replicas) against torch's ScheduleGPipe and Schedule1F1B and "
+          "tessel's gpipe, 1f1b, async-stash (PipeDream) and async-predict (SpecTrain) on the same 4 stages",
+    models={
+        "classifier": ["--model", "classifier", "--model.layers", "8", "--model.hidden", "1024",
+                       "--model.in_features", "1024", "--batch", "128", "--micro-batches", "4"],
+        "transformer_lm": ["--model", "transformer_lm", "--model.layers", "12", "--model.dim", "128",
+                           "--data.vocab_size", "4096", "--seq-len", "32", "--batch", "32", "--micro-batches", "4"],
+    },
+    strategies={"ddp": ["--pp", "1", "--micro-batches", "1"],
+                "torch-gpipe": [*_PP, "torch-gpipe"], "torch-1f1b": [*_PP, "torch-1f1b"],
+                "gpipe": [*_PP, "gpipe"], "1f1b": [*_PP, "1f1b"],
+                "async-stash": [*_PP, "async-stash"], "async-predict": [*_PP, "async-predict"]},
+    baseline="torch-1f1b",
+    same_bytes={"torch-gpipe": "gpipe", "torch-1f1b": "1f1b"},
+    hosts=[4],
+    unshaped=False,
+    steps=10,
+    common=["--optimizer", "sgd", "--lr", "0.01", "--timeout", "120", "--metrics.progress", "log",
+            "--metrics.plot", "false", "--checkpoint.enabled", "false"],
+)
+
+SCENARIOS = {s.name: s for s in (DDP, SPARSE, PIPELINE)}
 
 
 def get(name: str) -> Scenario:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from .. import comm
 from ..errors import CheckpointError
@@ -68,8 +68,13 @@ def latest(dir: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def _app_state(model, optimizer, extra: dict[str, torch.Tensor], tables=None) -> dict[str, Any]:
-    msd, osd = get_state_dict(model, optimizer)
+    # Optimizer state keyed by parameter name, not by list position: pipeline stages hold different
+    # parameters, and DCP would merge their "param_groups.0" entries as if every rank had the same.
+    msd, osd = get_state_dict(model, optimizer, options=_OPTIONS)
     # Sparse tables are not parameters of the model any more; they are saved whole, with their row state.
     return {"model": msd, "optim": osd, **extra, **({"tables": tables.state_dict()} if tables else {})}
 
@@ -155,7 +160,8 @@ def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any], tabl
         dcp.load(state, checkpoint_id=str(path), planner=_SafeLoadPlanner())
     except (Exception, CheckpointException) as e:  # DCP's own type derives from BaseException
         raise CheckpointError(f"checkpoint '{path}' is corrupt or unreadable ({_root_cause(e)})") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=_OPTIONS)
     if tables:
         tables.load_state_dict(state["tables"])
     r = _rank()

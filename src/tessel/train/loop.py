@@ -84,6 +84,59 @@ def _first_batches(loader: ShardedLoader, n: int, model: torch.nn.Module) -> lis
     return [tuple(t.to(dtype) if t.is_floating_point() else t for t in peek.next_batch()) for _ in range(n)]
 
 
+def _data_parallel(cfg: Config, model, mesh, dims, loader, saved, identity):
+    """Sparse tables out of the model first (a resumed run keeps its saved table plan), then DDP."""
+    dp_group = mesh.get_group("dp")
+    fixed = saved.get("sparse_plan")
+    tables = apply_sparse(model, cfg, _first_batches(loader, cfg.sparse.sample_batches, model), dp_group, fixed)
+    if dist.get_rank() == 0 and tables.choices:
+        print(tables.describe(), flush=True)
+    meta = {**identity, "sparse_plan": {c.info.name: [c.strategy, c.split] for c in tables.choices}}
+    ddp_comm = "torch" if cfg.sparse.strategy == "torch-sparse" else cfg.parallel.ddp_comm
+    model = parallelize(model, dims, mesh, ddp_comm, cfg.parallel.bucket_mb)
+    optimizer = build_optimizer(model.parameters(), cfg.train)
+    return model, optimizer, Engine(model, optimizer, cfg.train, tables), tables, meta
+
+
+def _pipeline(cfg: Config, model, mesh, dims, loader, saved, identity):
+    """This rank's stage; a resumed run keeps the stage bounds it was saved with, whatever the profile says."""
+    from .. import pipeline
+
+    bounds = saved.get("pipeline_bounds")
+    if bounds:
+        cfg.pipeline.split = ",".join(str(hi - lo) for lo, hi in bounds)
+    built = pipeline.build(model, cfg, mesh, dims, _first_batches(loader, 1, model)[0])
+    if dist.get_rank() == 0:
+        print(built.plan.describe(), flush=True)
+    meta = {**identity, "pipeline_bounds": [list(b) for b in built.plan.bounds]}
+    return built.module, built.optimizer, built.engine, None, meta
+
+
+def _stage_stats(engine, busy: list[tuple[float, float]]) -> dict[str, Any]:
+    timed = busy[3:] if len(busy) > 4 else busy  # the metrics' warm-up rule
+    work, wall = sum(b for b, _ in timed), sum(t for _, t in timed)
+    if engine.schedule.startswith("torch-"):
+        work = 0.0  # torch's schedules run their forwards and backwards where this engine cannot time them
+    return {"stage": engine.stage.index, "busy_s": work, "wall_s": wall, "kept_bytes": engine.peak_kept_bytes,
+            "bubble": (1 - work / wall) if wall > 0 and work > 0 else None}
+
+
+def _pipeline_summary(cfg: Config, engine, stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per stage: measured idle share (busy = forward, backward and update compute) and weight copies kept."""
+    bubbles = [s["bubble"] for s in stats]
+    busy = [s["busy_s"] for s in stats]
+    return {"schedule": cfg.pipeline.schedule, "micro_batches": cfg.train.micro_batches,
+            "predict": cfg.pipeline.predict if cfg.pipeline.schedule == "async-predict" else None,
+            "stage_of_rank": [s["stage"] for s in stats], "bubble_per_rank": bubbles,
+            "bubble": sum(bubbles) / len(bubbles) if None not in bubbles else None,
+            # the profile's balance (what the partitioner promised) and the measured one
+            "plan_imbalance": engine.plan.imbalance() if engine.plan else None,
+            "plan_bounds": [list(b) for b in engine.plan.bounds] if engine.plan else None,
+            # measured stage balance: the busiest stage over the mean (1.0 = perfect)
+            "busy_imbalance": max(busy) / (sum(busy) / len(busy)) if all(busy) else None,
+            "kept_bytes_per_rank": [s["kept_bytes"] for s in stats]}
+
+
 def run(cfg: Config) -> dict[str, Any]:
     """Train as one rank of the world torchrun started; returns the run summary (same on every rank)."""
     init_distributed(cfg.parallel.backend, cfg.parallel.timeout)
@@ -110,18 +163,13 @@ def run(cfg: Config) -> dict[str, Any]:
         if resume_from is None:
             raise CheckpointError(f"--resume: no complete checkpoint in '{ckpt_dir}'; train without --resume first")
     saved = checkpoint.read_meta(resume_from) if resume_from else {}
-    # A resumed run keeps the table plan it was saved with, whatever auto would choose today.
-    fixed = saved.get("sparse_plan")
-    tables = apply_sparse(model, cfg, _first_batches(loader, cfg.sparse.sample_batches, model), dp_group, fixed)
-    if rank == 0 and tables.choices:
-        print(tables.describe(), flush=True)
-    meta = {**identity, "sparse_plan": {c.info.name: [c.strategy, c.split] for c in tables.choices}}
-    dense_tables = [(model.get_submodule(c.info.name).weight, c.strategy == "torch-sparse") for c in tables.choices
+    if dims.pp > 1:
+        model, optimizer, engine, tables, meta = _pipeline(cfg, model, mesh, dims, loader, saved, identity)
+    else:
+        model, optimizer, engine, tables, meta = _data_parallel(cfg, model, mesh, dims, loader, saved, identity)
+    choices = tables.choices if tables else []
+    dense_tables = [(model.get_submodule(c.info.name).weight, c.strategy == "torch-sparse") for c in choices
                     if c.strategy in ("dense", "torch-sparse")]
-    ddp_comm = "torch" if cfg.sparse.strategy == "torch-sparse" else cfg.parallel.ddp_comm
-    model = parallelize(model, dims, mesh, ddp_comm, cfg.parallel.bucket_mb)
-    optimizer = build_optimizer(model.parameters(), cfg.train)
-    engine = Engine(model, optimizer, cfg.train, tables)
 
     start = 0
     if resume_from is not None:
@@ -138,15 +186,18 @@ def run(cfg: Config) -> dict[str, Any]:
                            cfg.metrics.tensorboard, enabled=rank == 0, resume=cfg.checkpoint.resume)
     run_bytes: dict[str, dict[str, int]] = {}
     comm.counter.end_step()  # set-up traffic (dp.init) is not part of any step
+    busy: list[tuple[float, float]] = []  # pipeline: (seconds this stage computed, step time) per step
     for step in range(start, cfg.train.steps):
         t0 = time.perf_counter()
+        busy0 = getattr(engine, "busy", 0.0)
         inputs, targets = loader.next_batch()
         # scheduled alltoall tables fetch the next batch's rows during this step
-        upcoming = loader.peek()[0] if tables and step + 1 < cfg.train.steps else None
+        upcoming = loader.peek()[0] if choices and step + 1 < cfg.train.steps else None
         result = engine.step(inputs, targets, step, upcoming)
         loss = torch.tensor([result.loss], dtype=torch.float64)
         comm.all_reduce(loss, "meta", group=dp_group)
         dt = time.perf_counter() - t0
+        busy.append((getattr(engine, "busy", 0.0) - busy0, dt))
         step_bytes = comm.counter.end_step()
         for c, v in step_bytes.items():
             acc = run_bytes.setdefault(c, {"sent": 0, "recv": 0})
@@ -154,17 +205,22 @@ def run(cfg: Config) -> dict[str, Any]:
             acc["recv"] += v["recv"]
         record = {"step": step + 1, "loss": float(loss) / dims.dp, "lr": result.lr,
                   "grad_norm": result.grad_norm, "step_time": dt, "tokens_per_s": per_step / dt, "bytes": step_bytes}
-        if tables:
+        if choices:
             record["sparse_busy"], record["sparse_waited"] = tables.timing()
         logger.log_step(record)
         done = step + 1 == cfg.train.steps
         every = cfg.checkpoint.every
         if cfg.checkpoint.enabled and ((every and (step + 1) % every == 0) or done):
+            if dims.pp > 1:
+                engine.drain(step + 1)  # a checkpoint holds no half-trained mini-batch
             checkpoint.save(ckpt_dir, step + 1, model, optimizer, loader.state_dict(), meta, cfg.checkpoint.keep,
                             tables)
 
+    if dims.pp > 1:
+        engine.drain(cfg.train.steps)  # the final weights hold every mini-batch's update
     per_rank = comm.all_gather_object({"bytes": run_bytes, "peak_mem": peak_memory_bytes(),
-                                       "table_mem": table_memory_bytes(tables, dense_tables, optimizer)}, "meta")
+                                       "table_mem": table_memory_bytes(tables, dense_tables, optimizer),
+                                       "pp": _stage_stats(engine, busy) if dims.pp > 1 else None}, "meta")
     summary = logger.summary(
         [r["bytes"] for r in per_rank],
         {"model": cfg.model.name, "dims": str(dims), "unit": unit, "out": cfg.metrics.out,
@@ -172,7 +228,8 @@ def run(cfg: Config) -> dict[str, Any]:
          "peak_mem_per_rank": [r["peak_mem"] for r in per_rank],
          "table_mem_per_rank": [r["table_mem"] for r in per_rank],
          "sparse_plan": {c.info.name: c.strategy + (f"/{c.split}" if c.strategy == "alltoall" else "")
-                         for c in tables.choices}},
+                         for c in choices},
+         **({"pipeline": _pipeline_summary(cfg, engine, [r["pp"] for r in per_rank])} if dims.pp > 1 else {})},
     )
     logger.close(summary)
     return summary

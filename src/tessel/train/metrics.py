@@ -125,6 +125,7 @@ def format_summary(s: dict[str, Any]) -> str:
         else "",
         f"  sparse comm     {s['sparse_comm_per_step'] * 1000:.1f} ms/step, {s['sparse_hidden']:.0%} hidden behind "
         "compute" if s.get("sparse_hidden") is not None else "",
+        _pipeline_line(s.get("pipeline")),
         "  bytes per channel, per step per rank:",
         f"    {'channel':<12} {'sent':>12} {'received':>12}",
     ]
@@ -134,6 +135,16 @@ def format_summary(s: dict[str, Any]) -> str:
     if s.get("out"):
         lines.append(f"  metrics, summary and plot in {s['out']}")
     return "\n".join(line for line in lines if line)
+
+
+def _pipeline_line(p: dict[str, Any] | None) -> str:
+    if not p:
+        return ""
+    bubble = f"bubble {p['bubble']:.0%} (measured idle share)" if p.get("bubble") is not None else "bubble n/a"
+    kept = max(p.get("kept_bytes_per_rank") or [0])
+    return (f"  pipeline        {p['schedule']}, {p['micro_batches']} micro-batches, {bubble}"
+            + (f", stage imbalance {p['busy_imbalance']:.2f}x" if p.get("busy_imbalance") else "")
+            + (f", weight copies kept {human_bytes(kept)} (largest rank)" if kept else ""))
 
 
 def plot(records: list[dict[str, Any]], path: Path, unit: str = "tokens") -> bool:

@@ -25,7 +25,11 @@ def preflight(cfg: Config, world_size: int | None = None) -> ParallelDims:
     check_supported(dims)
     dataset = build_data(cfg)  # tokenizes and caches text files once, before the workers read them
     with torch.device("meta"):  # checks the model's arguments without allocating its weights
-        build(cfg, getattr(dataset, "vocab_size", 0))
+        model = build(cfg, getattr(dataset, "vocab_size", 0))
+    if dims.pp > 1:
+        from ..pipeline import check_config
+
+        check_config(model, cfg, dims)
     if cfg.checkpoint.resume:
         path = checkpoint.latest(cfg.checkpoint_dir)
         if path is None:

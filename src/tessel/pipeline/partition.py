@@ -1,0 +1,162 @@
+"""Cut a layer chain into balanced stages: profile each layer, then the dynamic program PipeDream uses.
+
+Each layer's forward+backward time is measured on one micro-batch (the fastest of several runs after a
+warm-up, as timeit advises: interference only ever adds time); the split minimises the slowest stage over
+all contiguous cuts. A given split (layer counts per stage, torchgpipe's ``balance``) skips the search
+but is profiled and printed the same way.
+
+Example::
+
+    >>> import torch
+    >>> from tessel.models import DenseClassifier
+    >>> from tessel.pipeline.layers import chain_of
+    >>> m = DenseClassifier(in_features=8, hidden=16, layers=3, classes=4)
+    >>> costs = profile(m, chain_of(m), torch.randn(4, 8), torch.randint(0, 4, (4,)), repeats=1)
+    >>> balance([1.0, 1.0, 1.0, 3.0], 2)
+    [(0, 3), (3, 4)]
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import PlanError
+from .layers import Chain, stage_params
+
+
+@dataclass
+class LayerCost:
+    name: str
+    seconds: float  # forward + backward of one micro-batch
+    param_bytes: int
+    out_shape: tuple[int, ...]  # the activation it hands on, without the batch dimension
+    out_dtype: str
+    out_bytes: int  # per micro-batch
+
+
+@dataclass
+class StagePlan:
+    bounds: list[tuple[int, int]]  # [lo, hi) layer indices per stage
+    costs: list[LayerCost]
+    given: bool  # the split came from the user, not the search
+
+    def stage_seconds(self) -> list[float]:
+        return [sum(c.seconds for c in self.costs[lo:hi]) for lo, hi in self.bounds]
+
+    def imbalance(self) -> float:
+        """Slowest stage over the mean stage: 1.0 is perfect balance."""
+        t = self.stage_seconds()
+        return max(t) / (sum(t) / len(t))
+
+    def boundary(self, stage: int) -> tuple[tuple[int, ...], torch.dtype]:
+        """Shape (without the batch dimension) and dtype of what ``stage`` sends to the next stage."""
+        c = self.costs[self.bounds[stage][1] - 1]
+        return c.out_shape, getattr(torch, c.out_dtype)
+
+    def describe(self) -> str:
+        t = self.stage_seconds()
+        how = "given split" if self.given else "balanced by profile (min-max dynamic program)"
+        rows = [f"pipeline plan: {len(self.bounds)} stages, {how}; slowest stage {self.imbalance():.2f}x the mean",
+                f"  {'stage':>5}  {'layers':<28} {'fwd+bwd ms':>10} {'params MB':>9} {'sends KB':>8}"]
+        for s, (lo, hi) in enumerate(self.bounds):
+            names = self.costs[lo].name + (f" .. {self.costs[hi - 1].name}" if hi - lo > 1 else "")
+            mb = sum(c.param_bytes for c in self.costs[lo:hi]) / 2**20
+            out = self.costs[hi - 1].out_bytes / 1024 if s + 1 < len(self.bounds) else 0.0
+            rows.append(f"  {s:>5}  {names:<28} {t[s] * 1e3:>10.2f} {mb:>9.2f} {out:>8.1f}")
+        return "\n".join(rows)
+
+    def to_dict(self) -> dict:
+        return {"bounds": [list(b) for b in self.bounds], "given": self.given,
+                "costs": [c.__dict__ for c in self.costs]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StagePlan:
+        costs = [LayerCost(**{**c, "out_shape": tuple(c["out_shape"])}) for c in d["costs"]]
+        return cls([tuple(b) for b in d["bounds"]], costs, d["given"])
+
+
+def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, repeats: int = 5) -> list[LayerCost]:
+    """Time each layer's forward and backward on the micro-batch ``x`` (targets ``y``), one layer at a time."""
+    costs = []
+    for i, layer in enumerate(chain.layers):
+        last = i + 1 == len(chain.layers)
+        # the first layer's input is data: no gradient is computed for it in training either
+        inp = x.detach().requires_grad_(i > 0 and x.is_floating_point())
+        times: list[float] = []
+        # the first run warms allocator and kernels up; fast layers get more runs (20 ms of them at least)
+        while len(times) < repeats + 1 or (sum(times[1:]) < 0.02 and len(times) < 50):
+            t0 = time.perf_counter()
+            out = layer.run(model, inp)
+            loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
+            loss.backward()
+            times.append(time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+        params = sum(p.numel() * p.element_size() for p in stage_params(model, chain, i, i + 1).values())
+        costs.append(LayerCost(layer.name, min(times[1:]), params, tuple(out.shape[1:]),
+                               str(out.dtype).removeprefix("torch."), out.numel() * out.element_size()))
+        x = out.detach()
+    return costs
+
+
+def balance(seconds: list[float], stages: int) -> list[tuple[int, int]]:
+    """Contiguous cut of ``seconds`` into ``stages`` non-empty parts that minimises the largest part's sum."""
+    n = len(seconds)
+    if not 1 <= stages <= n:
+        raise PlanError(f"cannot cut {n} layers into {stages} pipeline stages; valid: pp between 1 and {n}")
+    prefix = [0.0]
+    for s in seconds:
+        prefix.append(prefix[-1] + s)
+    inf = float("inf")
+    # best[k][j]: the slowest stage when the first j layers form k stages; cut[k][j] where the last begins
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for j in range(k, n - (stages - k) + 1):
+            for i in range(k - 1, j):
+                cost = max(best[k - 1][i], prefix[j] - prefix[i])
+                if cost < best[k][j]:
+                    best[k][j], cut[k][j] = cost, i
+    bounds, j = [], n
+    for k in range(stages, 0, -1):
+        bounds.append((cut[k][j], j))
+        j = cut[k][j]
+    return bounds[::-1]
+
+
+def parse_split(split: str, n_layers: int, stages: int, names: list[str]) -> list[tuple[int, int]]:
+    """``"2,3,3"``: layer counts per stage, first to last."""
+    try:
+        counts = [int(c) for c in split.split(",")]
+    except ValueError:
+        counts = []
+    if len(counts) != stages or any(c < 1 for c in counts) or sum(counts) != n_layers:
+        raise PlanError(f"pipeline.split '{split}' is invalid: it needs {stages} positive layer counts summing to "
+                        f"{n_layers} (the layers are {', '.join(names)}); e.g. '"
+                        + ",".join(str(c) for c in _even(n_layers, stages)) + "'")
+    bounds, lo = [], 0
+    for c in counts:
+        bounds.append((lo, lo + c))
+        lo += c
+    return bounds
+
+
+def _even(n: int, k: int) -> list[int]:
+    return [n // k + (1 if i < n % k else 0) for i in range(k)] if 1 <= k <= n else [n]
+
+
+def plan_stages(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, stages: int,
+                split: str = "") -> StagePlan:
+    """Profile ``chain`` on the micro-batch ``(x, y)`` and cut it into ``stages`` stages (or as ``split`` says)."""
+    names = [layer.name for layer in chain.layers]
+    if stages > len(names):
+        raise PlanError(f"pp={stages} stages but the model has only {len(names)} pipeline layers "
+                        f"({', '.join(names)}); valid: pp <= {len(names)}")
+    costs = profile(model, chain, x, y)
+    if split:
+        return StagePlan(parse_split(split, len(names), stages, names), costs, given=True)
+    return StagePlan(balance([c.seconds for c in costs], stages), costs, given=False)

@@ -1,0 +1,153 @@
+"""Which weights a stage's forward and backward see, for each pipeline schedule.
+
+A stage never swaps parameter storage under a live autograd graph (PipeDream's runtime broke on that
+from PyTorch 1.5). Instead each forward runs through ``torch.func.functional_call`` on tensors made
+for that mini-batch, whose gradients are added to the real parameters' ``.grad`` afterwards:
+
+- ``stale`` (``async``): an alias of the live storage with its own version counter; the optimizer
+  updates it in place, so the backward reads the newer weights (no stashing, the classic inconsistency).
+- ``stash`` (``async-stash``, PipeDream): a copy taken at the forward; the backward uses it. Costs one
+  copy of the stage's weights per weight version in flight.
+- ``predict`` (``async-predict``, SpecTrain): Ŵ = W − s·η·v, with v the optimizer's smoothed update
+  direction (SGD's momentum buffer; Adam's m̂/(√v̂+ε), plus the decoupled decay for AdamW) and s the
+  number of updates the stage will make before this micro-batch's own update (N − k − 1 with one update
+  per mini-batch, as in the paper; see ``schedules.ahead``).
+  - ``v1`` (the paper's version, default): the forward uses s + ⌊k/2⌋; the backward uses weights
+    predicted again at backward time with ⌊k/2⌋. The forward's Ŵ is not kept: saved-tensor hooks
+    replace it in the graph by a token and rebuild the backward's weights when autograd asks, so no
+    weight version is stored.
+  - ``v2`` (the official repo's later version): the forward uses s and the backward reuses that Ŵ,
+    which the graph keeps (one weight copy per micro-batch in flight, like stashing).
+
+Example::
+
+    >>> import torch
+    >>> lin = torch.nn.Linear(3, 2)
+    >>> opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    >>> w = StageWeights(dict(lin.named_parameters()), opt, "predict", stage=0, stages=2)
+    >>> weights, leaves, ctx, kept = w.make(ahead=1)   # before any update: Ŵ = W
+    >>> bool((weights["weight"] == lin.weight).all())
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..errors import PlanError
+
+MODES = ("stale", "stash", "predict")
+VARIANTS = ("v1", "v2")
+
+
+def staleness(stage: int, stages: int, variant: str) -> tuple[int, int]:
+    """(forward s, backward s) of SpecTrain's two variants for stage ``stage`` of ``stages`` (0 = input), one
+    update per mini-batch; :func:`tessel.pipeline.schedules.ahead` gives the forward s for any schedule."""
+    if variant == "v1":
+        return stage // 2 + stages - stage - 1, stage // 2
+    return stages - stage - 1, 0
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Weight prediction needs a smoothed update direction: SGD with momentum, Adam or AdamW."""
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return
+    if isinstance(optimizer, torch.optim.SGD) and all(g["momentum"] > 0 for g in optimizer.param_groups):
+        return
+    raise PlanError(f"pipeline.schedule=async-predict cannot predict weights for {type(optimizer).__name__}"
+                    + (" without momentum" if isinstance(optimizer, torch.optim.SGD) else "")
+                    + "; valid: train.optimizer sgd (train.momentum > 0), adam or adamw")
+
+
+def direction(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor | None:
+    """v such that the optimizer's next update is about ``p -= lr * v``; None before its first step."""
+    state = optimizer.state.get(p)
+    if not state:
+        return None
+    group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
+    if isinstance(optimizer, torch.optim.SGD):
+        return state["momentum_buffer"]
+    beta1, beta2 = group["betas"]
+    step = float(state["step"])
+    v = (state["exp_avg"] / (1 - beta1 ** step)) / ((state["exp_avg_sq"] / (1 - beta2 ** step)).sqrt()
+                                                   + group["eps"])
+    if isinstance(optimizer, torch.optim.AdamW) and group["weight_decay"]:
+        v = v + group["weight_decay"] * p.detach()
+    return v
+
+
+class _RebuildSaved:
+    """Saved-tensor hooks: a saved predicted weight is packed as a token and rebuilt on unpack."""
+
+    def __init__(self, predicted: dict[str, torch.Tensor], rebuild) -> None:
+        self.by_storage = {t.untyped_storage().data_ptr(): name for name, t in predicted.items()}
+        self.rebuild, self.cache = rebuild, {}
+
+    def pack(self, t: torch.Tensor):
+        name = self.by_storage.get(t.untyped_storage().data_ptr()) if t.layout == torch.strided else None
+        return t if name is None else (name, t.size(), t.stride(), t.storage_offset())
+
+    def unpack(self, packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        name, size, stride, offset = packed
+        if name not in self.cache:
+            self.cache[name] = self.rebuild(name)
+        return self.cache[name].as_strided(size, stride, offset)
+
+    def context(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+class StageWeights:
+    """Makes the tensors one micro-batch's forward runs on; ``params`` maps names to the stage's parameters.
+
+    ``micro``: micro-batches per update. SpecTrain's ⌊k/2⌋ term counts updates made during k/2 mini-batch
+    slots; with ``micro`` micro-batches per update that is ⌊k/2⌋ // micro updates."""
+
+    def __init__(self, params: dict[str, torch.nn.Parameter], optimizer, mode: str, stage: int, stages: int,
+                 variant: str = "v1", micro: int = 1) -> None:
+        if mode not in MODES:
+            raise PlanError(f"weight mode '{mode}' is invalid; valid: {', '.join(MODES)}")
+        if variant not in VARIANTS:
+            raise PlanError(f"pipeline.predict '{variant}' is invalid; valid: {', '.join(VARIANTS)}")
+        if mode == "predict":
+            check_optimizer(optimizer)
+        self.params, self.optimizer, self.mode, self.variant = params, optimizer, mode, variant
+        self.extra = (stage // 2) // micro if variant == "v1" else 0
+        self.updates = 0  # bumped by the engine after every optimizer step: names the weight version
+        self._stash: tuple[int, dict[str, torch.Tensor]] | None = None
+
+    def _predicted(self, name: str, base: torch.Tensor, s: int) -> torch.Tensor:
+        p = self.params[name]
+        v = direction(self.optimizer, p)
+        lr = self.optimizer.param_groups[0]["lr"]
+        # always a new tensor, even when s or v is zero, so hooks can tell it from the live weight
+        return torch.add(base, v, alpha=-s * lr) if v is not None and s else base * 1
+
+    def _backward_weight(self, name: str) -> torch.Tensor:
+        live = self.params[name].detach()
+        return self._predicted(name, live, self.extra) if self.extra else live
+
+    def make(self, ahead: int):
+        """Weights for one micro-batch whose own update comes ``ahead`` updates from now.
+
+        Returns (weights for functional_call, leaves whose .grad belongs to the parameters, autograd
+        context, key of the weight copy the graph keeps or None)."""
+        if self.mode == "stash":
+            # micro-batches that run on the same version share one copy (PipeDream-2BW keeps two)
+            if self._stash is None or self._stash[0] != self.updates:
+                self._stash = (self.updates, {n: p.detach().clone() for n, p in self.params.items()})
+            leaves = {n: t.detach().requires_grad_(True) for n, t in self._stash[1].items()}
+            return leaves, leaves, contextlib.nullcontext(), ("stash", self.updates)
+        # .data: shares the storage but not the version counter, so in-place updates do not trip autograd
+        leaves = {n: p.data.requires_grad_(True) for n, p in self.params.items()}
+        if self.mode == "stale" or (ahead + self.extra == 0 and self.variant == "v1"):
+            return leaves, leaves, contextlib.nullcontext(), None
+        weights = {n: self._predicted(n, leaf, ahead + self.extra) for n, leaf in leaves.items()}
+        if self.variant == "v2":
+            return weights, leaves, contextlib.nullcontext(), ("v2", id(weights))
+        hooks = _RebuildSaved(weights, self._backward_weight)
+        return weights, leaves, hooks.context(), None

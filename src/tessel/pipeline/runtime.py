@@ -1,0 +1,212 @@
+"""The pipeline engine: runs a schedule's forwards and backwards on this rank's stage, then updates it.
+
+It has the interface of :class:`tessel.train.engine.Engine` (``step`` returns a ``StepResult``), so the
+training loop does not care whether it drives a pipeline.
+
+- ``gpipe`` / ``1f1b``: every step splits the batch into ``micro`` micro-batches, runs them and flushes;
+  gradients (averaged over micro-batches and dp replicas) equal single-process training on the batch.
+- ``async`` / ``async-stash`` / ``async-predict``: the same micro-batches and one update per step, but
+  1F1B runs on without a flush (PipeDream, SpecTrain): the next step's first micro-batches enter before
+  this step's last backwards, so those forwards meet weights that are older than their own update by
+  ``schedules.ahead`` updates (N − k − 1 with one micro-batch per step, SpecTrain's setting). The
+  pipeline is emptied only by :meth:`drain` (before a checkpoint and at the end). A step's loss is the
+  mean over the micro-batches whose forward it ran.
+- ``torch-gpipe`` / ``torch-1f1b``: torch.distributed.pipelining's own schedules on the same stage, the
+  peer the benchmark compares against (their messages are not counted by tessel.comm).
+
+Data parallelism on a stage: after the backwards of an update, the stage's gradients are all-reduced
+over its dp group as one flat buffer (``dp.dense``). DDP cannot be used here: the asynchronous schedules
+run each forward through ``functional_call`` on per-mini-batch tensors, which DDP's reducer does not see.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.func import functional_call
+
+from .. import comm
+from ..config import TrainConfig
+from ..train.engine import StepResult
+from ..train.optim import lr_at, set_lr
+from .layers import Chain
+from .predict import StageWeights
+from .schedules import ASYNC, SYNC, TORCH, ahead, async_ops, drain_ops, sync_ops
+from .stage import Stage
+
+_MODE = {"async": "stale", "async-stash": "stash", "async-predict": "predict"}
+
+
+class PipelineEngine:
+    def __init__(self, stage: Stage, chain: Chain, optimizer: torch.optim.Optimizer, cfg: TrainConfig,
+                 schedule: str, pp_group, dp_group, dp: int, variant: str = "v1") -> None:
+        self.stage, self.chain, self.optimizer, self.cfg = stage, chain, optimizer, cfg
+        self.schedule, self.pp_group, self.dp_group, self.dp = schedule, pp_group, dp_group, dp
+        self.params = dict((n, p) for n, p in stage.runner.named_parameters() if p.requires_grad)
+        self.weights = (StageWeights(self.params, optimizer, _MODE[schedule], stage.index, stage.stages, variant,
+                                     cfg.micro_batches) if schedule in ASYNC else None)
+        self.fed = 0  # micro-batches that have entered this stage since the pipeline was last empty (async)
+        self.inflight: dict[int, tuple] = {}
+        self.stage_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
+        self.peak_kept_bytes = 0  # weight copies the in-flight graphs hold (stash, predict v2)
+        self.updates = 0
+        self.plan = None  # the StagePlan this stage was cut by (set by pipeline.build)
+        self.busy = 0.0  # seconds this stage computed (forward, backward, update), for the bubble measure
+        self._torch = _torch_schedule(stage, chain, schedule, cfg.micro_batches) if schedule in TORCH else None
+
+    # -- one forward / backward --------------------------------------------------------------------------
+
+    def _forward(self, i: int, x: torch.Tensor | None, y: torch.Tensor | None, scale: float) -> float | None:
+        st = self.stage
+        if not st.first:
+            x = st.recv_activation()
+        t0 = time.perf_counter()
+        kept = leaves = None
+        if self.weights is None:
+            out = st.runner(x)
+        else:
+            weights, leaves, ctx, kept = self.weights.make(ahead(i, self.cfg.micro_batches, st.index, st.stages))
+            with ctx:
+                out = functional_call(st.runner, weights, (x,))
+            del weights
+        loss = None
+        if st.last:
+            out = self.chain.loss(out, y) * scale
+            loss = float(out.detach())
+        else:
+            st.send_activation(out)
+        self.inflight[i] = (x, out, leaves, kept)
+        copies = len({e[3] for e in self.inflight.values() if e[3] is not None})
+        self.peak_kept_bytes = max(self.peak_kept_bytes, copies * self.stage_bytes)
+        self.busy += time.perf_counter() - t0
+        return loss
+
+    def _backward(self, i: int) -> None:
+        st = self.stage
+        x, out, leaves, kept = self.inflight.pop(i)
+        grad = None if st.last else st.recv_grad()
+        t0 = time.perf_counter()
+        torch.autograd.backward(out, grad)
+        if leaves is not None:
+            for n, leaf in leaves.items():
+                p = self.params[n]
+                if leaf.grad is not None:
+                    p.grad = leaf.grad if p.grad is None else p.grad.add_(leaf.grad)
+        self.busy += time.perf_counter() - t0
+        if not st.first:
+            st.send_grad(x.grad)
+
+    # -- updates ------------------------------------------------------------------------------------------
+
+    def _sync_grads(self) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params.values()]
+        if self.dp > 1:
+            flat = _flatten_dense_tensors(grads)
+            comm.all_reduce(flat, "dp.dense", group=self.dp_group)
+            flat /= self.dp
+            grads = _unflatten_dense_tensors(flat, grads)
+        for p, g in zip(self.params.values(), grads):
+            p.grad = g
+
+    def _update(self, lr: float, global_norm: bool) -> float:
+        """Average over dp, clip, step; the norm is over the whole model for flushed schedules, else the stage."""
+        self._sync_grads()
+        t0 = time.perf_counter()
+        grads = [p.grad for p in self.params.values()]
+        sq = torch.stack(torch._foreach_norm(grads)).double().pow(2).sum().reshape(1)
+        if global_norm:
+            self.busy += time.perf_counter() - t0
+            comm.all_reduce(sq, "meta", group=self.pp_group)
+            t0 = time.perf_counter()
+        norm = float(sq.sqrt())
+        if self.cfg.clip > 0:
+            scale = min(1.0, self.cfg.clip / (norm + 1e-6))
+            if scale < 1.0:
+                torch._foreach_mul_(grads, scale)
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.busy += time.perf_counter() - t0
+        self.updates += 1
+        if self.weights is not None:
+            self.weights.updates = self.updates
+        return norm
+
+    # -- steps --------------------------------------------------------------------------------------------
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int, next_inputs=None) -> StepResult:
+        """One training step on this rank's batch (the inputs matter on the first stage, targets on the last)."""
+        self.stage.runner.train()
+        m = self.cfg.micro_batches
+        xs, ys = inputs.chunk(m), targets.chunk(m)
+        lr = lr_at(step, self.cfg)
+        losses: list[float] = []
+        norm = 0.0
+        with comm.guard(f"pipeline {self.schedule} step (stage {self.stage.index})", "pp"):
+            if self._torch is not None:
+                losses, norm = self._torch_step(inputs, targets, lr)
+            elif self.schedule in SYNC:
+                for kind, i in sync_ops(self.schedule, self.stage.index, self.stage.stages, m):
+                    if kind == "F":
+                        losses.append(self._forward(i, xs[i], ys[i], 1.0 / m))
+                    else:
+                        self._backward(i)
+                norm = self._update(lr, global_norm=True)
+                losses = [sum(losses)] if self.stage.last else []
+            else:
+                first = self.fed
+                for kind, i in async_ops(self.stage.index, self.stage.stages, first, m):
+                    if kind == "F":
+                        losses.append(self._forward(i, xs[i - first], ys[i - first], 1.0 / m))
+                    else:
+                        self._backward(i)
+                        if (i + 1) % m == 0:  # the last micro-batch of its step
+                            norm = self._update(lr, global_norm=False)
+                self.fed += m
+                losses = [sum(losses)] if self.stage.last else []
+        return StepResult(loss=self._share_loss(losses), grad_norm=norm, lr=lr)
+
+    def _share_loss(self, losses: list[float]) -> float:
+        # only the last stage computes the loss; every rank reports it (rank 0 logs)
+        t = torch.tensor([losses[0] if losses else 0.0], dtype=torch.float64)
+        comm.all_reduce(t, "meta", group=self.pp_group)
+        return float(t)
+
+    def drain(self, step: int) -> None:
+        """Finish every mini-batch still in flight and apply its update (asynchronous schedules only)."""
+        if self.schedule not in ASYNC:
+            return
+        lr = lr_at(max(0, step - 1), self.cfg)
+        with comm.guard(f"pipeline drain (stage {self.stage.index})", "pp"):
+            for _, i in drain_ops(self.stage.index, self.stage.stages, self.fed):
+                self._backward(i)
+                if (i + 1) % self.cfg.micro_batches == 0:
+                    self._update(lr, global_norm=False)
+            self.stage.flush_sends()
+        # an empty pipeline starts its stream afresh (the next step fills it again)
+        self.fed = 0
+
+    def _torch_step(self, inputs, targets, lr) -> tuple[list[float], float]:
+        st = self.stage
+        losses: list = []
+        if st.first:
+            self._torch.step(inputs)
+        elif st.last:
+            self._torch.step(target=targets, losses=losses)
+        else:
+            self._torch.step()
+        norm = self._update(lr, global_norm=True)
+        loss = [sum(float(v.detach()) for v in losses) / len(losses)] if losses else []
+        return loss, norm
+
+
+def _torch_schedule(stage: Stage, chain: Chain, schedule: str, micro: int):
+    """torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on exactly this stage's module."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    device = next(stage.runner.parameters()).device
+    pstage = PipelineStage(stage.runner, stage.index, stage.stages, device, group=stage.group)
+    cls = ScheduleGPipe if schedule == "torch-gpipe" else Schedule1F1B
+    return cls(pstage, micro, loss_fn=chain.loss)

@@ -1,0 +1,82 @@
+"""The order in which a stage runs forwards ("F", i) and backwards ("B", i) of micro-batches.
+
+Synchronous schedules cover one step and end in a flush; the asynchronous one is a segment of an endless
+1F1B stream: stage k keeps N − k − 1 mini-batches in flight from one step to the next (PipeDream's
+warm-up depth), so there is no fill or drain bubble after the first step. Sends are asynchronous and
+receives block, so any prefix of these lists is deadlock-free.
+
+Example::
+
+    >>> sync_ops("1f1b", stage=0, stages=2, micro=3)
+    [('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2)]
+    >>> async_ops(stage=0, stages=2, first=4, count=2)
+    [('F', 4), ('B', 3), ('F', 5), ('B', 4)]
+"""
+
+from __future__ import annotations
+
+from ..errors import PlanError
+
+SYNC = ("gpipe", "1f1b")
+ASYNC = ("async", "async-stash", "async-predict")
+TORCH = ("torch-gpipe", "torch-1f1b")
+SCHEDULES = SYNC + ASYNC + TORCH
+
+
+def check(name: str) -> None:
+    if name not in SCHEDULES:
+        raise PlanError(f"pipeline schedule '{name}' is invalid; valid: {', '.join(SCHEDULES)}")
+
+
+def sync_ops(name: str, stage: int, stages: int, micro: int) -> list[tuple[str, int]]:
+    """One flushed step of ``micro`` micro-batches: GPipe (all forwards, then all backwards) or 1F1B."""
+    if name == "gpipe":
+        return [("F", i) for i in range(micro)] + [("B", i) for i in range(micro)]
+    warm = min(stages - stage - 1, micro)
+    ops = [("F", i) for i in range(warm)]
+    for i in range(micro - warm):
+        ops += [("F", warm + i), ("B", i)]
+    return ops + [("B", i) for i in range(micro - warm, micro)]
+
+
+def async_ops(stage: int, stages: int, first: int, count: int) -> list[tuple[str, int]]:
+    """Forwards of mini-batches ``first .. first+count-1`` interleaved with the backwards that the endless
+    1F1B stream puts between them (those ``N − k − 1`` mini-batches older)."""
+    lag = stages - stage - 1
+    ops: list[tuple[str, int]] = []
+    for i in range(first, first + count):
+        ops.append(("F", i))
+        if i - lag >= 0:
+            ops.append(("B", i - lag))
+    return ops
+
+
+def ahead(i: int, micro: int, stage: int, stages: int) -> int:
+    """Updates stage ``stage`` applies between micro-batch ``i``'s forward and that micro-batch's own update,
+    in the endless 1F1B stream with one update per ``micro`` micro-batches (N − k − 1 when micro = 1).
+
+    >>> [ahead(i, 1, 0, 4) for i in range(5)], [ahead(i, 4, 0, 4) for i in range(8)]
+    ([0, 1, 2, 3, 3], [0, 0, 0, 0, 1, 1, 1, 0])
+    """
+    lag = stages - stage - 1
+    return i // micro - max(0, (i - lag) // micro)
+
+
+def drain_ops(stage: int, stages: int, fed: int) -> list[tuple[str, int]]:
+    """The backwards still owed after ``fed`` mini-batches went in: they empty the pipeline."""
+    lag = stages - stage - 1
+    return [("B", i) for i in range(max(0, fed - lag), fed)]
+
+
+def bubble(name: str, stages: int, micro: int) -> float:
+    """Idle share of a stage's time in a balanced pipeline (equal stage times, no communication)."""
+    if name in ASYNC:
+        return 0.0
+    return (stages - 1) / (micro + stages - 1)
+
+
+def check_micro(name: str, stages: int, micro: int) -> None:
+    """torch's Schedule1F1B and GPipe need at least as many micro-batches as stages to keep every stage fed."""
+    if name in TORCH and micro < stages:
+        raise PlanError(f"pipeline.schedule={name} needs train.micro_batches >= pp ({stages}), got {micro}; "
+                        f"valid: micro_batches >= {stages}")

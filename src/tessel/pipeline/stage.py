@@ -1,0 +1,86 @@
+"""One pipeline stage: its layers as a module, and the activations and gradients it trades with neighbours.
+
+Activations go forward and their gradients come back over the pp group with point-to-point messages
+through :mod:`tessel.comm` (channel ``pp``). Sends are asynchronous, so a stage never waits for its
+neighbour to take a message; receives block and end the job after the collective timeout. Every
+message's shape comes from the stage plan, and a stage that produces anything else is stopped with an
+error naming both shapes rather than let its neighbour read garbage.
+
+Example::
+
+    runner = StageRunner(pruned_model, chain, lo, hi)
+    stage = Stage(runner, index=1, stages=4, ranks=[0, 2, 4, 6], plan=plan, micro=8)
+    x = stage.recv_activation()
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import comm
+from ..errors import PlanError
+from .layers import Chain
+from .partition import StagePlan
+
+
+class StageRunner(nn.Module):
+    """Layers ``lo..hi-1`` of ``chain`` over the (pruned) model ``root``; parameters keep ``root``'s names."""
+
+    def __init__(self, root: nn.Module, chain: Chain, lo: int, hi: int) -> None:
+        super().__init__()
+        self.root = root
+        self._layers = chain.layers[lo:hi]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self._layers:
+            x = layer.run(self.root, x)
+        return x
+
+
+class Stage:
+    """Stage ``index`` of ``stages``; ``ranks``: the global rank of each stage in this rank's pp group."""
+
+    def __init__(self, runner: StageRunner, index: int, stages: int, ranks: list[int], plan: StagePlan,
+                 micro: int, dtype: torch.dtype, group=None) -> None:
+        self.runner, self.index, self.stages, self.ranks, self.group = runner, index, stages, ranks, group
+        self.first, self.last = index == 0, index == stages - 1
+        self.micro, self.dtype = micro, dtype
+        self.in_shape = (micro, *plan.boundary(index - 1)[0]) if not self.first else None
+        self.out_shape = (micro, *plan.boundary(index)[0]) if not self.last else None
+        self.pending: list = []  # sends not yet known to be complete, with their tensors kept alive
+
+    def _check(self, t: torch.Tensor, shape, what: str) -> None:
+        if tuple(t.shape) != tuple(shape) or t.dtype != self.dtype:
+            raise PlanError(f"pipeline stage {self.index} {what} of shape {tuple(t.shape)} ({t.dtype}) but the "
+                            f"stage plan expects {tuple(shape)} ({self.dtype}); every micro-batch must have the "
+                            "profiled shape (same micro-batch size and sequence length)")
+
+    def _send(self, t: torch.Tensor, peer: int) -> None:
+        t = t.contiguous()
+        self.pending.append((comm.isend(t, self.ranks[peer], "pp", group=self.group), t))
+        # completed sends need not be held; probing keeps the list as short as what is really in flight
+        self.pending = [(w, x) for w, x in self.pending if not w._work.is_completed()]
+
+    def send_activation(self, out: torch.Tensor) -> None:
+        self._check(out, self.out_shape, "produced an activation")
+        self._send(out.detach(), self.index + 1)
+
+    def send_grad(self, grad: torch.Tensor) -> None:
+        self._send(grad, self.index - 1)
+
+    def _recv(self, shape, peer: int) -> torch.Tensor:
+        buf = torch.empty(shape, dtype=self.dtype)
+        comm.irecv(buf, self.ranks[peer], "pp", group=self.group).wait()
+        return buf
+
+    def recv_activation(self) -> torch.Tensor:
+        return self._recv(self.in_shape, self.index - 1).requires_grad_(True)
+
+    def recv_grad(self) -> torch.Tensor:
+        return self._recv(self.out_shape, self.index + 1)
+
+    def flush_sends(self) -> None:
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()

@@ -1,0 +1,262 @@
+"""Pipeline parallelism: flushed schedules equal single-process training; asynchronous ones converge.
+
+Parity (gpipe, 1f1b, torch's two schedules): fp64, clipping on, several optimizer steps; the loss, every
+gradient (captured just before each optimizer step) and every parameter after the steps agree with one
+process training the whole model on the same global batch, at pp=2, pp=4 and pp=2 x dp=2.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tessel import comm, pipeline
+from tessel.config import load_config
+from tessel.data import ShardedLoader
+from tessel.errors import PlanError
+from tessel.mesh import ParallelDims, build_mesh
+from tessel.pipeline.layers import chain_of
+from tessel.pipeline.partition import balance, parse_split, plan_stages
+from tessel.pipeline.predict import StageWeights, staleness
+from tessel.pipeline.schedules import ahead, async_ops, drain_ops, sync_ops
+from tessel.train.engine import Engine
+from tessel.train.loop import build, build_data
+from tessel.train.optim import build_optimizer
+
+SMALL = {
+    "transformer_lm": ["model.dim=16", "model.layers=2", "model.heads=2", "data.vocab_size=64", "data.seq_len=8"],
+    "classifier": ["model.in_features=24", "model.hidden=32", "model.layers=3", "model.classes=5"],
+}
+ATOL = 1e-10
+
+
+def _grads_before_step(optimizer, names):
+    seen = []
+    optimizer.register_step_pre_hook(
+        lambda opt, a, k: seen.append({n: p.grad.detach().clone() for n, p in names() if p.grad is not None}))
+    return seen
+
+
+def _setup(name, schedule, pp, optimizer, micro, extra=()):
+    cfg = load_config(None, [f"model.name={name}", *SMALL[name], "train.dtype=float64", "train.global_batch=8",
+                             f"train.micro_batches={micro}", f"train.optimizer={optimizer}", "train.lr=0.05",
+                             "train.warmup=2", "train.clip=0.5", "train.steps=4", f"parallel.pp={pp}",
+                             f"pipeline.schedule={schedule}", *extra])
+    dims = ParallelDims.resolve(dist.get_world_size(), pp=pp)
+    mesh = build_mesh(dims, timeout=20)
+    data = build_data(cfg)
+    vocab = getattr(data, "vocab_size", 0)
+    torch.manual_seed(1)
+    dtype = getattr(torch, cfg.train.dtype)
+    model = build(cfg, vocab).to(dtype)
+    loader = ShardedLoader(data, 8, mesh.get_local_rank("dp"), dims.dp)
+    x, y = ShardedLoader(data, 8, mesh.get_local_rank("dp"), dims.dp).next_batch()
+    built = pipeline.build(model, cfg, mesh, dims, (x.to(dtype) if x.is_floating_point() else x, y))
+    return cfg, dims, data, vocab, loader, built
+
+
+def check_parity(name, schedule, pp, optimizer, micro, steps=3):
+    cfg, dims, data, vocab, loader, built = _setup(name, schedule, pp, optimizer, micro)
+    torch.manual_seed(1)
+    ref = build(cfg, vocab).double()
+    ref_engine = Engine(ref, build_optimizer(ref.parameters(), cfg.train), cfg.train)
+    ref_loader = ShardedLoader(data, 8, 0, 1)
+    mine = dict((n.removeprefix("root."), p) for n, p in built.engine.stage.runner.named_parameters())
+    grads = _grads_before_step(built.optimizer, lambda: mine.items())
+    ref_grads = _grads_before_step(ref_engine.optimizer, ref.named_parameters)
+    for step in range(steps):
+        x, y = loader.next_batch()
+        rx, ry = ref_loader.next_batch()
+        f = (lambda t: t.double() if t.is_floating_point() else t)
+        res = built.engine.step(f(x), y, step)
+        ref_res = ref_engine.step(f(rx), ry, step)
+        mean = torch.tensor([res.loss], dtype=torch.float64)
+        comm.all_reduce(mean, "meta", group=built.engine.dp_group)
+        assert abs(float(mean) / dims.dp - ref_res.loss) < ATOL, (float(mean) / dims.dp, ref_res.loss)
+        assert abs(res.grad_norm - ref_res.grad_norm) < ATOL
+        for n, g in grads[step].items():
+            torch.testing.assert_close(g, ref_grads[step][n], rtol=0, atol=ATOL, msg=f"grad {n} step {step}")
+    ref_params = dict(ref.named_parameters())
+    assert mine and len(mine) < len(ref_params) or pp == 1
+    for n, p in mine.items():
+        torch.testing.assert_close(p, ref_params[n], rtol=0, atol=ATOL, msg=n)
+    torch.manual_seed(1)
+    init = dict(build(cfg, vocab).double().named_parameters())
+    assert max(float((p - init[n]).abs().max()) for n, p in mine.items()) > 1e-3  # it really trained
+    return sorted(mine)
+
+
+PARITY = [("classifier", "gpipe", "sgd", 4), ("classifier", "1f1b", "adamw", 4),
+          ("transformer_lm", "1f1b", "adamw", 2), ("transformer_lm", "gpipe", "sgd", 4)]
+
+
+@pytest.mark.parametrize("name,schedule,optimizer,micro", PARITY)
+def test_parity_pp2(world2, name, schedule, optimizer, micro):
+    owned = world2.run(check_parity, name, schedule, 2, optimizer, micro)
+    assert not set(owned[0]) & set(owned[1])  # each parameter lives on one stage
+
+
+@pytest.mark.parametrize("name,schedule,optimizer,micro", PARITY[:2] + [("transformer_lm", "1f1b", "adamw", 4)])
+def test_parity_pp4(world4, name, schedule, optimizer, micro):
+    world4.run(check_parity, name, schedule, 4, optimizer, micro)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "torch-1f1b"])
+def test_parity_pp2_dp2(world4, schedule):
+    owned = world4.run(check_parity, "classifier", schedule, 2, "adamw", 2)
+    assert owned[0] == owned[1] and owned[2] == owned[3]  # mesh (pp, dp): ranks 0,1 hold stage 0
+
+
+@pytest.mark.parametrize("schedule", ["torch-gpipe", "torch-1f1b"])
+def test_torch_schedules_match_single_process(world2, schedule):
+    world2.run(check_parity, "classifier", schedule, 2, "sgd", 2)
+
+
+def check_pp_bytes(schedule, micro):
+    cfg, dims, data, vocab, loader, built = _setup("classifier", schedule, 2, "sgd", micro, ["model.layers=3"])
+    x, y = loader.next_batch()
+    comm.counter.end_step()
+    built.engine.step(x.double(), y, 0)
+    return comm.counter.end_step().get("pp", {})
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "async-predict"])
+def test_pp_bytes_exact(world2, schedule):
+    # stage 0 sends each micro-batch's activation (2 samples x 32 fp64 = 512 B) and gets its gradient back
+    # (async: stage 0 takes the newest micro-batch's gradient, already sent, only in the next step)
+    got = world2.run(check_pp_bytes, schedule, 4)
+    n_back = 4 if schedule != "async-predict" else 3
+    assert got[0] == {"sent": 4 * 512, "recv": n_back * 512}
+    assert got[1] == {"sent": 4 * 512, "recv": 4 * 512}
+
+
+def train_async(schedule, variant, steps, optimizer):
+    extra = [f"pipeline.predict={variant}", "train.dtype=float32", "model.hidden=64", "train.clip=0"]
+    cfg, dims, data, vocab, loader, built = _setup("classifier", schedule, 4, optimizer, 1, extra)
+    built.engine.cfg.lr, built.engine.cfg.warmup, built.engine.cfg.steps = 0.05, 0, steps
+    losses = []
+    for step in range(steps):
+        x, y = loader.next_batch()
+        losses.append(built.engine.step(x.float(), y, step).loss)
+    built.engine.drain(steps)
+    stage_bytes = sum(p.numel() * p.element_size() for p in built.engine.params.values())
+    return losses, built.engine.peak_kept_bytes, built.engine.updates, stage_bytes
+
+
+def test_async_schedules_converge(world4):
+    """No flush, stale weights: each variant still learns the task, and drain() empties the pipeline."""
+    steps = 60
+    sync = world4.run(train_async, "1f1b", "v1", steps, "sgd")[0][0]
+    for schedule, variant in [("async", "v1"), ("async-stash", "v1"), ("async-predict", "v1"),
+                              ("async-predict", "v2")]:
+        res = world4.run(train_async, schedule, variant, steps, "sgd")
+        losses = res[0][0]
+        assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:5]) / 5, (schedule, losses)
+        assert sum(losses[-10:]) / 10 < 1.5 * sum(sync[-10:]) / 10 + 0.05, (schedule, losses, sync)
+        assert all(r[2] == steps for r in res)  # every mini-batch was applied on every stage after the drain
+        kept = [r[1] for r in res]
+        if schedule == "async-stash" or variant == "v2":
+            # stage k keeps one weight copy per mini-batch in flight, N - k of them at the peak
+            assert kept == [(4 - k) * r[3] for k, r in enumerate(res)]
+        else:
+            assert kept == [0, 0, 0, 0]
+
+
+# -- single-process pieces --------------------------------------------------------------------------------
+
+def test_schedules_ops():
+    assert sync_ops("gpipe", 1, 2, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    assert sync_ops("1f1b", 3, 4, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
+    # the endless stream cut into steps is the same sequence as one long run
+    full = async_ops(1, 4, 0, 6)
+    assert async_ops(1, 4, 0, 2) + async_ops(1, 4, 2, 4) == full
+    assert full + drain_ops(1, 4, 6) == full + [("B", 4), ("B", 5)]
+    # one update per mini-batch (SpecTrain): the forward is N - k - 1 updates ahead of its own update
+    assert [ahead(i, 1, 1, 4) for i in range(4)] == [0, 1, 2, 2] and ahead(9, 1, 3, 4) == 0
+    # one update per 4 micro-batches: only the first N - k - 1 micro-batches of a step are one update behind
+    assert [ahead(i, 4, 1, 4) for i in range(4, 12)] == [1, 1, 0, 0, 1, 1, 0, 0]
+    assert staleness(0, 4, "v1") == (3, 0) and staleness(3, 4, "v1") == (1, 1) and staleness(1, 4, "v2") == (2, 0)
+
+
+def test_balance_minimises_slowest_stage():
+    assert balance([1, 1, 1, 1], 2) == [(0, 2), (2, 4)]
+    assert balance([4, 1, 1, 1, 1], 2) == [(0, 1), (1, 5)]
+    assert balance([1, 2, 3, 4, 5, 6], 3) == [(0, 3), (3, 5), (5, 6)]
+    with pytest.raises(PlanError, match="valid: pp between 1 and 2"):
+        balance([1, 1], 3)
+    with pytest.raises(PlanError, match="e.g. '2,1'"):
+        parse_split("1,1", 3, 2, ["a", "b", "c"])
+    assert parse_split("1,2", 3, 2, ["a", "b", "c"]) == [(0, 1), (1, 3)]
+
+
+def test_plan_profiles_and_prints():
+    cfg = load_config(None, ["model.name=transformer_lm", *SMALL["transformer_lm"]])
+    torch.manual_seed(0)
+    m = build(cfg, 64)
+    x = torch.randint(0, 64, (2, 8))
+    plan = plan_stages(m, chain_of(m), x, x, 2)
+    assert [c.name for c in plan.costs] == ["embed", "blocks.0", "blocks.1", "head"]
+    assert plan.costs[1].out_shape == (8, 16) and plan.costs[-1].out_shape == (8, 64)
+    assert "pipeline plan: 2 stages" in plan.describe() and plan.imbalance() >= 1.0
+    given = plan_stages(m, chain_of(m), x, x, 2, split="3,1")
+    assert given.bounds == [(0, 3), (3, 4)] and given.given
+    with pytest.raises(PlanError, match="model.softmax=full"):
+        chain_of(build(load_config(None, ["model.name=lstm_lm", "model.softmax=sampled", "model.num_sampled=8"]),
+                       64))
+
+
+def test_predict_v1_backward_uses_rebuilt_weights():
+    """v1: forward at W − s_f·η·v, backward at the weights predicted again then, with no copy kept."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2, bias=False)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    lin.weight.grad = torch.ones_like(lin.weight)
+    opt.step()  # momentum buffer = ones
+    w = StageWeights(dict(lin.named_parameters()), opt, "predict", stage=2, stages=4, variant="v1")
+    assert staleness(2, 4, "v1") == (2, 1)
+    x = torch.randn(5, 3, requires_grad=True)
+    weights, leaves, ctx, kept = w.make(ahead=1)  # N - k - 1 = 1 for stage 2 of 4
+    with ctx:
+        out = torch.func.functional_call(lin, weights, (x,))
+    w_fwd = lin.weight.detach() - 0.2 * torch.ones(2, 3)
+    torch.testing.assert_close(out, x @ w_fwd.t())
+    assert kept is None  # no copy of the weights stays with the graph
+    del weights
+    with torch.no_grad():
+        lin.weight.add_(1.0)  # an update lands between forward and backward
+    out.sum().backward()
+    w_bwd = lin.weight.detach() - 0.1 * torch.ones(2, 3)
+    torch.testing.assert_close(x.grad, torch.ones(5, 2) @ w_bwd)
+    torch.testing.assert_close(leaves["weight"].grad, torch.ones(5, 2).t() @ x.detach())
+
+
+@pytest.mark.parametrize("mode,expect", [("stash", "old"), ("stale", "new")])
+def test_stash_keeps_forward_weights_stale_does_not(mode, expect):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2, bias=False)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    old = lin.weight.detach().clone()
+    w = StageWeights(dict(lin.named_parameters()), opt, mode, stage=0, stages=2)
+    x = torch.randn(4, 3, requires_grad=True)
+    weights, leaves, ctx, kept = w.make(ahead=1)
+    out = torch.func.functional_call(lin, weights, (x,))
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+    out.sum().backward()  # never an in-place error: the graph holds its own tensors
+    used = old if expect == "old" else lin.weight.detach()
+    torch.testing.assert_close(x.grad, torch.ones(4, 2) @ used)
+
+
+def test_predict_adam_direction_and_refusals():
+    from tessel.pipeline.predict import direction
+
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([p], lr=0.1, weight_decay=0.1)
+    assert direction(opt, p) is None
+    p.grad = torch.full((3,), 2.0)
+    opt.step()
+    # after one step m̂ = g, v̂ = g², so the direction is sign(g) (+ the decoupled decay)
+    torch.testing.assert_close(direction(opt, p), torch.full((3,), 1.0) + 0.1 * p.detach(), atol=1e-6, rtol=0)
+    with pytest.raises(PlanError, match="valid: train.optimizer sgd"):
+        StageWeights({"p": p}, torch.optim.Adagrad([p]), "predict", 0, 2)
+    with pytest.raises(PlanError, match="without momentum"):
+        StageWeights({"p": p}, torch.optim.SGD([p], lr=0.1), "predict", 0, 2)
