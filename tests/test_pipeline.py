@@ -71,7 +71,10 @@ def check_parity(name, schedule, pp, optimizer, micro, steps=3):
         ref_res = ref_engine.step(f(rx), ry, step)
         mean = torch.tensor([res.loss], dtype=torch.float64)
         comm.all_reduce(mean, "meta", group=built.engine.dp_group)
-        assert abs(float(mean) / dims.dp - ref_res.loss) < ATOL, (float(mean) / dims.dp, ref_res.loss)
+        if built.engine.stage.last:  # the only stage that computes the loss
+            assert abs(float(mean) / dims.dp - ref_res.loss) < ATOL, (float(mean) / dims.dp, ref_res.loss)
+        else:
+            assert res.loss == 0.0
         assert abs(res.grad_norm - ref_res.grad_norm) < ATOL
         for n, g in grads[step].items():
             torch.testing.assert_close(g, ref_grads[step][n], rtol=0, atol=ATOL, msg=f"grad {n} step {step}")
@@ -145,11 +148,11 @@ def train_async(schedule, variant, steps, optimizer):
 def test_async_schedules_converge(world4):
     """No flush, stale weights: each variant still learns the task, and drain() empties the pipeline."""
     steps = 60
-    sync = world4.run(train_async, "1f1b", "v1", steps, "sgd")[0][0]
+    sync = world4.run(train_async, "1f1b", "v1", steps, "sgd")[3][0]  # the last stage has the loss
     for schedule, variant in [("async", "v1"), ("async-stash", "v1"), ("async-predict", "v1"),
                               ("async-predict", "v2")]:
         res = world4.run(train_async, schedule, variant, steps, "sgd")
-        losses = res[0][0]
+        losses = res[3][0]
         assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:5]) / 5, (schedule, losses)
         assert sum(losses[-10:]) / 10 < 1.5 * sum(sync[-10:]) / 10 + 0.05, (schedule, losses, sync)
         assert all(r[2] == steps for r in res)  # every mini-batch was applied on every stage after the drain

@@ -1,7 +1,8 @@
 """Cut a layer chain into balanced stages: profile each layer, then the dynamic program PipeDream uses.
 
 Each layer's forward+backward time is measured on one micro-batch (the fastest of several runs after a
-warm-up, as timeit advises: interference only ever adds time); the split minimises the slowest stage over
+warm-up, as timeit advises: interference only ever adds time); on CPU the clock is this thread's CPU time,
+which other processes and a host's CPU quota do not inflate. The split minimises the slowest stage over
 all contiguous cuts. A given split (layer counts per stage, torchgpipe's ``balance``) skips the search
 but is profiled and printed the same way.
 
@@ -82,6 +83,7 @@ class StagePlan:
 def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, repeats: int = 5) -> list[LayerCost]:
     """Time each layer's forward and backward on the micro-batch ``x`` (targets ``y``), one layer at a time."""
     costs = []
+    clock = time.perf_counter if x.is_cuda else time.thread_time
     for i, layer in enumerate(chain.layers):
         last = i + 1 == len(chain.layers)
         # the first layer's input is data: no gradient is computed for it in training either
@@ -89,11 +91,13 @@ def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, re
         times: list[float] = []
         # the first run warms allocator and kernels up; fast layers get more runs (20 ms of them at least)
         while len(times) < repeats + 1 or (sum(times[1:]) < 0.02 and len(times) < 50):
-            t0 = time.perf_counter()
+            t0 = clock()
             out = layer.run(model, inp)
             loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
             loss.backward()
-            times.append(time.perf_counter() - t0)
+            if out.is_cuda:
+                torch.cuda.synchronize()
+            times.append(clock() - t0)
         model.zero_grad(set_to_none=True)
         params = sum(p.numel() * p.element_size() for p in stage_params(model, chain, i, i + 1).values())
         costs.append(LayerCost(layer.name, min(times[1:]), params, tuple(out.shape[1:]),

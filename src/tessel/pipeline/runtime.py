@@ -9,8 +9,11 @@ training loop does not care whether it drives a pipeline.
   1F1B runs on without a flush (PipeDream, SpecTrain): the next step's first micro-batches enter before
   this step's last backwards, so those forwards meet weights that are older than their own update by
   ``schedules.ahead`` updates (N − k − 1 with one micro-batch per step, SpecTrain's setting). The
-  pipeline is emptied only by :meth:`drain` (before a checkpoint and at the end). A step's loss is the
-  mean over the micro-batches whose forward it ran.
+  pipeline is emptied only by :meth:`drain` (before a checkpoint and at the end).
+
+Only the last stage computes the loss, so it is the one that logs (``loss`` is 0.0 elsewhere): a per-step
+collective over the pp group would re-align the stages every step and bring back a fill bubble that the
+asynchronous schedules exist to avoid.
 - ``torch-gpipe`` / ``torch-1f1b``: torch.distributed.pipelining's own schedules on the same stage, the
   peer the benchmark compares against (their messages are not counted by tessel.comm).
 
@@ -166,13 +169,7 @@ class PipelineEngine:
                             norm = self._update(lr, global_norm=False)
                 self.fed += m
                 losses = [sum(losses)] if self.stage.last else []
-        return StepResult(loss=self._share_loss(losses), grad_norm=norm, lr=lr)
-
-    def _share_loss(self, losses: list[float]) -> float:
-        # only the last stage computes the loss; every rank reports it (rank 0 logs)
-        t = torch.tensor([losses[0] if losses else 0.0], dtype=torch.float64)
-        comm.all_reduce(t, "meta", group=self.pp_group)
-        return float(t)
+        return StepResult(loss=losses[0] if losses else 0.0, grad_norm=norm, lr=lr)
 
     def drain(self, step: int) -> None:
         """Finish every mini-batch still in flight and apply its update (asynchronous schedules only)."""

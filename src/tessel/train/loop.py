@@ -182,8 +182,10 @@ def run(cfg: Config) -> dict[str, Any]:
 
     unit = "samples" if cfg.model.name == "classifier" else "tokens"
     per_step = cfg.train.global_batch * (1 if unit == "samples" else cfg.data.seq_len)
+    # the last pipeline stage is the one that knows the loss; its first rank logs
+    log_rank = (dims.pp - 1) * dims.dp * dims.tp
     logger = MetricsLogger(cfg.metrics.out, cfg.train.steps, start, cfg.metrics.progress, cfg.metrics.log_every,
-                           cfg.metrics.tensorboard, enabled=rank == 0, resume=cfg.checkpoint.resume)
+                           cfg.metrics.tensorboard, enabled=rank == log_rank, resume=cfg.checkpoint.resume)
     run_bytes: dict[str, dict[str, int]] = {}
     comm.counter.end_step()  # set-up traffic (dp.init) is not part of any step
     busy: list[tuple[float, float]] = []  # pipeline: (seconds this stage computed, step time) per step
