@@ -98,9 +98,10 @@ def table(results: dict, tasks: list[str], names: list[str]) -> str:
             loss = [r["loss"] for r in rs]
             acc = [r["accuracy"] for r in rs]
             sd = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
-            lines.append(f"| {name} | {statistics.mean(loss):.4f} ± {sd(loss):.4f} | "
-                         f"{(statistics.mean(loss) / ref - 1) * 100:+.2f}% | {statistics.mean(acc):.2f} ± {sd(acc):.2f} "
-                         f"| {statistics.mean(acc) - ref_acc:+.2f} | {', '.join(f'{v:.4f}' for v in loss)} |")
+            mean_loss, mean_acc = statistics.mean(loss), statistics.mean(acc)
+            lines.append(f"| {name} | {mean_loss:.4f} ± {sd(loss):.4f} | {(mean_loss / ref - 1) * 100:+.2f}% | "
+                         f"{mean_acc:.2f} ± {sd(acc):.2f} | {mean_acc - ref_acc:+.2f} | "
+                         f"{', '.join(f'{v:.4f}' for v in loss)} |")
         lines.append("")
     return "\n".join(lines)
 
