@@ -261,3 +261,16 @@ def test_readme_library_example_runs(tmp_path):
     params = 32 * 64 + 64 + 64 + 1
     # ring all_reduce over 2 ranks: each rank sends 2(P-1)/P = 1x the gradient bytes per step
     assert f"dp.dense sent per step {params * 4} bytes" in r.stdout
+
+
+def test_pipeline_accuracy_protocol_runs(tmp_path):
+    """The accuracy protocol end to end on a tiny budget: every schedule trains, is evaluated on held-out
+    samples from its checkpoint, and the flushed pipeline matches the single process it must equal."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "pipeline_accuracy.py"
+    r = subprocess.run([sys.executable, str(example), "--tasks", "classifier", "--seeds", "0", "--steps", "6",
+                        "--out", str(tmp_path / "acc")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "acc" / "results.json").read_text())["classifier"]
+    assert set(res) == {"single", "1f1b", "async", "async-stash", "async-predict-v1"}
+    assert abs(res["1f1b"][0]["loss"] - res["single"][0]["loss"]) < 1e-4
+    assert "| async-predict-v1 |" in r.stdout

@@ -4,6 +4,7 @@
     tessel bench ddp --hosts 4 --rates 1gbit --models classifier --repeats 2 --doc docs/benchmarks.md
     tessel bench sparse --models classifier --strategies dense,ps --hosts 4 --append   # add runs to bench/sparse
     tessel bench ddp --report-only --doc docs/benchmarks.md                          # re-render, run nothing
+    tessel bench pipeline --repeats 2 --steps 16 --doc docs/benchmarks.md   # 4 stages vs DDP and torch's schedules
 """
 
 from __future__ import annotations

@@ -83,6 +83,7 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
             "sparse_hidden": _median_or_none([r.get("sparse_hidden") for r in rs]),
             "sparse_comm": _median_or_none([r.get("sparse_comm") for r in rs]),
             "plan": rs[0].get("sparse_plan") or {},
+            "pipeline": _pipeline_stats([r.get("pipeline") for r in rs]),
         }
         rows.append(row)
     return rows
@@ -125,7 +126,44 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
             *([f"{r['sparse_comm'] * 1e3:.1f} ({r['sparse_hidden']:.0%})" if r.get("sparse_hidden") is not None
                else "–"] if hidden else []),
         ]) + " |")
-    return head + "\n".join(lines) + "\n" + auto_table(rows)
+    return head + "\n".join(lines) + "\n" + auto_table(rows) + pipeline_table(rows)
+
+
+def _pipeline_stats(runs: list[dict | None]) -> dict[str, Any] | None:
+    runs = [p for p in runs if p]
+    if not runs:
+        return None
+    return {"bubble": _median_or_none([p.get("bubble") for p in runs]),
+            "plan_imbalance": _median_or_none([p.get("plan_imbalance") for p in runs]),
+            "busy_imbalance": _median_or_none([p.get("busy_imbalance") for p in runs]),
+            "kept": max(max(p.get("kept_bytes_per_rank") or [0]) for p in runs),
+            "bounds": [tuple(tuple(b) for b in p.get("plan_bounds") or []) for p in runs]}
+
+
+def pipeline_table(rows: list[dict[str, Any]]) -> str:
+    """Pipeline runs: speed against DDP on the same hosts, measured bubble and stage balance, memory kept."""
+    pipes = [r for r in rows if r.get("pipeline")]
+    if not pipes:
+        return ""
+    lines = ["", "Pipeline runs: throughput against DDP in the same cell; bubble = share of a stage's step time "
+             "not spent computing (median over runs, mean over stages; torch's schedules run their work where "
+             "it cannot be timed); stage balance = slowest stage over the mean, as the profile promised and as "
+             "measured (busy time); weight copies = stashed or predicted weights kept (largest rank).", "",
+             "| model | link | strategy | vs ddp | bubble | balance: profile / measured | weight copies "
+             "| stage bounds |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in pipes:
+        p = r["pipeline"]
+        ddp = next((d for d in rows if (d["model"], d["hosts"], d["rate"], d["strategy"]) ==
+                    (r["model"], r["hosts"], r["rate"], "ddp")), None)
+        vs = f"{ddp['step_time']['median'] / r['step_time']['median']:.2f}x" if ddp else "–"
+        fmt = (lambda v, f: f.format(v) if v is not None else "–")
+        bounds = sorted(set(p["bounds"]))
+        lines.append(f"| {r['model']} | {r['rate']} | {r['strategy']} | {vs} | {fmt(p['bubble'], '{:.0%}')} | "
+                     f"{fmt(p['plan_imbalance'], '{:.2f}')} / {fmt(p['busy_imbalance'], '{:.2f}')} | "
+                     f"{human_bytes(p['kept']) if p['kept'] else '–'} | "
+                     f"{'; '.join(' '.join(f'{lo}-{hi - 1}' for lo, hi in b) for b in bounds)} |")
+    return "\n".join(lines) + "\n"
 
 
 def auto_table(rows: list[dict[str, Any]]) -> str:

@@ -87,7 +87,8 @@ PIPELINE = Scenario(
         "transformer_lm": ["--model", "transformer_lm", "--model.layers", "12", "--model.dim", "128",
                            "--data.vocab_size", "4096", "--seq-len", "32", "--batch", "32", "--micro-batches", "4"],
     },
-    strategies={"ddp": ["--pp", "1", "--micro-batches", "1"],
+    # plain DDP (every table dense), the data-parallel peer; micro-batches would only slow it down
+    strategies={"ddp": ["--pp", "1", "--micro-batches", "1", "--sparse", "dense"],
                 "torch-gpipe": [*_PP, "torch-gpipe"], "torch-1f1b": [*_PP, "torch-1f1b"],
                 "gpipe": [*_PP, "gpipe"], "1f1b": [*_PP, "1f1b"],
                 "async-stash": [*_PP, "async-stash"], "async-predict": [*_PP, "async-predict"]},

@@ -95,6 +95,10 @@ class ShardedLoader:
         self.position += 1
         return batch
 
+    def skip(self) -> None:
+        """Advance by one batch without reading it (a pipeline's middle stages never use the batch)."""
+        self.position += 1
+
     def peek(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch ``next_batch`` will return, without advancing (read once, kept until then)."""
         if self._peeked is None or self._peeked[0] != self.position:

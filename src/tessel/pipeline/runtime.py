@@ -61,10 +61,11 @@ class PipelineEngine:
 
     # -- one forward / backward --------------------------------------------------------------------------
 
-    def _forward(self, i: int, x: torch.Tensor | None, y: torch.Tensor | None, scale: float) -> float | None:
+    def _forward(self, i: int, x: torch.Tensor | None, y: torch.Tensor | None, scale: float,
+                 posted=None) -> float | None:
         st = self.stage
         if not st.first:
-            x = st.recv_activation()
+            x = st.take(posted or st.post_recv(activation=True)).requires_grad_(True)
         t0 = time.perf_counter()
         kept = leaves = None
         if self.weights is None:
@@ -86,10 +87,10 @@ class PipelineEngine:
         self.busy += time.perf_counter() - t0
         return loss
 
-    def _backward(self, i: int) -> None:
+    def _backward(self, i: int, posted=None) -> None:
         st = self.stage
         x, out, leaves, kept = self.inflight.pop(i)
-        grad = None if st.last else st.recv_grad()
+        grad = None if st.last else st.take(posted or st.post_recv(activation=False))
         t0 = time.perf_counter()
         torch.autograd.backward(out, grad)
         if leaves is not None:
@@ -100,6 +101,22 @@ class PipelineEngine:
         self.busy += time.perf_counter() - t0
         if not st.first:
             st.send_grad(x.grad)
+
+    def _run(self, ops: list[tuple[str, int]], forward, backward) -> None:
+        """Run ``ops`` in order, each op's receive posted one op early so its transfer overlaps compute
+        (posting in op order keeps the per-peer message order)."""
+        st, posted = self.stage, {}
+
+        def post(j: int) -> None:
+            if j < len(ops) and j not in posted:
+                kind = ops[j][0]
+                if (kind == "F" and not st.first) or (kind == "B" and not st.last):
+                    posted[j] = st.post_recv(activation=kind == "F")
+
+        for j, (kind, i) in enumerate(ops):
+            post(j)
+            post(j + 1)
+            (forward if kind == "F" else backward)(i, posted.pop(j, None))
 
     # -- updates ------------------------------------------------------------------------------------------
 
@@ -143,7 +160,9 @@ class PipelineEngine:
         """One training step on this rank's batch (the inputs matter on the first stage, targets on the last)."""
         self.stage.runner.train()
         m = self.cfg.micro_batches
-        xs, ys = inputs.chunk(m), targets.chunk(m)
+        # middle stages get no batch (they do not read one); the first uses inputs, the last targets
+        xs = inputs.chunk(m) if inputs is not None else [None] * m
+        ys = targets.chunk(m) if targets is not None else [None] * m
         lr = lr_at(step, self.cfg)
         losses: list[float] = []
         norm = 0.0
@@ -151,25 +170,29 @@ class PipelineEngine:
             if self._torch is not None:
                 losses, norm = self._torch_step(inputs, targets, lr)
             elif self.schedule in SYNC:
-                for kind, i in sync_ops(self.schedule, self.stage.index, self.stage.stages, m):
-                    if kind == "F":
-                        losses.append(self._forward(i, xs[i], ys[i], 1.0 / m))
-                    else:
-                        self._backward(i)
+                self._run(sync_ops(self.schedule, self.stage.index, self.stage.stages, m),
+                          lambda i, r: losses.append(self._forward(i, xs[i], ys[i], 1.0 / m, r)), self._backward)
                 norm = self._update(lr, global_norm=True)
                 losses = [sum(losses)] if self.stage.last else []
             else:
-                first = self.fed
-                for kind, i in async_ops(self.stage.index, self.stage.stages, first, m):
-                    if kind == "F":
-                        losses.append(self._forward(i, xs[i - first], ys[i - first], 1.0 / m))
-                    else:
-                        self._backward(i)
-                        if (i + 1) % m == 0:  # the last micro-batch of its step
-                            norm = self._update(lr, global_norm=False)
+                first, norms = self.fed, [norm]
+
+                def backward(i: int, r) -> None:
+                    self._backward(i, r)
+                    if (i + 1) % m == 0:  # the last micro-batch of its step
+                        norms.append(self._update(lr, global_norm=False))
+
+                self._run(async_ops(self.stage.index, self.stage.stages, first, m),
+                          lambda i, r: losses.append(self._forward(i, xs[i - first], ys[i - first], 1.0 / m, r)),
+                          backward)
+                norm = norms[-1]
                 self.fed += m
                 losses = [sum(losses)] if self.stage.last else []
         return StepResult(loss=losses[0] if losses else 0.0, grad_norm=norm, lr=lr)
+
+    @property
+    def needs_batch(self) -> bool:
+        return self.stage.first or self.stage.last
 
     def drain(self, step: int) -> None:
         """Finish every mini-batch still in flight and apply its update (asynchronous schedules only)."""
@@ -177,10 +200,12 @@ class PipelineEngine:
             return
         lr = lr_at(max(0, step - 1), self.cfg)
         with comm.guard(f"pipeline drain (stage {self.stage.index})", "pp"):
-            for _, i in drain_ops(self.stage.index, self.stage.stages, self.fed):
-                self._backward(i)
+            def backward(i: int, r) -> None:
+                self._backward(i, r)
                 if (i + 1) % self.cfg.micro_batches == 0:
                     self._update(lr, global_norm=False)
+
+            self._run(drain_ops(self.stage.index, self.stage.stages, self.fed), None, backward)
             self.stage.flush_sends()
         # an empty pipeline starts its stream afresh (the next step fills it again)
         self.fed = 0

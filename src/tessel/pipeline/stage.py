@@ -10,7 +10,7 @@ Example::
 
     runner = StageRunner(pruned_model, chain, lo, hi)
     stage = Stage(runner, index=1, stages=4, ranks=[0, 2, 4, 6], plan=plan, micro=8)
-    x = stage.recv_activation()
+    x = stage.take(stage.post_recv(activation=True))   # posted early, waited for when needed
 """
 
 from __future__ import annotations
@@ -69,16 +69,18 @@ class Stage:
     def send_grad(self, grad: torch.Tensor) -> None:
         self._send(grad, self.index - 1)
 
-    def _recv(self, shape, peer: int) -> torch.Tensor:
+    def post_recv(self, activation: bool):
+        """Post the receive of the next activation (from the previous stage) or gradient (from the next) now,
+        so its bytes can land while this stage still computes; ``take`` it when needed."""
+        shape, peer = (self.in_shape, self.index - 1) if activation else (self.out_shape, self.index + 1)
         buf = torch.empty(shape, dtype=self.dtype)
-        comm.irecv(buf, self.ranks[peer], "pp", group=self.group).wait()
+        return comm.irecv(buf, self.ranks[peer], "pp", group=self.group), buf
+
+    @staticmethod
+    def take(posted) -> torch.Tensor:
+        work, buf = posted
+        work.wait()
         return buf
-
-    def recv_activation(self) -> torch.Tensor:
-        return self._recv(self.in_shape, self.index - 1).requires_grad_(True)
-
-    def recv_grad(self) -> torch.Tensor:
-        return self._recv(self.out_shape, self.index + 1)
 
     def flush_sends(self) -> None:
         for work, _ in self.pending:

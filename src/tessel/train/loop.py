@@ -168,7 +168,8 @@ def run(cfg: Config) -> dict[str, Any]:
     else:
         model, optimizer, engine, tables, meta = _data_parallel(cfg, model, mesh, dims, loader, saved, identity)
     choices = tables.choices if tables else []
-    dense_tables = [(model.get_submodule(c.info.name).weight, c.strategy == "torch-sparse") for c in choices
+    plain = getattr(model, "module", model)  # the tables are found by their names in the unwrapped model
+    dense_tables = [(plain.get_submodule(c.info.name).weight, c.strategy == "torch-sparse") for c in choices
                     if c.strategy in ("dense", "torch-sparse")]
 
     start = 0
@@ -192,7 +193,11 @@ def run(cfg: Config) -> dict[str, Any]:
     for step in range(start, cfg.train.steps):
         t0 = time.perf_counter()
         busy0 = getattr(engine, "busy", 0.0)
-        inputs, targets = loader.next_batch()
+        if getattr(engine, "needs_batch", True):
+            inputs, targets = loader.next_batch()
+        else:
+            loader.skip()  # generating a batch costs a middle pipeline stage CPU it needs for its layers
+            inputs = targets = None
         # scheduled alltoall tables fetch the next batch's rows during this step
         upcoming = loader.peek()[0] if choices and step + 1 < cfg.train.steps else None
         result = engine.step(inputs, targets, step, upcoming)
