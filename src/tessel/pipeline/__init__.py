@@ -8,7 +8,7 @@ engine steps like the data-parallel one. The pieces: ``layers`` (a model as a ch
 
 Example (4 stages, SpecTrain)::
 
-    torchrun --nproc-per-node 4 -m tessel train --model classifier --pp 4 --micro-batches 4 \\
+    torchrun --nproc-per-node 4 -m tessel train --model classifier --model.layers 7 --pp 4 --micro-batches 4 \\
         --pipeline.schedule async-predict --optimizer sgd
 """
 
