@@ -94,6 +94,9 @@ class _Work:
             self._then()
             self._then = None
 
+    def is_completed(self) -> bool:
+        return self._work is None or self._work.is_completed()
+
     def get_future(self) -> torch.futures.Future:
         return self._work.get_future()
 

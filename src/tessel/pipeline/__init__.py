@@ -23,6 +23,7 @@ from .. import comm
 from ..errors import PlanError
 from .layers import chain_of, check_no_shared, prune
 from .partition import StagePlan, parse_split, plan_stages
+from .predict import check_optimizer
 from .runtime import PipelineEngine
 from .schedules import check, check_micro
 from .stage import Stage, StageRunner
@@ -45,12 +46,8 @@ def check_config(model: torch.nn.Module, cfg, dims):
     if cfg.sparse.strategy not in ("auto", "dense") or cfg.sparse.tables:
         raise PlanError(f"sparse.strategy={cfg.sparse.strategy} with pp={dims.pp}: pipeline stages sync their "
                         "tables densely in this version; valid with pp > 1: sparse.strategy dense or auto")
-    t = cfg.train
-    if cfg.pipeline.schedule == "async-predict" and (t.optimizer == "adagrad" or (t.optimizer == "sgd" and
-                                                                                 t.momentum <= 0)):
-        raise PlanError(f"pipeline.schedule=async-predict cannot predict weights for {t.optimizer}"
-                        + (" without momentum" if t.optimizer == "sgd" else "")
-                        + "; valid: train.optimizer sgd (train.momentum > 0), adam or adamw")
+    if cfg.pipeline.schedule == "async-predict":
+        check_optimizer(cfg.train.optimizer, cfg.train.momentum)
     chain = chain_of(model)
     names = [layer.name for layer in chain.layers]
     if dims.pp > len(names):
@@ -87,6 +84,5 @@ def build(model: torch.nn.Module, cfg, mesh, dims, sample: tuple[torch.Tensor, t
     dtype = next(runner.parameters()).dtype
     stage = Stage(runner, index, dims.pp, dist.get_process_group_ranks(pp_group), plan, b, dtype, pp_group)
     engine = PipelineEngine(stage, chain, optimizer, cfg.train, schedule, pp_group, dp_group, dims.dp,
-                            cfg.pipeline.predict)
-    engine.plan = plan
+                            cfg.pipeline.predict, plan)
     return Built(engine, root, optimizer, plan)

@@ -50,15 +50,19 @@ def staleness(stage: int, stages: int, variant: str) -> tuple[int, int]:
     return stages - stage - 1, 0
 
 
-def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    """Weight prediction needs a smoothed update direction: SGD with momentum, Adam or AdamW."""
-    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+def check_optimizer(name: str, momentum: float = 0.0) -> None:
+    """Weight prediction needs a smoothed update direction: SGD with momentum, Adam or AdamW (by config name)."""
+    if name in ("adam", "adamw") or (name == "sgd" and momentum > 0):
         return
-    if isinstance(optimizer, torch.optim.SGD) and all(g["momentum"] > 0 for g in optimizer.param_groups):
-        return
-    raise PlanError(f"pipeline.schedule=async-predict cannot predict weights for {type(optimizer).__name__}"
-                    + (" without momentum" if isinstance(optimizer, torch.optim.SGD) else "")
+    raise PlanError(f"pipeline.schedule=async-predict cannot predict weights for {name}"
+                    + (" without momentum" if name == "sgd" else "")
                     + "; valid: train.optimizer sgd (train.momentum > 0), adam or adamw")
+
+
+def _config_name(optimizer: torch.optim.Optimizer) -> tuple[str, float]:
+    if isinstance(optimizer, torch.optim.SGD):
+        return "sgd", min(g["momentum"] for g in optimizer.param_groups)
+    return type(optimizer).__name__.lower(), 0.0
 
 
 def direction(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor | None:
@@ -114,7 +118,7 @@ class StageWeights:
         if variant not in VARIANTS:
             raise PlanError(f"pipeline.predict '{variant}' is invalid; valid: {', '.join(VARIANTS)}")
         if mode == "predict":
-            check_optimizer(optimizer)
+            check_optimizer(*_config_name(optimizer))
         self.params, self.optimizer, self.mode, self.variant = params, optimizer, mode, variant
         self.extra = (stage // 2) // micro if variant == "v1" else 0
         self.updates = 0  # bumped by the engine after every optimizer step: names the weight version

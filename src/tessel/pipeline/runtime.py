@@ -44,7 +44,7 @@ _MODE = {"async": "stale", "async-stash": "stash", "async-predict": "predict"}
 
 class PipelineEngine:
     def __init__(self, stage: Stage, chain: Chain, optimizer: torch.optim.Optimizer, cfg: TrainConfig,
-                 schedule: str, pp_group, dp_group, dp: int, variant: str = "v1") -> None:
+                 schedule: str, pp_group, dp_group, dp: int, variant: str = "v1", plan=None) -> None:
         self.stage, self.chain, self.optimizer, self.cfg = stage, chain, optimizer, cfg
         self.schedule, self.pp_group, self.dp_group, self.dp = schedule, pp_group, dp_group, dp
         self.params = dict((n, p) for n, p in stage.runner.named_parameters() if p.requires_grad)
@@ -55,8 +55,11 @@ class PipelineEngine:
         self.stage_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
         self.peak_kept_bytes = 0  # weight copies the in-flight graphs hold (stash, predict v2)
         self.updates = 0
-        self.plan = None  # the StagePlan this stage was cut by (set by pipeline.build)
+        self.plan = plan  # the StagePlan this stage was cut by
         self.busy = 0.0  # seconds this stage computed (forward, backward, update), for the bubble measure
+        # (wall clock, process CPU, busy) at each step's start, and at the last step's end
+        self._marks: list[tuple[float, float, float]] = []
+        self._end: tuple[float, float, float] | None = None
         self._torch = _torch_schedule(stage, chain, schedule, cfg.micro_batches) if schedule in TORCH else None
 
     # -- one forward / backward --------------------------------------------------------------------------
@@ -156,8 +159,32 @@ class PipelineEngine:
 
     # -- steps --------------------------------------------------------------------------------------------
 
+    def _mark(self) -> None:
+        self._marks.append((time.perf_counter(), time.process_time(), self.busy))
+
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int, next_inputs=None) -> StepResult:
         """One training step on this rank's batch (the inputs matter on the first stage, targets on the last)."""
+        self._mark()
+        result = self._step(inputs, targets, step)
+        self._end = (time.perf_counter(), time.process_time(), self.busy)
+        return result
+
+    def stats(self) -> dict:
+        """This rank's measured share of idle time and CPU per step, over the steps after warm-up.
+
+        A step runs from its start to the next step's start (so the loop's own work between steps counts
+        as idle); the metrics' warm-up rule leaves the first 3 of more than 4 steps out."""
+        marks = self._marks + ([self._end] if self._marks else [])
+        spans = [tuple(b - a for a, b in zip(m0, m1)) for m0, m1 in zip(marks, marks[1:])]
+        timed = spans[3:] if len(spans) > 4 else spans
+        wall, cpu, work = (sum(s[j] for s in timed) for j in range(3))
+        if self._torch is not None:
+            work = 0.0  # torch's schedules run their forwards and backwards where this engine cannot time them
+        return {"stage": self.stage.index, "busy_s": work, "wall_s": wall, "kept_bytes": self.peak_kept_bytes,
+                "cpu_per_step": cpu / len(timed) if timed else None,
+                "bubble": (1 - work / wall) if wall > 0 and work > 0 else None}
+
+    def _step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int) -> StepResult:
         self.stage.runner.train()
         m = self.cfg.micro_batches
         # middle stages get no batch (they do not read one); the first uses inputs, the last targets
@@ -222,6 +249,24 @@ class PipelineEngine:
         norm = self._update(lr, global_norm=True)
         loss = [sum(float(v.detach()) for v in losses) / len(losses)] if losses else []
         return loss, norm
+
+
+def summary(stats: list[dict], plan, schedule: str, micro: int, predict: str) -> dict:
+    """The run's pipeline figures from every rank's :meth:`PipelineEngine.stats`."""
+    bubbles = [s["bubble"] for s in stats]
+    busy = [s["busy_s"] for s in stats]
+    return {"schedule": schedule, "micro_batches": micro,
+            "predict": predict if schedule == "async-predict" else None,
+            "stage_of_rank": [s["stage"] for s in stats], "bubble_per_rank": bubbles,
+            "bubble": sum(bubbles) / len(bubbles) if None not in bubbles else None,
+            # the profile's balance (what the partitioner promised) and the measured one
+            "plan_imbalance": plan.imbalance() if plan else None,
+            "plan_bounds": [list(b) for b in plan.bounds] if plan else None,
+            # measured stage balance: the busiest stage over the mean (1.0 = perfect)
+            "busy_imbalance": max(busy) / (sum(busy) / len(busy)) if all(busy) else None,
+            "kept_bytes_per_rank": [s["kept_bytes"] for s in stats],
+            # CPU seconds per step of each rank's process, gloo's threads included
+            "cpu_per_step_per_rank": [s["cpu_per_step"] for s in stats]}
 
 
 def _torch_schedule(stage: Stage, chain: Chain, schedule: str, micro: int):

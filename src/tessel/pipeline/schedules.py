@@ -68,13 +68,6 @@ def drain_ops(stage: int, stages: int, fed: int) -> list[tuple[str, int]]:
     return [("B", i) for i in range(max(0, fed - lag), fed)]
 
 
-def bubble(name: str, stages: int, micro: int) -> float:
-    """Idle share of a stage's time in a balanced pipeline (equal stage times, no communication)."""
-    if name in ASYNC:
-        return 0.0
-    return (stages - 1) / (micro + stages - 1)
-
-
 def check_micro(name: str, stages: int, micro: int) -> None:
     """torch's Schedule1F1B and GPipe need at least as many micro-batches as stages to keep every stage fed."""
     if name in TORCH and micro < stages:

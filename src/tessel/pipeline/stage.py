@@ -45,7 +45,7 @@ class Stage:
                  micro: int, dtype: torch.dtype, group=None) -> None:
         self.runner, self.index, self.stages, self.ranks, self.group = runner, index, stages, ranks, group
         self.first, self.last = index == 0, index == stages - 1
-        self.micro, self.dtype = micro, dtype
+        self.dtype = dtype
         self.in_shape = (micro, *plan.boundary(index - 1)[0]) if not self.first else None
         self.out_shape = (micro, *plan.boundary(index)[0]) if not self.last else None
         self.pending: list = []  # sends not yet known to be complete, with their tensors kept alive
@@ -60,7 +60,7 @@ class Stage:
         t = t.contiguous()
         self.pending.append((comm.isend(t, self.ranks[peer], "pp", group=self.group), t))
         # completed sends need not be held; probing keeps the list as short as what is really in flight
-        self.pending = [(w, x) for w, x in self.pending if not w._work.is_completed()]
+        self.pending = [(w, x) for w, x in self.pending if not w.is_completed()]
 
     def send_activation(self, out: torch.Tensor) -> None:
         self._check(out, self.out_shape, "produced an activation")

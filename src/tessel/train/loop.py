@@ -20,6 +20,7 @@ from ..errors import CheckpointError
 from ..mesh import ParallelDims, build_mesh, init_distributed
 from ..models import build_model
 from ..parallelize import apply_sparse, parallelize
+from ..pipeline.runtime import summary as pipeline_summary
 from . import checkpoint
 from .engine import Engine
 from .metrics import MetricsLogger
@@ -112,35 +113,6 @@ def _pipeline(cfg: Config, model, mesh, dims, loader, saved, identity):
     return built.module, built.optimizer, built.engine, None, meta
 
 
-def _stage_stats(engine, busy: list[tuple[float, float]], cpu: list[float]) -> dict[str, Any]:
-    timed = busy[3:] if len(busy) > 4 else busy  # the metrics' warm-up rule
-    work, wall = sum(b for b, _ in timed), sum(t for _, t in timed)
-    cpu_per_step = sum(cpu[-len(timed):]) / len(timed) if timed else None
-    if engine.schedule.startswith("torch-"):
-        work = 0.0  # torch's schedules run their forwards and backwards where this engine cannot time them
-    return {"stage": engine.stage.index, "busy_s": work, "wall_s": wall, "kept_bytes": engine.peak_kept_bytes,
-            "cpu_per_step": cpu_per_step,
-            "bubble": (1 - work / wall) if wall > 0 and work > 0 else None}
-
-
-def _pipeline_summary(cfg: Config, engine, stats: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per stage: measured idle share (busy = forward, backward and update compute) and weight copies kept."""
-    bubbles = [s["bubble"] for s in stats]
-    busy = [s["busy_s"] for s in stats]
-    return {"schedule": cfg.pipeline.schedule, "micro_batches": cfg.train.micro_batches,
-            "predict": cfg.pipeline.predict if cfg.pipeline.schedule == "async-predict" else None,
-            "stage_of_rank": [s["stage"] for s in stats], "bubble_per_rank": bubbles,
-            "bubble": sum(bubbles) / len(bubbles) if None not in bubbles else None,
-            # the profile's balance (what the partitioner promised) and the measured one
-            "plan_imbalance": engine.plan.imbalance() if engine.plan else None,
-            "plan_bounds": [list(b) for b in engine.plan.bounds] if engine.plan else None,
-            # measured stage balance: the busiest stage over the mean (1.0 = perfect)
-            "busy_imbalance": max(busy) / (sum(busy) / len(busy)) if all(busy) else None,
-            "kept_bytes_per_rank": [s["kept_bytes"] for s in stats],
-            # CPU seconds per step of each rank's process, gloo's threads included
-            "cpu_per_step_per_rank": [s["cpu_per_step"] for s in stats]}
-
-
 def run(cfg: Config) -> dict[str, Any]:
     """Train as one rank of the world torchrun started; returns the run summary (same on every rank)."""
     init_distributed(cfg.parallel.backend, cfg.parallel.timeout)
@@ -193,11 +165,8 @@ def run(cfg: Config) -> dict[str, Any]:
                            cfg.metrics.tensorboard, enabled=rank == log_rank, resume=cfg.checkpoint.resume)
     run_bytes: dict[str, dict[str, int]] = {}
     comm.counter.end_step()  # set-up traffic (dp.init) is not part of any step
-    busy: list[tuple[float, float]] = []  # pipeline: (seconds this stage computed, step time) per step
-    cpu: list[float] = []  # this process's CPU seconds per step (all its threads)
     for step in range(start, cfg.train.steps):
-        t0, c0 = time.perf_counter(), time.process_time()
-        busy0 = getattr(engine, "busy", 0.0)
+        t0 = time.perf_counter()
         if getattr(engine, "needs_batch", True):
             inputs, targets = loader.next_batch()
         else:
@@ -209,8 +178,6 @@ def run(cfg: Config) -> dict[str, Any]:
         loss = torch.tensor([result.loss], dtype=torch.float64)
         comm.all_reduce(loss, "meta", group=dp_group)
         dt = time.perf_counter() - t0
-        busy.append((getattr(engine, "busy", 0.0) - busy0, dt))
-        cpu.append(time.process_time() - c0)
         step_bytes = comm.counter.end_step()
         for c, v in step_bytes.items():
             acc = run_bytes.setdefault(c, {"sent": 0, "recv": 0})
@@ -233,7 +200,7 @@ def run(cfg: Config) -> dict[str, Any]:
         engine.drain(cfg.train.steps)  # the final weights hold every mini-batch's update
     per_rank = comm.all_gather_object({"bytes": run_bytes, "peak_mem": peak_memory_bytes(),
                                        "table_mem": table_memory_bytes(tables, dense_tables, optimizer),
-                                       "pp": _stage_stats(engine, busy, cpu) if dims.pp > 1 else None}, "meta")
+                                       "pp": engine.stats() if dims.pp > 1 else None}, "meta")
     summary = logger.summary(
         [r["bytes"] for r in per_rank],
         {"model": cfg.model.name, "dims": str(dims), "unit": unit, "out": cfg.metrics.out,
@@ -242,7 +209,8 @@ def run(cfg: Config) -> dict[str, Any]:
          "table_mem_per_rank": [r["table_mem"] for r in per_rank],
          "sparse_plan": {c.info.name: c.strategy + (f"/{c.split}" if c.strategy == "alltoall" else "")
                          for c in choices},
-         **({"pipeline": _pipeline_summary(cfg, engine, [r["pp"] for r in per_rank])} if dims.pp > 1 else {})},
+         **({"pipeline": pipeline_summary([r["pp"] for r in per_rank], engine.plan, cfg.pipeline.schedule,
+                                          cfg.train.micro_batches, cfg.pipeline.predict)} if dims.pp > 1 else {})},
     )
     logger.close(summary)
     return summary
