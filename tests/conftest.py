@@ -29,6 +29,11 @@ def world3() -> World:
     return _get(3)
 
 
+@pytest.fixture
+def world8() -> World:
+    return _get(8)
+
+
 def pytest_sessionfinish(session, exitstatus):
     for w in _worlds.values():
         w.close()

@@ -274,3 +274,38 @@ def test_pipeline_accuracy_protocol_runs(tmp_path):
     assert set(res) == {"single", "1f1b", "async", "async-stash", "async-predict-v1"}
     assert abs(res["1f1b"][0]["loss"] - res["single"][0]["loss"]) < 1e-4
     assert "| async-predict-v1 |" in r.stdout
+
+
+TP = [*TINY, "--nproc", "4", "--tp", "4", "--dtype", "float64", "--optimizer", "adamw", "--steps", "6"]
+
+
+def test_tensor_parallel_resume_and_switch_mode(tmp_path):
+    """3-D 2x1x2: resume is bit-identical; the same step-3 checkpoint resumed as 2-D 2x2 (DCP reshards the
+    weights and Adam's state) ends where the uninterrupted 3-D run ends; a one-process run starts from it."""
+    args = [*TP, "--tp-mode", "3d", "--tp-grid", "2x1x2"]
+    final, _, full, _ = _resumed_equals_uninterrupted(tmp_path, args)
+    summary = json.loads((full / "summary.json").read_text())
+    assert summary["tensor"] == "3d 2x1x2" and summary["bytes"]["tp"]["sent_per_step_per_rank"] > 0
+    switched = tmp_path / "switched"
+    shutil.copytree(tmp_path / "part" / "checkpoints" / "step-00000003", switched / "checkpoints" / "step-00000003")
+    r = tessel("train", *TP, "--tp-mode", "2d", "--resume", "--out", str(switched), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    other = _load(switched / "checkpoints" / "step-00000006", tmp_path)
+    for name, value in final["model"].items():
+        torch.testing.assert_close(other["model"][name], value, rtol=0, atol=1e-9, msg=name)
+    single = tmp_path / "single"
+    r = tessel("train", *TINY, "--nproc", "1", "--dtype", "float64", "--steps", "1",
+               "--checkpoint.init_from", str(full / "checkpoints"), "--out", str(single), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    started = _load(single / "checkpoints" / "step-00000001", tmp_path)["model"]["blocks.0.mlp.fc_in.weight"]
+    fresh = _load(full / "checkpoints" / "step-00000003", tmp_path)["model"]["blocks.0.mlp.fc_in.weight"]
+    assert (started - final["model"]["blocks.0.mlp.fc_in.weight"]).abs().max() < (
+        started - fresh).abs().max()  # one step away from the trained weights, not from a fresh start
+
+
+def test_tensor_parallel_errors(capsys):
+    one_line_error(capsys, ["train", *TP, "--tp-mode", "3d", "--tp-grid", "2x2"], "tensor.grid '2x2' is invalid",
+                   "e.g. '2x2x1'")
+    one_line_error(capsys, ["train", *TP, "--model", "classifier"], "applies to model transformer_lm")
+    one_line_error(capsys, ["train", *TP, "--tp-mode", "1d"], "2 attention heads do not split over 4 ranks")
+    one_line_error(capsys, ["train", *TP, "--tp-mode", "4d"], "tensor.mode", "valid: 1d, 2d, 3d, torch-1d")

@@ -26,7 +26,8 @@ from .errors import CommError, ConfigError, TesselError
 # short flag -> config key (flags that take a value)
 ALIASES = {
     "--model": "model.name", "--nproc": "parallel.nproc", "--dp": "parallel.dp", "--pp": "parallel.pp",
-    "--tp": "parallel.tp", "--steps": "train.steps", "--sparse": "sparse.strategy", "--batch": "train.global_batch",
+    "--tp": "parallel.tp", "--tp-mode": "tensor.mode", "--tp-grid": "tensor.grid", "--steps": "train.steps",
+    "--sparse": "sparse.strategy", "--batch": "train.global_batch",
     "--micro-batches": "train.micro_batches", "--lr": "train.lr", "--optimizer": "train.optimizer",
     "--seed": "train.seed", "--dtype": "train.dtype", "--data": "data.path", "--vocab": "data.vocab_size",
     "--seq-len": "data.seq_len", "--out": "metrics.out", "--ckpt-dir": "checkpoint.dir",

@@ -90,6 +90,7 @@ class CheckpointConfig:
     keep: int = 2  # complete checkpoints kept on disk
     resume: bool = False  # continue from the latest complete checkpoint in dir
     enabled: bool = True
+    init_from: str = ""  # start from this checkpoint's weights (any world size or tp layout); step, data restart
 
 
 @dataclass
@@ -117,6 +118,14 @@ class PipelineConfig:
 
 
 @dataclass
+class TensorConfig:
+    # tp > 1: 1d (Megatron) | 2d (SUMMA) | 3d (all-gather / GEMM / reduce-scatter) | torch-1d (torch's own, the peer)
+    mode: str = "1d"
+    grid: str = ""  # 2d "rxc", 3d "xxyxz", e.g. "2x2x1"; '' : as square / cubic as tp allows
+    regather: bool = False  # keep only shards for backward and gather again there (activation memory 1/tp)
+
+
+@dataclass
 class MetricsConfig:
     out: str = "runs/latest"  # metrics.jsonl, loss.png, summary.json and checkpoints go here
     log_every: int = 10
@@ -134,6 +143,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     sparse: SparseConfig = field(default_factory=SparseConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    tensor: TensorConfig = field(default_factory=TensorConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -177,6 +187,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "sparse.optimizer": ("auto", "sgd", "adagrad", "adam"),
     "pipeline.schedule": ("gpipe", "1f1b", "async", "async-stash", "async-predict", "torch-gpipe", "torch-1f1b"),
     "pipeline.predict": ("v1", "v2"),
+    "tensor.mode": ("1d", "2d", "3d", "torch-1d"),
 }
 
 # Lower bounds of numeric keys; keys not listed must be >= 0 when numeric.

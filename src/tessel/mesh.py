@@ -13,6 +13,7 @@ Example (inside a torchrun worker)::
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -86,16 +87,25 @@ def init_distributed(backend: str = "auto", timeout: float = 30.0) -> None:
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
 
 
-def build_mesh(dims: ParallelDims, timeout: float = 30.0) -> DeviceMesh:
+def build_mesh(dims: ParallelDims, timeout: float = 30.0,
+               tp_axes: tuple[tuple[str, int], ...] = ()) -> DeviceMesh:
     """The DeviceMesh of shape (pp, dp, tp); every dim's group gets the same collective timeout.
+
+    ``tp_axes``: a 2-D or 3-D tensor-parallel grid, as (name, size) pairs whose sizes multiply to tp; the
+    tp dim is then split into these dims (outermost first) instead of one "tp" dim.
 
     ``new_group`` (which DeviceMesh calls) falls back to a 30-minute default rather than the world's
     timeout, which would turn a dead peer into a half-hour hang; so each group's timeout is set here.
     """
     if dist.get_world_size() != dims.world_size:
         raise PlanError(f"the plan is for {dims.world_size} ranks but the job has {dist.get_world_size()}")
+    tp_axes = tuple(tp_axes) or (("tp", dims.tp),)
+    if math.prod(size for _, size in tp_axes) != dims.tp:
+        raise PlanError(f"tensor-parallel grid {'x'.join(str(s) for _, s in tp_axes)} does not have tp={dims.tp} "
+                        "ranks; choose a grid whose sizes multiply to tp")
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mesh = init_device_mesh(device, (dims.pp, dims.dp, dims.tp), mesh_dim_names=DIM_NAMES)
-    for name in DIM_NAMES:
+    names = (*DIM_NAMES[:2], *(name for name, _ in tp_axes))
+    mesh = init_device_mesh(device, (dims.pp, dims.dp, *(size for _, size in tp_axes)), mesh_dim_names=names)
+    for name in names:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout), mesh.get_group(name))
     return mesh

@@ -1,7 +1,8 @@
 """Apply parallelisms to a plain model from outside, in a fixed order: tp at build, pp split, dp wrap.
 
-This issue's foundation applies data parallelism with torch DDP on the mesh's dp group; pipeline and
-tensor parallelism plug in ahead of it in the same function (torchtitan's ``parallelize_llama`` shape).
+Data parallelism is torch DDP on the mesh's dp group, wrapped last; tensor parallelism
+(:func:`tessel.tensor.parallelize`) and pipeline stages (:func:`tessel.pipeline.build`) are applied before it,
+as torchtitan's ``parallelize_llama`` applies TP before FSDP.
 
 Example::
 
@@ -14,7 +15,6 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import comm
-from .errors import PlanError
 from .mesh import ParallelDims
 
 
@@ -79,16 +79,10 @@ def apply_sparse(model: torch.nn.Module, cfg, batches: list[tuple], group, fixed
                         fixed=fixed)
 
 
-def check_supported(dims: ParallelDims) -> None:
-    """Refuse degrees this version cannot apply yet, before anything is launched."""
-    if dims.tp > 1:
-        raise PlanError(f"tensor parallelism (tp={dims.tp}) is not available in this version; valid: tp=1")
-
-
 def parallelize(model: torch.nn.Module, dims: ParallelDims, mesh, ddp_comm: str = "tessel",
                 bucket_mb: float = 0.0) -> torch.nn.Module:
-    """The model as this rank trains it under ``dims`` (pp > 1 goes through :func:`tessel.pipeline.build`)."""
-    check_supported(dims)
+    """The model as this rank trains it under ``dims`` (pp > 1 goes through :func:`tessel.pipeline.build`,
+    tp > 1 through :func:`tessel.tensor.parallelize` first)."""
     if dims.dp > 1:
         return apply_ddp(model, mesh.get_group("dp"), bucket_mb, ddp_comm)
     return model

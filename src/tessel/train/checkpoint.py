@@ -26,7 +26,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from .. import comm
 from ..errors import CheckpointError
@@ -71,10 +77,12 @@ def latest(dir: str | Path) -> Path | None:
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def _app_state(model, optimizer, extra: dict[str, torch.Tensor], tables=None) -> dict[str, Any]:
+def _app_state(model, optimizer, extra: dict[str, torch.Tensor], tables=None, tp=None) -> dict[str, Any]:
     # Optimizer state keyed by parameter name, not by list position: pipeline stages hold different
     # parameters, and DCP would merge their "param_groups.0" entries as if every rank had the same.
     msd, osd = get_state_dict(model, optimizer, options=_OPTIONS)
+    if tp is not None:  # tensor-parallel shards as DTensors of their full shapes: DCP reshards on load
+        msd, osd = tp.to_dtensors(msd), tp.to_dtensors(osd)
     # Sparse tables are not parameters of the model any more; they are saved whole, with their row state.
     return {"model": msd, "optim": osd, **extra, **({"tables": tables.state_dict()} if tables else {})}
 
@@ -94,10 +102,12 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def save(dir: str | Path, step: int, model, optimizer, data_state: dict[str, int], meta: dict[str, Any],
-         keep: int = 2, tables=None) -> Path:
+         keep: int = 2, tables=None, tp=None) -> Path:
     """Save a checkpoint of ``step`` on all ranks; returns the final directory.
 
     ``tables``: the run's :class:`tessel.sparse.SparseTables`, saved whole (gathered from their owners).
+    ``tp``: the model's :class:`tessel.tensor.TensorParallel`; its shards are saved with their places in the
+    full tensors, so the checkpoint loads under any tensor-parallel mode or degree, or in one process.
     """
     dir = Path(dir)
     final, tmp = dir / f"step-{step:08d}", dir / f"step-{step:08d}.tmp"
@@ -106,7 +116,7 @@ def save(dir: str | Path, step: int, model, optimizer, data_state: dict[str, int
         shutil.rmtree(tmp, ignore_errors=True)
     _barrier()
     position = torch.tensor([data_state["position"], data_state["dp_size"], data_state["global_batch"]])
-    dcp.save(_app_state(model, optimizer, _rank_state(position), tables), checkpoint_id=str(tmp))
+    dcp.save(_app_state(model, optimizer, _rank_state(position), tables, tp), checkpoint_id=str(tmp))
     _barrier()
     if _rank() == 0:
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -130,9 +140,12 @@ def read_meta(path: str | Path) -> dict[str, Any]:
                               "it is incomplete or not a tessel checkpoint") from None
 
 
-def check_compatible(path: Path, meta: dict[str, Any], expected: dict[str, Any]) -> None:
-    """Refuse a checkpoint written for another model (architecture and sizes must match)."""
+def check_compatible(path: Path, meta: dict[str, Any], expected: dict[str, Any], weights_only: bool = False) -> None:
+    """Refuse a checkpoint written for another model (architecture and sizes must match; with
+    ``weights_only``, how tables were distributed may differ)."""
     saved, want = meta.get("model"), expected.get("model")
+    if weights_only:
+        saved, want = ({k: v for k, v in (d or {}).items() if k != "sparse"} for d in (saved, want))
     if saved != want:
         diff = [k for k in sorted(set(saved or {}) | set(want or {}))
                 if (saved or {}).get(k) != (want or {}).get(k)]
@@ -142,24 +155,36 @@ def check_compatible(path: Path, meta: dict[str, Any], expected: dict[str, Any])
                               "resume with the model it was saved with or start a new run")
 
 
-def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any], tables=None) -> tuple[int, dict[str, int]]:
-    """Load ``path`` into model and optimizer in place; restore this rank's RNG.
-
-    Returns (step, data_state). Raises CheckpointError if the checkpoint is missing, corrupt, or
-    from another model.
-    """
+def _open(path: str | Path, expected_meta: dict[str, Any], weights_only: bool = False) -> tuple[Path, dict[str, Any]]:
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     if not (path / ".metadata").is_file():
         raise CheckpointError(f"checkpoint '{path}' is incomplete or corrupt: its .metadata file is missing")
     meta = read_meta(path)
-    check_compatible(path, meta, expected_meta)
-    state = _app_state(model, optimizer, _rank_state(torch.zeros(3, dtype=torch.int64)), tables)
+    check_compatible(path, meta, expected_meta, weights_only)
+    return path, meta
+
+
+def _read(path: Path, state: dict[str, Any]) -> None:
     try:
         dcp.load(state, checkpoint_id=str(path), planner=_SafeLoadPlanner())
     except (Exception, CheckpointException) as e:  # DCP's own type derives from BaseException
         raise CheckpointError(f"checkpoint '{path}' is corrupt or unreadable ({_root_cause(e)})") from None
+
+
+def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any], tables=None,
+         tp=None) -> tuple[int, dict[str, int]]:
+    """Load ``path`` into model and optimizer in place; restore this rank's RNG.
+
+    Returns (step, data_state). Raises CheckpointError if the checkpoint is missing, corrupt, or
+    from another model.
+    """
+    path, meta = _open(path, expected_meta)
+    state = _app_state(model, optimizer, _rank_state(torch.zeros(3, dtype=torch.int64)), tables, tp)
+    _read(path, state)
+    if tp is not None:
+        state["model"], state["optim"] = tp.to_local(state["model"]), tp.to_local(state["optim"])
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=_OPTIONS)
     if tables:
@@ -168,6 +193,20 @@ def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any], tabl
     torch.set_rng_state(state[f"rank{r}.rng"])
     pos, dp_size, global_batch = (int(v) for v in state[f"rank{r}.data"])
     return int(meta["step"]), {"position": pos, "dp_size": dp_size, "global_batch": global_batch}
+
+
+def load_weights(path: str | Path, model, expected_meta: dict[str, Any], tp=None) -> int:
+    """Load only the model's weights from ``path``, saved under any world size, tensor-parallel mode or
+    degree (DCP reads the parts of each full tensor this rank holds); returns the checkpoint's step.
+
+        load_weights("runs/3d/checkpoints/step-00000020", plain_model, identity)   # into one process
+    """
+    path, meta = _open(path, expected_meta, weights_only=True)
+    msd = get_model_state_dict(model, options=_OPTIONS)
+    state = {"model": tp.to_dtensors(msd) if tp is not None else msd}
+    _read(path, state)
+    set_model_state_dict(model, tp.to_local(state["model"]) if tp is not None else state["model"], options=_OPTIONS)
+    return int(meta["step"])
 
 
 def _root_cause(e: BaseException) -> str:

@@ -18,6 +18,7 @@ import torch
 
 from .. import comm
 from ..config import TrainConfig
+from .memory import SavedBytes
 from .optim import lr_at, set_lr
 
 
@@ -29,13 +30,17 @@ class StepResult:
 
 
 class Engine:
-    """``sparse``: the tables :func:`tessel.sparse.shard` took out of the model, updated here row by row."""
+    """``sparse``: the tables :func:`tessel.sparse.shard` took out of the model, updated here row by row.
+    ``tp``: the model's :class:`tessel.tensor.TensorParallel` (gradient reduction and norm over the grid).
+
+    ``activation_bytes``: what the first micro-batch's forward kept for backward, on the first step."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig,
-                 sparse=None) -> None:
-        self.model, self.optimizer, self.cfg, self.sparse = model, optimizer, cfg, sparse
+                 sparse=None, tp=None) -> None:
+        self.model, self.optimizer, self.cfg, self.sparse, self.tp = model, optimizer, cfg, sparse, tp
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
+        self.activation_bytes = None
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """Move a batch tensor to the model's device; float features take the model's dtype."""
@@ -63,18 +68,27 @@ class Engine:
         for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
             # DDP's gradient all-reduce runs inside backward; a dead peer surfaces here.
             with self._no_sync(i == m - 1), comm.guard("all_reduce of gradients", "dp.dense"):
-                loss = self.model(x, y) / m
+                if self.activation_bytes is None:
+                    with SavedBytes(self.params) as saved:
+                        loss = self.model(x, y) / m
+                    self.activation_bytes = saved.bytes
+                else:
+                    loss = self.model(x, y) / m
                 if self.sparse:
                     self.sparse.final_backward(i == m - 1)
                 loss.backward()
             total += float(loss.detach())
         # Gradients are already identical on every dp rank, so each rank computes the same norm; the
         # sparse tables' share comes back from their reduce, summed over owners.
-        sq = torch.zeros((), dtype=torch.float64)
-        for p in self.params:
-            if p.grad is not None:
-                g = p.grad.coalesce()._values() if p.grad.is_sparse else p.grad
-                sq += g.double().pow(2).sum()
+        if self.tp is not None:
+            self.tp.reduce_grads()
+            sq = self.tp.grad_sq()
+        else:
+            sq = torch.zeros((), dtype=torch.float64)
+            for p in self.params:
+                if p.grad is not None:
+                    g = p.grad.coalesce()._values() if p.grad.is_sparse else p.grad
+                    sq += g.double().pow(2).sum()
         if self.sparse:
             with comm.guard("exchange of sparse row gradients", "sparse"):
                 sq += self.sparse.reduce()

@@ -21,6 +21,7 @@ from ..mesh import ParallelDims, build_mesh, init_distributed
 from ..models import build_model
 from ..parallelize import apply_sparse, parallelize
 from ..pipeline.runtime import summary as pipeline_summary
+from ..tensor import check_config as check_tensor
 from . import checkpoint
 from .engine import Engine
 from .metrics import MetricsLogger
@@ -113,13 +114,28 @@ def _pipeline(cfg: Config, model, mesh, dims, loader, saved, identity):
     return built.module, built.optimizer, built.engine, None, meta
 
 
+def _tensor_parallel(cfg: Config, model, mesh, dims, spec):
+    """The tensor-parallel model of this rank's grid block, then DDP over its dp group (tp x dp)."""
+    from ..tensor import parallelize as tensor_parallelize
+
+    model, tp = tensor_parallelize(model, cfg.tensor.mode, mesh, spec, cfg.tensor.regather)
+    if dist.get_rank() == 0:
+        print(f"tensor parallel: {spec} ({'re-gather in backward' if cfg.tensor.regather else 'gathered'} "
+              f"tensors kept for backward) x dp={dims.dp}", flush=True)
+    if dims.dp > 1:
+        model = parallelize(model, dims, mesh, cfg.parallel.ddp_comm, cfg.parallel.bucket_mb)
+    optimizer = build_optimizer(model.parameters(), cfg.train)
+    return model, optimizer, Engine(model, optimizer, cfg.train, tp=tp), tp
+
+
 def run(cfg: Config) -> dict[str, Any]:
     """Train as one rank of the world torchrun started; returns the run summary (same on every rank)."""
     init_distributed(cfg.parallel.backend, cfg.parallel.timeout)
     rank = dist.get_rank()
     dims = ParallelDims.resolve(dist.get_world_size(), cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp)
     dims.check_batch(cfg.train.global_batch, cfg.train.micro_batches)
-    mesh = build_mesh(dims, cfg.parallel.timeout)
+    spec = check_tensor(cfg, dims.tp)
+    mesh = build_mesh(dims, cfg.parallel.timeout, spec.axes if dims.tp > 1 and spec.mode in ("2d", "3d") else ())
     dp_group = mesh.get_group("dp")
 
     # The same seed on every rank: identical initial weights, and identical draws for the
@@ -131,6 +147,10 @@ def run(cfg: Config) -> dict[str, Any]:
     if dist.get_backend() == "nccl":
         model = model.cuda()
     identity = model_identity(cfg, vocab)
+    if cfg.checkpoint.init_from and not cfg.checkpoint.resume:
+        # into the plain model, before any parallelism: the source may have any world size or layout
+        source = checkpoint.latest(cfg.checkpoint.init_from) or cfg.checkpoint.init_from  # a run's folder or one step
+        checkpoint.load_weights(source, model, identity)
     loader = ShardedLoader(dataset, cfg.train.global_batch, dist.get_rank(dp_group), dims.dp, seed=cfg.train.seed)
     ckpt_dir = cfg.checkpoint_dir
     resume_from = None
@@ -139,7 +159,11 @@ def run(cfg: Config) -> dict[str, Any]:
         if resume_from is None:
             raise CheckpointError(f"--resume: no complete checkpoint in '{ckpt_dir}'; train without --resume first")
     saved = checkpoint.read_meta(resume_from) if resume_from else {}
-    if dims.pp > 1:
+    tp = None
+    if dims.tp > 1:
+        model, optimizer, engine, tp = _tensor_parallel(cfg, model, mesh, dims, spec)
+        tables, meta = None, identity
+    elif dims.pp > 1:
         model, optimizer, engine, tables, meta = _pipeline(cfg, model, mesh, dims, loader, saved, identity)
     else:
         model, optimizer, engine, tables, meta = _data_parallel(cfg, model, mesh, dims, loader, saved, identity)
@@ -154,7 +178,7 @@ def run(cfg: Config) -> dict[str, Any]:
         if saved_world != dims.world_size:
             raise CheckpointError(f"checkpoint '{resume_from}' was saved by {saved_world} ranks and holds per-rank "
                                   f"RNG and data state; resume it with {saved_world} ranks, not {dims.world_size}")
-        start, data_state = checkpoint.load(resume_from, model, optimizer, identity, tables)
+        start, data_state = checkpoint.load(resume_from, model, optimizer, identity, tables, tp)
         loader.load_state_dict(data_state)
 
     unit = "samples" if cfg.model.name == "classifier" else "tokens"
@@ -194,11 +218,12 @@ def run(cfg: Config) -> dict[str, Any]:
             if dims.pp > 1:
                 engine.drain(step + 1)  # a checkpoint holds no half-trained mini-batch
             checkpoint.save(ckpt_dir, step + 1, model, optimizer, loader.state_dict(), meta, cfg.checkpoint.keep,
-                            tables)
+                            tables, tp)
 
     if dims.pp > 1:
         engine.drain(cfg.train.steps)  # the final weights hold every mini-batch's update
     per_rank = comm.all_gather_object({"bytes": run_bytes, "peak_mem": peak_memory_bytes(),
+                                       "act_mem": getattr(engine, "activation_bytes", None),
                                        "table_mem": table_memory_bytes(tables, dense_tables, optimizer),
                                        "pp": engine.stats() if dims.pp > 1 else None}, "meta")
     summary = logger.summary(
@@ -206,6 +231,8 @@ def run(cfg: Config) -> dict[str, Any]:
         {"model": cfg.model.name, "dims": str(dims), "unit": unit, "out": cfg.metrics.out,
          "plot": cfg.metrics.plot, "tokens_per_step": per_step,
          "peak_mem_per_rank": [r["peak_mem"] for r in per_rank],
+         "activation_mem_per_rank": [r["act_mem"] for r in per_rank],
+         **({"tensor": str(spec) + (" regather" if cfg.tensor.regather else "")} if dims.tp > 1 else {}),
          "table_mem_per_rank": [r["table_mem"] for r in per_rank],
          "sparse_plan": {c.info.name: c.strategy + (f"/{c.split}" if c.strategy == "alltoall" else "")
                          for c in choices},

@@ -12,7 +12,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from ..config import Config
 from ..errors import CheckpointError
 from ..mesh import ParallelDims
-from ..parallelize import check_supported
+from ..tensor import check_config as check_tensor
+from ..tensor import check_shapes
 from . import checkpoint
 from .loop import build, build_data, model_identity
 
@@ -22,7 +23,7 @@ def preflight(cfg: Config, world_size: int | None = None) -> ParallelDims:
     world = world_size or cfg.parallel.nproc
     dims = ParallelDims.resolve(world, cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp)
     dims.check_batch(cfg.train.global_batch, cfg.train.micro_batches)
-    check_supported(dims)
+    spec = check_tensor(cfg, dims.tp)
     dataset = build_data(cfg)  # tokenizes and caches text files once, before the workers read them
     with torch.device("meta"):  # checks the model's arguments without allocating its weights
         model = build(cfg, getattr(dataset, "vocab_size", 0))
@@ -30,6 +31,12 @@ def preflight(cfg: Config, world_size: int | None = None) -> ParallelDims:
         from ..pipeline import check_config
 
         check_config(model, cfg, dims)
+    if dims.tp > 1:
+        check_shapes(model, spec, cfg.train.global_batch // (dims.dp * cfg.train.micro_batches))
+    if cfg.checkpoint.init_from:
+        path = checkpoint.latest(cfg.checkpoint.init_from) or cfg.checkpoint.init_from
+        checkpoint.check_compatible(path, checkpoint.read_meta(path),
+                                    model_identity(cfg, getattr(dataset, "vocab_size", 0)), weights_only=True)
     if cfg.checkpoint.resume:
         path = checkpoint.latest(cfg.checkpoint_dir)
         if path is None:

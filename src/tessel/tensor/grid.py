@@ -1,0 +1,181 @@
+"""The tensor-parallel grid: its shape per mode, its axes on the DeviceMesh, and how a tensor is split on it.
+
+Modes and axes (a mesh dim each, outermost first)::
+
+    1d   P          ("tp",)                    Megatron: column / row split
+    2d   r x c      ("tp_r", "tp_c")           SUMMA: activations and weights split in 2-D blocks
+    3d   x x y x z  ("tp_x", "tp_y", "tp_z")   all-gather / local GEMM / reduce-scatter on a cube or cuboid
+
+A tensor's split is a :class:`Split`: for each tensor dim, the grid axes that cut it, major first. The
+same description slices the full tensor (at set-up), names the collectives' groups, and becomes DTensor
+placements for checkpoints, so the three can never disagree.
+
+Example::
+
+    spec = GridSpec.parse("3d", 8, "")          # 2x2x2
+    spec.axes                                   # (('tp_x', 2), ('tp_y', 2), ('tp_z', 2))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import PlanError
+
+MODES = ("1d", "2d", "3d", "torch-1d")
+AXES = {"1d": ("tp",), "torch-1d": ("tp",), "2d": ("tp_r", "tp_c"), "3d": ("tp_x", "tp_y", "tp_z")}
+
+
+def _near_equal(n: int, parts: int) -> tuple[int, ...]:
+    """n as a product of ``parts`` factors as equal as possible, largest first (8 -> 2,2,2; 4 -> 2,2,1)."""
+    if parts == 1:
+        return (n,)
+    best = None
+    for f in range(1, n + 1):
+        if n % f == 0:
+            rest = _near_equal(n // f, parts - 1)
+            cand = tuple(sorted((f, *rest), reverse=True))
+            if best is None or max(cand) - min(cand) < max(best) - min(best):
+                best = cand
+    return best
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    mode: str
+    shape: tuple[int, ...]
+
+    @property
+    def axes(self) -> tuple[tuple[str, int], ...]:
+        return tuple(zip(AXES[self.mode], self.shape))
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def __str__(self) -> str:
+        return f"{self.mode} {'x'.join(str(s) for s in self.shape)}"
+
+    @classmethod
+    def parse(cls, mode: str, tp: int, grid: str = "") -> GridSpec:
+        """The grid for ``tp`` ranks: ``grid`` ("2x2x2", "2x4") if given, else as square / cubic as tp allows."""
+        if mode not in MODES:
+            raise PlanError(f"tensor.mode '{mode}' is invalid; valid: {', '.join(MODES)}")
+        parts = len(AXES[mode])
+        if not grid:
+            return cls(mode, _near_equal(tp, parts))
+        try:
+            shape = tuple(int(s) for s in grid.lower().split("x"))
+        except ValueError:
+            shape = ()
+        example = "x".join(str(s) for s in _near_equal(tp, parts))
+        if len(shape) != parts or min(shape) < 1:
+            raise PlanError(f"tensor.grid '{grid}' is invalid for mode {mode}: it needs {parts} sizes >= 1 "
+                            f"joined by 'x', e.g. '{example}'")
+        if math.prod(shape) != tp:
+            raise PlanError(f"tensor.grid '{grid}' has {math.prod(shape)} ranks but tp={tp}; "
+                            f"choose sizes that multiply to {tp}, e.g. '{example}'")
+        return cls(mode, shape)
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a tensor is cut: ``dims[d]`` are the grid axes that split tensor dim d, major first."""
+
+    dims: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+    @classmethod
+    def of(cls, **by_dim: tuple[str, ...] | str) -> Split:
+        """``Split.of(d0=("tp_y", "tp_z"), d1="tp_x")``: dim 0 cut by y then z, dim 1 by x."""
+        out = []
+        for key, axes in by_dim.items():
+            axes = (axes,) if isinstance(axes, str) else tuple(axes)
+            if axes:
+                out.append((int(key[1:]), axes))
+        return cls(tuple(sorted(out)))
+
+    def axes(self) -> set[str]:
+        return {a for _, axes in self.dims for a in axes}
+
+
+class Grid:
+    """The grid as one rank sees it: its coordinate and group on every axis (from the mesh, never made here)."""
+
+    def __init__(self, spec: GridSpec, mesh) -> None:
+        self.spec, self.mesh = spec, mesh
+        self.names = tuple(name for name, _ in spec.axes)
+        self.sizes = dict(spec.axes)
+        self.groups = {n: mesh.get_group(n) for n in self.names}
+        self.coords = {n: mesh.get_local_rank(n) for n in self.names}
+
+    @classmethod
+    def unplaced(cls, spec: GridSpec) -> Grid:
+        """The grid without a mesh, as rank 0 would see it: for checking shapes before any worker starts."""
+        grid = cls.__new__(cls)
+        grid.spec, grid.mesh = spec, None
+        grid.names = tuple(name for name, _ in spec.axes)
+        grid.sizes = dict(spec.axes)
+        grid.groups = {n: None for n in grid.names}
+        grid.coords = {n: 0 for n in grid.names}
+        return grid
+
+    def size(self, axis: str | None) -> int:
+        return self.sizes[axis] if axis else 1
+
+    def group(self, axis: str | None):
+        """The axis's process group, or None where the axis has one rank (nothing to communicate)."""
+        return self.groups[axis] if axis and self.sizes[axis] > 1 else None
+
+    def block(self, axes: tuple[str, ...]) -> tuple[int, int]:
+        """(this rank's block index, number of blocks) of a dim cut by ``axes``, major first."""
+        index, count = 0, 1
+        for a in axes:
+            index, count = index * self.sizes[a] + self.coords[a], count * self.sizes[a]
+        return index, count
+
+    def local(self, full: torch.Tensor, split: Split, what: str = "tensor") -> torch.Tensor:
+        """This rank's block of ``full`` (a contiguous copy)."""
+        out = full
+        for d, axes in split.dims:
+            index, count = self.block(axes)
+            if out.shape[d] % count:
+                raise PlanError(f"{what}: dim {d} of size {full.shape[d]} does not split into {count} equal blocks "
+                                f"over grid axes {'x'.join(axes)} ({self.spec}); choose sizes divisible by {count}")
+            out = out.chunk(count, d)[index]
+        return out.contiguous()
+
+    def replicas(self, split: Split) -> int:
+        """How many ranks of the grid hold the same block (the axes that do not cut the tensor)."""
+        used = split.axes()
+        return math.prod(s for n, s in self.sizes.items() if n not in used)
+
+    def placements(self, split: Split) -> list:
+        """DTensor placements on the grid's mesh dims; an axis cutting a dim is Shard(dim), else Replicate.
+
+        DTensor cuts a dim by its mesh dims in mesh order, so the major-first axes must follow mesh order."""
+        from torch.distributed.tensor import Replicate, Shard
+
+        out = [Replicate() for _ in self.names]
+        for d, axes in split.dims:
+            order = [self.names.index(a) for a in axes]
+            if order != sorted(order):
+                raise PlanError(f"split of dim {d} by {axes} is not in grid order {self.names}")
+            for i in order:
+                out[i] = Shard(d)
+        return out
+
+    @property
+    def submesh(self):
+        return self.mesh[self.names]
+
+    def all_reduce_over(self, tensor: torch.Tensor, axes, channel: str = "tp") -> torch.Tensor:
+        """Sum ``tensor`` in place over every rank that shares this rank's coordinates off ``axes``."""
+        from .. import comm
+
+        for a in axes:
+            if self.group(a) is not None:
+                comm.all_reduce(tensor, channel, group=self.group(a))
+        return tensor

@@ -1,0 +1,123 @@
+"""Differentiable collectives on grid axes, and the one sharded matmul every tensor-parallel linear uses.
+
+Each op is its own adjoint's partner: all-gather forward is reduce-scatter backward and the reverse; an
+all-reduce whose result feeds replicated work has an identity backward (Megatron's ``g``), one whose result
+feeds sharded work all-reduces its gradient too; ``copy`` is identity forward, all-reduce backward
+(Megatron's ``f``). Every byte goes through :mod:`tessel.comm` on channel ``tp``. A ``None`` group (an
+axis of one rank) makes every op the identity, so 2x2x1 grids cost nothing on their unit axis.
+
+:func:`matmul` is ``gather(x) @ gather(w).T`` with the gathers' adjoints in backward. With
+``regather=True`` it keeps only the shards for backward and gathers again there: activation memory
+stays 1/P of the layer's, at the price of the two gathers repeated (the memory Colossal-AI's users found
+2-D/3-D spending, hpcaitech/ColossalAI#499).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import comm
+
+CHANNEL = "tp"
+
+
+def _size(group) -> int:
+    return 1 if group is None else torch.distributed.get_world_size(group)
+
+
+def gather_raw(x: torch.Tensor, group, dim: int) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along ``dim`` in group-rank order (no autograd)."""
+    p = _size(group)
+    if p == 1:
+        return x
+    moved = x.movedim(dim, 0).contiguous()
+    out = moved.new_empty((p * moved.shape[0], *moved.shape[1:]))
+    comm.all_gather_into(out, moved, CHANNEL, group=group)
+    return out.movedim(0, dim)
+
+
+def reduce_scatter_raw(x: torch.Tensor, group, dim: int) -> torch.Tensor:
+    """Sum ``x`` over the group and keep this rank's 1/P block of ``dim`` (no autograd)."""
+    p = _size(group)
+    if p == 1:
+        return x
+    moved = x.movedim(dim, 0).contiguous()
+    if moved.shape[0] % p:
+        raise ValueError(f"reduce_scatter of dim {dim} with {moved.shape[0]} rows over {p} ranks")
+    out = moved.new_empty((moved.shape[0] // p, *moved.shape[1:]))
+    comm.reduce_scatter(out, moved, CHANNEL, group=group)
+    return out.movedim(0, dim)
+
+
+def all_reduce_raw(x: torch.Tensor, group) -> torch.Tensor:
+    if _size(group) == 1:
+        return x
+    out = x.contiguous().clone()
+    comm.all_reduce(out, CHANNEL, group=group)
+    return out
+
+
+class _Adjoint(torch.autograd.Function):
+    """``forward(x, *args)`` with ``backward(dy, *args)`` as its gradient: the collective pairs below."""
+
+    @staticmethod
+    def forward(ctx, x, forward, backward, *args):
+        ctx.backward_fn, ctx.args = backward, args
+        return forward(x, *args)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.backward_fn(dy, *ctx.args), None, None, *(None for _ in ctx.args)
+
+
+def _identity(x, *args):
+    return x
+
+
+def gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
+    return x if group is None else _Adjoint.apply(x, gather_raw, reduce_scatter_raw, group, dim)
+
+
+def reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
+    return x if group is None else _Adjoint.apply(x, reduce_scatter_raw, gather_raw, group, dim)
+
+
+def all_reduce(x: torch.Tensor, group, grad_sum: bool = False) -> torch.Tensor:
+    """Sum over the group. ``grad_sum``: the result feeds sharded work, so its gradient is summed too."""
+    return x if group is None else _Adjoint.apply(x, all_reduce_raw, all_reduce_raw if grad_sum else _identity, group)
+
+
+def copy(x: torch.Tensor, group) -> torch.Tensor:
+    """Identity; the gradient is summed over the group (the input feeds column-split work)."""
+    return x if group is None else _Adjoint.apply(x, _identity, all_reduce_raw, group)
+
+
+class _Matmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, x_group, x_dim, w_group, w_dim, regather):
+        xa, wa = gather_raw(x, x_group, x_dim), gather_raw(w, w_group, w_dim)
+        ctx.args = (x_group, x_dim, w_group, w_dim, regather)
+        ctx.save_for_backward(*((x, w) if regather else (xa, wa)))
+        return torch.matmul(xa, wa.t())
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_group, x_dim, w_group, w_dim, regather = ctx.args
+        xa, wa = ctx.saved_tensors
+        if regather:
+            xa, wa = gather_raw(xa, x_group, x_dim), gather_raw(wa, w_group, w_dim)
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = reduce_scatter_raw(torch.matmul(dy, wa), x_group, x_dim)
+        if ctx.needs_input_grad[1]:
+            dw = reduce_scatter_raw(dy.reshape(-1, dy.shape[-1]).t() @ xa.reshape(-1, xa.shape[-1]), w_group, w_dim)
+        return dx, dw, None, None, None, None, None
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor, x_group=None, x_dim: int = 0, w_group=None, w_dim: int = 1,
+           regather: bool = False) -> torch.Tensor:
+    """``gather(x, x_group, x_dim) @ gather(w, w_group, w_dim).T`` (w in nn.Linear's [out, in] layout).
+
+    Backward reduce-scatters dX over ``x_group`` and dW over ``w_group``: each is a partial sum there.
+    """
+    return _Matmul.apply(x, w, x_group, x_dim, w_group, w_dim, regather)
