@@ -18,6 +18,7 @@ from tessel.mesh import ParallelDims, build_mesh
 from tessel.models.transformer_lm import MLP, CausalSelfAttention, TransformerLM
 from tessel.parallelize import parallelize as dp_wrap
 from tessel.tensor import GridSpec, TensorParallel, check_config, check_shapes, parallelize
+from tessel.tensor.cost import block_bytes
 from tessel.tensor.grid import Grid
 from tessel.tensor.layers import TPEmbedding, TPLayerNorm, TPLinear, rows_of, vocab_cross_entropy
 from tessel.tensor.layout import Layout, check_chain, plan_for
@@ -180,6 +181,9 @@ def check_lm(mode, tp, shape, optimizer, steps=3, regather=False):
         comm.all_reduce(mean, "meta", group=mesh.get_group("dp"))
         assert abs(float(mean) / dims.dp - ref_res.loss) < ATOL
         assert abs(res.grad_norm - ref_res.grad_norm) < ATOL, (res.grad_norm, ref_res.grad_norm)
+    if mode != "torch-1d":  # torch's collectives do not go through tessel.comm
+        sent = comm.counter.total()["tp"]["sent"]
+        assert sent == steps * 2 * block_bytes(mode, gspec.shape, B * T, H, 4 * H, 8, regather), sent
     refp = dict(ref.named_parameters())
     names = []
     for n, p in getattr(model, "module", model).named_parameters():

@@ -59,7 +59,7 @@ class ParallelConfig:
     nproc: int = 2  # worker processes on this node (tessel's own launcher)
     dp: int = 0  # 0: whatever the world leaves after pp and tp
     pp: int = 1
-    tp: int = 1
+    tp: int = 1  # 0: every rank pp and dp leave (dp then defaults to 1)
     backend: str = "auto"  # auto (nccl with CUDA, else gloo) | gloo | nccl
     timeout: float = 30.0  # seconds any collective may wait before the job is ended
     ddp_comm: str = "tessel"  # tessel (gradients through tessel.comm, counted) | torch (DDP's own all-reduce)
@@ -194,7 +194,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 MINIMUM: dict[str, float] = {
     "model.dim": 1, "model.layers": 1, "model.heads": 1, "model.num_sampled": 1, "model.in_features": 1,
     "model.classes": 2, "data.vocab_size": 16, "data.seq_len": 2, "parallel.nproc": 1, "parallel.pp": 1,
-    "parallel.tp": 1, "parallel.timeout": 1, "train.steps": 1, "train.global_batch": 1,
+    "parallel.timeout": 1, "train.steps": 1, "train.global_batch": 1,
     "train.micro_batches": 1, "train.lr": 0, "checkpoint.keep": 1, "metrics.log_every": 1,
     "sparse.sample_batches": 1,
 }

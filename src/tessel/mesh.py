@@ -52,7 +52,14 @@ class ParallelDims:
 
     @classmethod
     def resolve(cls, world_size: int, dp: int = 0, pp: int = 1, tp: int = 1) -> ParallelDims:
-        """Fill in dp=0 as 'what the world leaves after pp and tp', then validate."""
+        """Fill in dp=0 as 'what the world leaves after pp and tp' (tp=0: tp takes what pp and dp leave,
+        dp defaulting to 1), then validate."""
+        if tp == 0:
+            dp = dp or 1
+            if world_size % (pp * dp):
+                raise PlanError(f"world size {world_size} is not divisible by pp={pp} x dp={dp}; "
+                                f"choose pp and dp whose product divides {world_size}")
+            tp = world_size // (pp * dp)
         if dp == 0:
             if world_size % (pp * tp):
                 raise PlanError(f"world size {world_size} is not divisible by pp={pp} x tp={tp}; "

@@ -25,6 +25,7 @@ import torch
 from ..cluster.emulate import parse_rate
 from ..train.metrics import human_bytes
 from .scenarios import Scenario
+from .tensor_tables import tensor_table
 
 UNSHAPED = "unshaped"
 
@@ -84,6 +85,8 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
             "sparse_comm": _median_or_none([r.get("sparse_comm") for r in rs]),
             "plan": rs[0].get("sparse_plan") or {},
             "pipeline": _pipeline_stats([r.get("pipeline") for r in rs]),
+            "act_mem": _median_or_none([r.get("act_mem") for r in rs]),
+            "tensor": rs[0].get("tensor"), "tensor_formula": rs[0].get("tensor_formula"),
         }
         rows.append(row)
     return rows
@@ -126,7 +129,7 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
             *([f"{r['sparse_comm'] * 1e3:.1f} ({r['sparse_hidden']:.0%})" if r.get("sparse_hidden") is not None
                else "–"] if hidden else []),
         ]) + " |")
-    return head + "\n".join(lines) + "\n" + auto_table(rows) + pipeline_table(rows)
+    return head + "\n".join(lines) + "\n" + auto_table(rows) + pipeline_table(rows) + tensor_table(rows)
 
 
 def _pipeline_stats(runs: list[dict | None]) -> dict[str, Any] | None:

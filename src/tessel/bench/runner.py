@@ -43,6 +43,9 @@ def _record(summary: dict[str, Any], **keys) -> dict[str, Any]:
         "sparse_comm": summary.get("sparse_comm_per_step"),
         "sparse_plan": summary.get("sparse_plan") or {},
         "pipeline": summary.get("pipeline"),
+        "act_mem": max((m for m in summary.get("activation_mem_per_rank") or [] if m), default=None),
+        "tensor": summary.get("tensor"),
+        "tensor_formula": summary.get("tensor_formula"),
     }
 
 

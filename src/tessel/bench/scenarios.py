@@ -101,7 +101,27 @@ PIPELINE = Scenario(
             "--metrics.plot", "false", "--checkpoint.enabled", "false"],
 )
 
-SCENARIOS = {s.name: s for s in (DDP, SPARSE, PIPELINE)}
+# The 3-D paper's setting in miniature: a stack of Transformer blocks split over every host, with the token
+# table and head small beside the blocks (vocabulary 512), so the blocks' traffic is what is compared.
+_TP = ["--tp", "0", "--tensor.mode"]
+TENSOR = Scenario(
+    name="tensor",
+    about="tensor parallelism over all hosts: torch's native 1-D (parallelize_module, Colwise/Rowwise) against "
+          "tessel's 1-D (Megatron), 2-D (SUMMA) and 3-D (4 hosts 2x2x1, 8 hosts 2x2x2), 3-D also with re-gather",
+    models={"blocks": ["--model", "transformer_lm", "--model.layers", "4", "--model.dim", "256", "--model.heads", "8",
+                       "--data.vocab_size", "512", "--seq-len", "64", "--batch", "16"]},
+    strategies={"torch-1d": [*_TP, "torch-1d"], "1d": [*_TP, "1d"], "2d": [*_TP, "2d"], "3d": [*_TP, "3d"],
+                "3d-regather": [*_TP, "3d", "--tensor.regather", "true"]},
+    baseline="torch-1d",
+    same_bytes={"torch-1d": None},
+    hosts=[4, 8],
+    unshaped=False,
+    steps=10,
+    common=["--optimizer", "adamw", "--timeout", "120", "--metrics.progress", "log", "--metrics.plot", "false",
+            "--checkpoint.enabled", "false"],
+)
+
+SCENARIOS = {s.name: s for s in (DDP, SPARSE, PIPELINE, TENSOR)}
 
 
 def get(name: str) -> Scenario:

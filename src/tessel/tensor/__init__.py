@@ -38,7 +38,7 @@ class TensorParallel:
                 by_axes.setdefault(p.tp_partial, []).append(p.grad)
         for axes, grads in by_axes.items():
             flat = torch.cat([g.reshape(-1) for g in grads])
-            self.grid.all_reduce_over(flat, axes)
+            self.grid.all_reduce_over(flat, axes, "tp.grads")
             offset = 0
             for g in grads:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
@@ -50,7 +50,7 @@ class TensorParallel:
         for p in self.params:
             if p.grad is not None:
                 sq += p.grad.double().pow(2).sum() / self.grid.replicas(p.tp_split)
-        return self.grid.all_reduce_over(sq, self.grid.names)[0]
+        return self.grid.all_reduce_over(sq, self.grid.names, "tp.grads")[0]
 
     def _splits(self) -> dict[str, Split]:
         return {n.removeprefix("module."): p.tp_split for n, p in self.named}

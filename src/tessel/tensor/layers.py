@@ -75,14 +75,14 @@ class _DistLayerNorm(torch.autograd.Function):
         rstd = torch.rsqrt(var + eps).unsqueeze(-1)
         xhat = (x - mean.unsqueeze(-1)) * rstd
         ctx.save_for_backward(xhat, rstd, weight)
-        ctx.group, ctx.features = group, features
+        ctx.group, ctx.features, ctx.channel = group, features, ops.current()
         return xhat * weight + bias
 
     @staticmethod
     def backward(ctx, dy):
         xhat, rstd, weight = ctx.saved_tensors
         g = dy * weight
-        s = ops.all_reduce_raw(torch.stack([g.sum(-1), (g * xhat).sum(-1)]), ctx.group) / ctx.features
+        s = ops.all_reduce_raw(torch.stack([g.sum(-1), (g * xhat).sum(-1)]), ctx.group, ctx.channel) / ctx.features
         dx = rstd * (g - s[0].unsqueeze(-1) - xhat * s[1].unsqueeze(-1))
         rows = tuple(range(dy.dim() - 1))
         return dx, (dy * xhat).sum(rows), dy.sum(rows), None, None, None
@@ -101,7 +101,8 @@ class TPLayerNorm(nn.Module):
         group = self.grid.group(self.layout.cols)
         if group is None:
             return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
-        return _DistLayerNorm.apply(x, self.weight, self.bias, group, self.features, self.eps)
+        with ops.channel("tp.norm"):
+            return _DistLayerNorm.apply(x, self.weight, self.bias, group, self.features, self.eps)
 
 
 class TPEmbedding(nn.Module):
@@ -117,6 +118,10 @@ class TPEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids``: the dp rank's whole batch (B, T); returns this rank's block of the residual layout."""
+        with ops.channel("tp.embed"):
+            return self._lookup(ids)
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         ids = rows_of(self.grid, ids, self.spec.ids_rows, "token ids")
         w = ops.gather(self.weight, self.grid.group(self.spec.w_gather), 0)
         if self.spec.vocab and self.grid.size(self.spec.vocab) > 1:
@@ -158,7 +163,7 @@ class _VocabCrossEntropy(torch.autograd.Function):
         logits = logits.float() if logits.dtype == torch.float16 else logits
         m = logits.max(-1).values
         if group is not None:
-            comm.all_reduce(m, ops.CHANNEL, op=dist.ReduceOp.MAX, group=group)
+            comm.all_reduce(m, ops.current(), op=dist.ReduceOp.MAX, group=group)
         z = logits - m.unsqueeze(-1)
         e = z.exp()
         local = targets - lo

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import PlanError
+from . import ops
 from .grid import Grid
 from .layers import TPEmbedding, TPLayerNorm, TPLinear, TPPositions, linear, rows_of, vocab_cross_entropy
 from .layout import Plan
@@ -97,7 +98,8 @@ class TPTransformerLM(nn.Module):
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token loss over the dp rank's whole batch; the same value on every rank of the grid."""
-        logits = self.head(self.hidden_states(inputs))
-        out = self.plan.up.out
-        targets = rows_of(self.grid, targets, out.rows, "targets")
-        return vocab_cross_entropy(logits, targets, out, self.grid, inputs.numel())
+        h = self.hidden_states(inputs)
+        with ops.channel("tp.head"):
+            out = self.plan.up.out
+            targets = rows_of(self.grid, targets, out.rows, "targets")
+            return vocab_cross_entropy(self.head(h), targets, out, self.grid, inputs.numel())

@@ -58,7 +58,7 @@ class NativeTP:
                     split += local
             else:
                 whole += g.double().pow(2).sum()
-        comm.all_reduce(split, "tp", group=self.group)
+        comm.all_reduce(split, "tp.grads", group=self.group)
         return whole + split[0]
 
     def to_dtensors(self, state: dict) -> dict:

@@ -14,29 +14,46 @@ stays 1/P of the layer's, at the price of the two gathers repeated (the memory C
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .. import comm
 
-CHANNEL = "tp"
+CHANNEL = "tp"  # the blocks' linears; norms, embedding, head and gradient sums get channels of their own
+_channel = [CHANNEL]
+
+
+@contextlib.contextmanager
+def channel(name: str):
+    """Count the collectives of ops started (forward) inside, and of their backward, on ``name``."""
+    _channel.append(name)
+    try:
+        yield
+    finally:
+        _channel.pop()
+
+
+def current() -> str:
+    return _channel[-1]
 
 
 def _size(group) -> int:
     return 1 if group is None else torch.distributed.get_world_size(group)
 
 
-def gather_raw(x: torch.Tensor, group, dim: int) -> torch.Tensor:
+def gather_raw(x: torch.Tensor, group, dim: int, channel: str | None = None) -> torch.Tensor:
     """Concatenate every rank's ``x`` along ``dim`` in group-rank order (no autograd)."""
     p = _size(group)
     if p == 1:
         return x
     moved = x.movedim(dim, 0).contiguous()
     out = moved.new_empty((p * moved.shape[0], *moved.shape[1:]))
-    comm.all_gather_into(out, moved, CHANNEL, group=group)
+    comm.all_gather_into(out, moved, channel or current(), group=group)
     return out.movedim(0, dim)
 
 
-def reduce_scatter_raw(x: torch.Tensor, group, dim: int) -> torch.Tensor:
+def reduce_scatter_raw(x: torch.Tensor, group, dim: int, channel: str | None = None) -> torch.Tensor:
     """Sum ``x`` over the group and keep this rank's 1/P block of ``dim`` (no autograd)."""
     p = _size(group)
     if p == 1:
@@ -45,15 +62,15 @@ def reduce_scatter_raw(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     if moved.shape[0] % p:
         raise ValueError(f"reduce_scatter of dim {dim} with {moved.shape[0]} rows over {p} ranks")
     out = moved.new_empty((moved.shape[0] // p, *moved.shape[1:]))
-    comm.reduce_scatter(out, moved, CHANNEL, group=group)
+    comm.reduce_scatter(out, moved, channel or current(), group=group)
     return out.movedim(0, dim)
 
 
-def all_reduce_raw(x: torch.Tensor, group) -> torch.Tensor:
+def all_reduce_raw(x: torch.Tensor, group, channel: str | None = None) -> torch.Tensor:
     if _size(group) == 1:
         return x
     out = x.contiguous().clone()
-    comm.all_reduce(out, CHANNEL, group=group)
+    comm.all_reduce(out, channel or current(), group=group)
     return out
 
 
@@ -62,12 +79,13 @@ class _Adjoint(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, forward, backward, *args):
-        ctx.backward_fn, ctx.args = backward, args
+        ctx.backward_fn, ctx.args, ctx.channel = backward, args, current()
         return forward(x, *args)
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.backward_fn(dy, *ctx.args), None, None, *(None for _ in ctx.args)
+        with channel(ctx.channel):
+            return ctx.backward_fn(dy, *ctx.args), None, None, *(None for _ in ctx.args)
 
 
 def _identity(x, *args):
@@ -96,7 +114,7 @@ class _Matmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, x_group, x_dim, w_group, w_dim, regather):
         xa, wa = gather_raw(x, x_group, x_dim), gather_raw(w, w_group, w_dim)
-        ctx.args = (x_group, x_dim, w_group, w_dim, regather)
+        ctx.args, ctx.channel = (x_group, x_dim, w_group, w_dim, regather), current()
         ctx.save_for_backward(*((x, w) if regather else (xa, wa)))
         return torch.matmul(xa, wa.t())
 
@@ -104,13 +122,14 @@ class _Matmul(torch.autograd.Function):
     def backward(ctx, dy):
         x_group, x_dim, w_group, w_dim, regather = ctx.args
         xa, wa = ctx.saved_tensors
+        c = ctx.channel
         if regather:
-            xa, wa = gather_raw(xa, x_group, x_dim), gather_raw(wa, w_group, w_dim)
+            xa, wa = gather_raw(xa, x_group, x_dim, c), gather_raw(wa, w_group, w_dim, c)
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            dx = reduce_scatter_raw(torch.matmul(dy, wa), x_group, x_dim)
+            dx = reduce_scatter_raw(torch.matmul(dy, wa), x_group, x_dim, c)
         if ctx.needs_input_grad[1]:
-            dw = reduce_scatter_raw(dy.reshape(-1, dy.shape[-1]).t() @ xa.reshape(-1, xa.shape[-1]), w_group, w_dim)
+            dw = reduce_scatter_raw(dy.reshape(-1, dy.shape[-1]).t() @ xa.reshape(-1, xa.shape[-1]), w_group, w_dim, c)
         return dx, dw, None, None, None, None, None
 
 

@@ -128,6 +128,17 @@ def _tensor_parallel(cfg: Config, model, mesh, dims, spec):
     return model, optimizer, Engine(model, optimizer, cfg.train, tp=tp), tp
 
 
+def _tensor_formula(cfg: Config, dims, spec) -> dict[str, Any]:
+    """Bytes per step per rank the blocks' linears should send on channel tp (tessel.tensor.cost)."""
+    from ..tensor.cost import block_bytes
+
+    rows = cfg.train.global_batch // (dims.dp * cfg.train.micro_batches) * cfg.data.seq_len
+    per_block = block_bytes(spec.mode, spec.shape, rows, cfg.model.dim, cfg.model.hidden or 4 * cfg.model.dim,
+                            torch.finfo(DTYPES[cfg.train.dtype]).bits // 8, cfg.tensor.regather)
+    return {"layers": cfg.model.layers, "block_bytes_per_micro_batch": per_block,
+            "tp_bytes_per_step": per_block * cfg.model.layers * cfg.train.micro_batches}
+
+
 def run(cfg: Config) -> dict[str, Any]:
     """Train as one rank of the world torchrun started; returns the run summary (same on every rank)."""
     init_distributed(cfg.parallel.backend, cfg.parallel.timeout)
@@ -232,7 +243,8 @@ def run(cfg: Config) -> dict[str, Any]:
          "plot": cfg.metrics.plot, "tokens_per_step": per_step,
          "peak_mem_per_rank": [r["peak_mem"] for r in per_rank],
          "activation_mem_per_rank": [r["act_mem"] for r in per_rank],
-         **({"tensor": str(spec) + (" regather" if cfg.tensor.regather else "")} if dims.tp > 1 else {}),
+         **({"tensor": str(spec) + (" regather" if cfg.tensor.regather else ""),
+             "tensor_formula": _tensor_formula(cfg, dims, spec)} if dims.tp > 1 else {}),
          "table_mem_per_rank": [r["table_mem"] for r in per_rank],
          "sparse_plan": {c.info.name: c.strategy + (f"/{c.split}" if c.strategy == "alltoall" else "")
                          for c in choices},

@@ -1,0 +1,45 @@
+"""The tensor scenario's own table: bytes per block against the formula, activation memory against 1-D."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..train.metrics import human_bytes
+
+
+def _cell(rows, r, strategy):
+    return next((x for x in rows if (x["model"], x["hosts"], x["rate"], x["strategy"]) ==
+                 (r["model"], r["hosts"], r["rate"], strategy)), None)
+
+
+def tensor_table(rows: list[dict[str, Any]]) -> str:
+    tps = [r for r in rows if r.get("tensor")]
+    if not tps:
+        return ""
+    lines = ["", "Tensor-parallel runs: step time against torch's native 1-D and tessel's 1-D in the same cell; bytes "
+             "each rank sends per Transformer block per step on channel `tp` (the blocks' linears), measured and "
+             "from the formula in `tessel.tensor.layout` (torch's traffic is not counted); activation memory = "
+             "bytes autograd keeps for backward after one forward (largest rank), and its ratio to tessel 1-D's.",
+             "", "| hosts | link | strategy | grid | step ms | vs torch-1d | vs tessel 1d | tp bytes/block measured | "
+             "formula | error | activations/rank | vs 1d |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in tps:
+        torch_1d, one_d = _cell(rows, r, "torch-1d"), _cell(rows, r, "1d")
+        ms = r["step_time"]["median"]
+        f = r.get("tensor_formula") or {}
+        layers = f.get("layers") or 1
+        measured = r["bytes_per_step"].get("tp", {}) if r["strategy"] != "torch-1d" else None
+        measured = measured / layers if isinstance(measured, (int, float)) else None
+        formula = f.get("tp_bytes_per_step", 0) / layers if f else None
+        act, act_1d = r.get("act_mem"), (one_d or {}).get("act_mem")
+        lines.append("| " + " | ".join([
+            str(r["hosts"]), r["rate"], r["strategy"], r["tensor"].replace(" regather", "") if r["tensor"] else "–",
+            f"{ms * 1e3:.1f}",
+            f"{torch_1d['step_time']['median'] / ms:.2f}x" if torch_1d else "–",
+            f"{one_d['step_time']['median'] / ms:.2f}x" if one_d else "–",
+            human_bytes(measured) if measured is not None else "not counted",
+            human_bytes(formula) if formula else "–",
+            f"{(measured - formula) / formula:+.1%}" if measured is not None and formula else "–",
+            human_bytes(act) if act else "–",
+            f"{act / act_1d:.3f}" if act and act_1d else "–",
+        ]) + " |")
+    return "\n".join(lines) + "\n"
