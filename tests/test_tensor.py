@@ -83,7 +83,7 @@ def check_layers(mode, tp, shape, regather):
         comm.counter.reset()
         y = layer(x, *fwd_args)
         y.backward(_block(grid, dy, outl))
-        out[name] = comm.counter.total().get("tp", {"sent": 0})["sent"]
+        out[name] = sum(v["sent"] for c, v in comm.counter.total().items() if c.startswith("tp"))
         TensorParallel(layer, grid).reduce_grads()  # biases' partial sums: not part of the layer's formula
         _compare(f"{name} output", y, _block(grid, y_ref.detach(), outl))
         if inp is not None:
@@ -110,10 +110,18 @@ def check_layers(mode, tp, shape, regather):
     run("ln", ln, _rand(B, T, H, seed=3) * 3 + 1, R, R, ln_full,
         {"weight": (ln.weight, ln_full.weight), "bias": (ln.bias, ln_full.bias)})
 
+    # LayerNorm: one all-reduce of (sum, sum of squares) per row forward, one of two sums backward
+    c, rows_here = grid.size(R.cols), m // grid.block(R.rows)[1]
+    assert out["ln"] == (2 * (2 * (c - 1) * 2 * rows_here * 8 // c) if c > 1 else 0), out
+
     emb_full = torch.nn.Embedding(V, H).double()
     emb = TPEmbedding(emb_full, plan.embedding, grid)
     ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(6))
     run("embedding", emb, ids, None, R, lambda i: emb_full(i), {"weight": (emb.weight, emb_full.weight)})
+    # gather the table, reduce-scatter the rows (and their adjoints); 1-D: Megatron's all-reduce of the output
+    e, p = plan.embedding, gspec.size
+    want = 2 * ((grid.size(e.w_gather) - 1) * V * H // p + (grid.size(e.reduce_scatter) - 1) * m * H // p) * 8
+    assert out["embedding"] == want + (2 * (p - 1) * m * H * 8 // p if e.all_reduce else 0), out
 
     attn_full = CausalSelfAttention(H, HEADS, 0.0).double()
     attn = TPAttention(attn_full, plan, grid, regather, "attn")
@@ -302,3 +310,11 @@ def test_saved_bytes_counts_activations_not_weights():
     with SavedBytes(lin.parameters()) as saved:
         lin(x).sum()
     assert saved.bytes == 4 * 8 * 8  # the input only, the weight is a parameter
+
+
+def test_workers_and_degrees_follow_tp():
+    assert _cfg("parallel.tp=8").nproc == 8 and _cfg().nproc == 2 and _cfg("parallel.nproc=3").nproc == 3
+    dims = ParallelDims.resolve(8, tp=0)
+    assert (dims.dp, dims.tp) == (1, 8)
+    assert ParallelDims.resolve(8, dp=2, tp=0).tp == 4
+    assert GridSpec.parse("3d", 4).shape == (2, 2, 1) and GridSpec.parse("2d", 8).shape == (4, 2)

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         preflight(cfg)
         from .cluster.launch import launch
 
-        return launch(argv, cfg.parallel.nproc, verbose=ns.verbose)
+        return launch(argv, cfg.nproc, verbose=ns.verbose)
     except TesselError as e:
         return _leave_worker(_fail(f"tessel: error: {e}", 2))
     except CommError as e:

@@ -192,17 +192,22 @@ def all_to_all(
         lambda: dist.all_to_all_single(output, tensor, outs, ins, group=group, async_op=async_op), async_op)
 
 
-def reduce_scatter(output: torch.Tensor, tensor: torch.Tensor, channel: str, group=None) -> None:
+def reduce_scatter(output: torch.Tensor, tensor: torch.Tensor, channel: str, group=None, async_op: bool = False):
     """Sum ``tensor`` over ranks and keep this rank's 1/P slice (dim 0) in ``output``.
 
-    Done as all_to_all + local sum: (P-1)/P of the input crosses the network, not 2(P-1)/P.
+    Done as all_to_all + local sum: (P-1)/P of the input crosses the network, not 2(P-1)/P. With
+    ``async_op`` the sum happens in the handle's ``wait``.
     """
     p = _size(group)
     if tensor.shape[0] != p * output.shape[0]:
         raise ValueError(f"reduce_scatter input has {tensor.shape[0]} rows, expected {p} x {output.shape[0]}")
     received = torch.empty_like(tensor)
-    all_to_all(received, tensor.contiguous(), channel, group=group)
-    torch.sum(received.view(p, *output.shape), dim=0, out=output)
+    work = all_to_all(received, tensor.contiguous(), channel, group=group, async_op=async_op)
+    total = lambda: torch.sum(received.view(p, *output.shape), dim=0, out=output)  # noqa: E731
+    if not async_op:
+        total()
+        return None
+    return _Work(work, "reduce_scatter", channel, then=total)
 
 
 def broadcast(tensor: torch.Tensor, src: int, channel: str, group=None, async_op: bool = False):

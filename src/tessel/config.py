@@ -56,7 +56,7 @@ class DataConfig:
 
 @dataclass
 class ParallelConfig:
-    nproc: int = 2  # worker processes on this node (tessel's own launcher)
+    nproc: int = 0  # worker processes on this node (tessel's own launcher); 0: dp x pp x tp if above 1, else 2
     dp: int = 0  # 0: whatever the world leaves after pp and tp
     pp: int = 1
     tp: int = 1  # 0: every rank pp and dp leave (dp then defaults to 1)
@@ -168,6 +168,15 @@ class Config:
         return "text" if self.data.path else "zipf"
 
     @property
+    def nproc(self) -> int:
+        """Local workers to start: ``parallel.nproc``, or the product of the degrees given (2 if that is 1)."""
+        p = self.parallel
+        if p.nproc:
+            return p.nproc
+        n = (p.dp or 1) * p.pp * (p.tp or 1)
+        return n if n > 1 else 2
+
+    @property
     def checkpoint_dir(self) -> Path:
         return Path(self.checkpoint.dir or Path(self.metrics.out) / "checkpoints")
 
@@ -193,7 +202,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # Lower bounds of numeric keys; keys not listed must be >= 0 when numeric.
 MINIMUM: dict[str, float] = {
     "model.dim": 1, "model.layers": 1, "model.heads": 1, "model.num_sampled": 1, "model.in_features": 1,
-    "model.classes": 2, "data.vocab_size": 16, "data.seq_len": 2, "parallel.nproc": 1, "parallel.pp": 1,
+    "model.classes": 2, "data.vocab_size": 16, "data.seq_len": 2, "parallel.pp": 1,
     "parallel.timeout": 1, "train.steps": 1, "train.global_batch": 1,
     "train.micro_batches": 1, "train.lr": 0, "checkpoint.keep": 1, "metrics.log_every": 1,
     "sparse.sample_batches": 1,

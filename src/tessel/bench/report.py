@@ -25,7 +25,7 @@ import torch
 from ..cluster.emulate import parse_rate
 from ..train.metrics import human_bytes
 from .scenarios import Scenario
-from .tensor_tables import tensor_table
+from .tensor_tables import tensor_plot, tensor_table
 
 UNSHAPED = "unshaped"
 
@@ -255,6 +255,9 @@ def plots(rows: list[dict[str, Any]], scn: Scenario, out: Path) -> list[Path]:
             ax.legend(fontsize=8)
     fig.tight_layout()
     made.append(_save(fig, out / "scaling.png"))
+    fig = tensor_plot(rows)
+    if fig is not None:
+        made.append(_save(fig, out / "tensor.png"))
     return made
 
 

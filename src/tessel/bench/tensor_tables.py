@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..tensor.cost import projection_markdown
 from ..train.metrics import human_bytes
 
 
@@ -42,4 +43,38 @@ def tensor_table(rows: list[dict[str, Any]]) -> str:
             human_bytes(act) if act else "–",
             f"{act / act_1d:.3f}" if act and act_1d else "–",
         ]) + " |")
-    return "\n".join(lines) + "\n"
+    return ("\n".join(lines) + "\n\nCost-model projection to 64 GPUs (computed by `tessel.tensor.cost`, not measured; "
+            "assumptions in docs/tensor.md): one GPT-style block, hidden 8192, MLP 4x, sequences of 2048.\n\n"
+            + projection_markdown(h=8192, seq=2048, batches=(1, 4, 16)))
+
+
+def tensor_plot(rows: list[dict[str, Any]]):
+    """Step time over hosts at each link rate, and activation memory per rank, per strategy; None if no tp runs."""
+    import matplotlib.pyplot as plt
+
+    tps = [r for r in rows if r.get("tensor")]
+    if not tps:
+        return None
+    rates = sorted({r["rate"] for r in tps})
+    strategies = list(dict.fromkeys(r["strategy"] for r in tps))
+    fig, axes = plt.subplots(1, len(rates) + 1, figsize=(4.2 * (len(rates) + 1), 3.6))
+    for ax, rate in zip(axes, rates):
+        for st in strategies:
+            pts = sorted((r["hosts"], r["step_time"]["median"] * 1e3) for r in tps
+                         if r["strategy"] == st and r["rate"] == rate)
+            ax.plot(*zip(*pts), marker="o", label=st)
+        ax.set(title=f"step time, {rate}", xlabel="hosts (= tp ranks)", ylabel="ms")
+        ax.set_xticks(sorted({r["hosts"] for r in tps}))
+        ax.legend(fontsize=8)
+    ax = axes[-1]
+    hosts = sorted({r["hosts"] for r in tps})
+    width = 0.8 / len(strategies)
+    for k, st in enumerate(strategies):
+        vals = [next((r["act_mem"] / 2**20 for r in tps
+                      if r["strategy"] == st and r["hosts"] == h and r.get("act_mem")), 0) for h in hosts]
+        ax.bar([i + k * width for i in range(len(hosts))], vals, width, label=st)
+    ax.set_xticks([i + width * (len(strategies) - 1) / 2 for i in range(len(hosts))], [f"{h} hosts" for h in hosts])
+    ax.set(title="activations kept for backward", ylabel="MiB per rank")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -42,28 +42,38 @@ def _size(group) -> int:
     return 1 if group is None else torch.distributed.get_world_size(group)
 
 
-def gather_raw(x: torch.Tensor, group, dim: int, channel: str | None = None) -> torch.Tensor:
-    """Concatenate every rank's ``x`` along ``dim`` in group-rank order (no autograd)."""
+def start_gather(x: torch.Tensor, group, dim: int, channel: str | None = None):
+    """Begin concatenating every rank's ``x`` along ``dim`` in group-rank order; call the result for it."""
     p = _size(group)
     if p == 1:
-        return x
+        return lambda: x
     moved = x.movedim(dim, 0).contiguous()
     out = moved.new_empty((p * moved.shape[0], *moved.shape[1:]))
-    comm.all_gather_into(out, moved, channel or current(), group=group)
-    return out.movedim(0, dim)
+    work = comm.all_gather_into(out, moved, channel or current(), group=group, async_op=True)
+    return lambda: (work.wait(), out.movedim(0, dim))[1]
 
 
-def reduce_scatter_raw(x: torch.Tensor, group, dim: int, channel: str | None = None) -> torch.Tensor:
-    """Sum ``x`` over the group and keep this rank's 1/P block of ``dim`` (no autograd)."""
+def start_reduce_scatter(x: torch.Tensor, group, dim: int, channel: str | None = None):
+    """Begin summing ``x`` over the group, keeping this rank's 1/P block of ``dim``; call the result for it."""
     p = _size(group)
     if p == 1:
-        return x
+        return lambda: x
     moved = x.movedim(dim, 0).contiguous()
     if moved.shape[0] % p:
         raise ValueError(f"reduce_scatter of dim {dim} with {moved.shape[0]} rows over {p} ranks")
     out = moved.new_empty((moved.shape[0] // p, *moved.shape[1:]))
-    comm.reduce_scatter(out, moved, channel or current(), group=group)
-    return out.movedim(0, dim)
+    work = comm.reduce_scatter(out, moved, channel or current(), group=group, async_op=True)
+    return lambda: (work.wait(), out.movedim(0, dim))[1]
+
+
+def gather_raw(x: torch.Tensor, group, dim: int, channel: str | None = None) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along ``dim`` in group-rank order (no autograd)."""
+    return start_gather(x, group, dim, channel)()
+
+
+def reduce_scatter_raw(x: torch.Tensor, group, dim: int, channel: str | None = None) -> torch.Tensor:
+    """Sum ``x`` over the group and keep this rank's 1/P block of ``dim`` (no autograd)."""
+    return start_reduce_scatter(x, group, dim, channel)()
 
 
 def all_reduce_raw(x: torch.Tensor, group, channel: str | None = None) -> torch.Tensor:
@@ -113,7 +123,9 @@ def copy(x: torch.Tensor, group) -> torch.Tensor:
 class _Matmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, x_group, x_dim, w_group, w_dim, regather):
-        xa, wa = gather_raw(x, x_group, x_dim), gather_raw(w, w_group, w_dim)
+        # the two gathers run on different groups at once
+        xa, wa = start_gather(x, x_group, x_dim), start_gather(w, w_group, w_dim)
+        xa, wa = xa(), wa()
         ctx.args, ctx.channel = (x_group, x_dim, w_group, w_dim, regather), current()
         ctx.save_for_backward(*((x, w) if regather else (xa, wa)))
         return torch.matmul(xa, wa.t())
@@ -124,13 +136,16 @@ class _Matmul(torch.autograd.Function):
         xa, wa = ctx.saved_tensors
         c = ctx.channel
         if regather:
-            xa, wa = gather_raw(xa, x_group, x_dim, c), gather_raw(wa, w_group, w_dim, c)
+            xa, wa = start_gather(xa, x_group, x_dim, c), start_gather(wa, w_group, w_dim, c)
+            xa, wa = xa(), wa()
         dx = dw = None
+        # dX's reduce-scatter travels while dW is computed (Colossal-AI's async gradient reduce-scatter)
         if ctx.needs_input_grad[0]:
-            dx = reduce_scatter_raw(torch.matmul(dy, wa), x_group, x_dim, c)
+            dx = start_reduce_scatter(torch.matmul(dy, wa), x_group, x_dim, c)
         if ctx.needs_input_grad[1]:
-            dw = reduce_scatter_raw(dy.reshape(-1, dy.shape[-1]).t() @ xa.reshape(-1, xa.shape[-1]), w_group, w_dim, c)
-        return dx, dw, None, None, None, None, None
+            dwa = dy.reshape(-1, dy.shape[-1]).t() @ xa.reshape(-1, xa.shape[-1])
+            dw = start_reduce_scatter(dwa, w_group, w_dim, c)
+        return dx and dx(), dw and dw(), None, None, None, None, None
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor, x_group=None, x_dim: int = 0, w_group=None, w_dim: int = 1,

@@ -20,7 +20,7 @@ from .loop import build, build_data, model_identity
 
 def preflight(cfg: Config, world_size: int | None = None) -> ParallelDims:
     """Validate degrees, batch, model arguments, data files and the checkpoint to resume from."""
-    world = world_size or cfg.parallel.nproc
+    world = world_size or cfg.nproc
     dims = ParallelDims.resolve(world, cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp)
     dims.check_batch(cfg.train.global_batch, cfg.train.micro_batches)
     spec = check_tensor(cfg, dims.tp)
