@@ -120,8 +120,9 @@ def _tensor_parallel(cfg: Config, model, mesh, dims, spec):
 
     model, tp = tensor_parallelize(model, cfg.tensor.mode, mesh, spec, cfg.tensor.regather)
     if dist.get_rank() == 0:
-        print(f"tensor parallel: {spec} ({'re-gather in backward' if cfg.tensor.regather else 'gathered'} "
-              f"tensors kept for backward) x dp={dims.dp}", flush=True)
+        kept = {True: " (shards kept for backward, gathered again)", False: " (gathered tensors kept for backward)"}
+        print(f"tensor parallel: {spec}{kept[cfg.tensor.regather] if spec.mode in ('2d', '3d') else ''} "
+              f"x dp={dims.dp}", flush=True)
     if dims.dp > 1:
         model = parallelize(model, dims, mesh, cfg.parallel.ddp_comm, cfg.parallel.bucket_mb)
     optimizer = build_optimizer(model.parameters(), cfg.train)
