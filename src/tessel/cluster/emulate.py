@@ -396,11 +396,14 @@ class EmulatedCluster:
                     ["sh", "-c", script, str(self.cgroup(i) / "cgroup.procs"), self.host_names[i], *cmd],
                     env=env, cwd=cwd, stdout=out[0], stderr=out[1], start_new_session=True))
             while any(e is None for e in ends) and failed is None:
-                for i, p in enumerate(procs):
-                    if ends[i] is None and p.poll() is not None:
-                        ends[i] = time.monotonic() - start
-                        if p.returncode != 0 and failed is None:
-                            failed = i
+                # Ctrl-C inside Popen.poll can leave its internal lock held, and the p.wait() of the clean-up
+                # then blocks forever; signals wait until the polls are done.
+                with _signals_held():
+                    for i, p in enumerate(procs):
+                        if ends[i] is None and p.poll() is not None:
+                            ends[i] = time.monotonic() - start
+                            if p.returncode != 0 and failed is None:
+                                failed = i
                 if timeout is not None and time.monotonic() - start > timeout and failed is None:
                     failed = next(i for i, e in enumerate(ends) if e is None)
                 time.sleep(0.01)
