@@ -5,9 +5,9 @@ this rank's block of the grid; the returned :class:`TensorParallel` is what the 
 it sums partial gradients of replicated pieces, computes the global gradient norm, and turns local shards
 into DTensors so DCP can save under one grid and load under another.
 
-    tessel train --model transformer_lm --nproc 8 --tp 8 --tensor.mode 3d            # 2x2x2
-    tessel train --model transformer_lm --nproc 4 --tp 4 --tensor.mode 2d --dp 1      # 2x2
-    tessel train --model transformer_lm --nproc 8 --tp 4 --tensor.mode 1d --dp 2      # tp x dp
+    tessel train --tp 8 --tp-mode 3d            # 2x2x2 on 8 local workers
+    tessel train --tp 4 --tp-mode 2d            # 2x2
+    tessel train --tp 4 --tp-mode 1d --dp 2     # tp x dp on 8 workers
 
 Layouts and byte formulas: :mod:`tessel.tensor.layout`.
 """
@@ -25,13 +25,13 @@ class TensorParallel:
     """Gradient reduction, gradient norm and checkpoint placements of one rank's tensor-parallel model."""
 
     def __init__(self, model: torch.nn.Module, grid: Grid) -> None:
-        self.model, self.grid = model, grid
+        self.grid = grid
         self.named = [(n, p) for n, p in model.named_parameters() if hasattr(p, "tp_split")]
         self.params = [p for _, p in self.named]
 
     def reduce_grads(self) -> None:
         """Sum the gradients of pieces replicated over rows-cut axes (biases, norms, positions): one flat
-        all-reduce per axis."""
+        buffer per set of axes, all-reduced over each axis in turn."""
         by_axes: dict[tuple[str, ...], list[torch.Tensor]] = {}
         for p in self.params:
             if p.tp_partial and p.grad is not None:
