@@ -248,12 +248,12 @@ def test_checkpoint_moves_between_modes(world8, tmp_path):
     load_weights(tmp_path / "step-00000001", plain, {"model": {}})
     for phase in [("1d", 4, ""), ("2d", 8, "2x4")]:
         for params, coords in world8.run(check_checkpoint, str(tmp_path), phase):
-            grid = Grid.unplaced(GridSpec.parse(phase[0], phase[1], phase[2]))
+            grid = Grid(GridSpec.parse(phase[0], phase[1], phase[2]))
             grid.coords = coords
             for n, (p, split) in params.items():
                 _compare(f"{phase} {n}", p, grid.local(dict(plain.named_parameters())[n].detach(), split))
     # and the plain model holds exactly what the 3-D ranks held
-    grid = Grid.unplaced(GridSpec.parse("3d", 8, ""))
+    grid = Grid(GridSpec.parse("3d", 8, ""))
     full = dict(plain.named_parameters())
     moved = max(float((p - grid.local(full[n].detach(), split)).abs().max())
                 for n, (p, split) in world8.run(check_checkpoint, str(tmp_path), ("3d", 8, ""))[0][0].items())

@@ -6,11 +6,7 @@ from typing import Any
 
 from ..tensor.cost import projection_markdown
 from ..train.metrics import human_bytes
-
-
-def _cell(rows, r, strategy):
-    return next((x for x in rows if (x["model"], x["hosts"], x["rate"], x["strategy"]) ==
-                 (r["model"], r["hosts"], r["rate"], strategy)), None)
+from .report import cell
 
 
 def tensor_table(rows: list[dict[str, Any]]) -> str:
@@ -24,7 +20,7 @@ def tensor_table(rows: list[dict[str, Any]]) -> str:
              "", "| hosts | link | strategy | grid | step ms | vs torch-1d | vs tessel 1d | tp bytes/block measured | "
              "formula | error | activations/rank | vs 1d |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in tps:
-        torch_1d, one_d = _cell(rows, r, "torch-1d"), _cell(rows, r, "1d")
+        torch_1d, one_d = cell(rows, r, "torch-1d"), cell(rows, r, "1d")
         ms = r["step_time"]["median"]
         f = r.get("tensor_formula") or {}
         layers = f.get("layers") or 1

@@ -44,6 +44,11 @@ class TensorParallel:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
                 offset += g.numel()
 
+    def finish_backward(self) -> torch.Tensor:
+        """After the step's backward passes: partial gradients summed; returns the squared global norm."""
+        self.reduce_grads()
+        return self.grad_sq()
+
     def grad_sq(self) -> torch.Tensor:
         """Squared global gradient norm, every element counted once however many ranks hold it."""
         sq = torch.zeros(1, dtype=torch.float64)
@@ -96,7 +101,7 @@ def check_shapes(model: torch.nn.Module, spec: GridSpec, batch_per_rank: int) ->
     from .model import TPTransformerLM
 
     plan = plan_for("1d" if spec.mode == "torch-1d" else spec.mode)
-    grid = Grid.unplaced(GridSpec("1d" if spec.mode == "torch-1d" else spec.mode, spec.shape))
+    grid = Grid(GridSpec("1d" if spec.mode == "torch-1d" else spec.mode, spec.shape))
     TPTransformerLM(model, plan, grid)
     for layout in (plan.residual, plan.up.out, plan.down.inp):
         count = grid.block(layout.rows)[1]

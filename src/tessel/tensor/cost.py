@@ -17,26 +17,46 @@ from .grid import AXES
 from .layout import plan_for
 
 
-def linear_elems(mode: str, shape: tuple[int, ...], m: int, h: int, h2: int, up: bool, regather: bool = False) -> float:
-    """Elements one rank sends for one linear (forward + backward): M rows, h -> h2 features."""
-    p = 1
-    for s in shape:
-        p *= s
-    if mode in ("1d", "torch-1d"):
-        return 2 * (p - 1) / p * m * (h if up else h2)  # column: dX all-reduce; row: Y all-reduce
+def linear_traffic(mode: str, shape: tuple[int, ...], m: int, h: int, h2: int, up: bool,
+                   regather: bool = False) -> list[tuple[str, float, int]]:
+    """(grid axis, elements one rank sends over it, ring steps) for one linear, forward + backward:
+    M rows, h -> h2 features. The formulas of :mod:`tessel.tensor.layout`."""
+    p = math.prod(shape)
+    if mode in ("1d", "torch-1d"):  # column: dX all-reduce; row: Y all-reduce
+        return [("tp", 2 * (p - 1) / p * m * (h if up else h2), 2 * (p - 1))]
     spec = plan_for(mode).up if up else plan_for(mode).down
     size = dict(zip(AXES[mode], shape))
-    s, z, r = (size.get(a, 1) for a in (spec.x_gather, spec.w_gather, spec.reduce_scatter))
-    gathers = (s - 1) * m * h + (z - 1) * h * h2
-    return (2 * gathers + 2 * (r - 1) * m * h2 + (gathers if regather else 0)) / p
+    gathered = 3 if regather else 2  # forward gather and its backward reduce-scatter, plus the re-gather
+    out = []
+    for axis, elems, times in [(spec.x_gather, m * h, gathered), (spec.w_gather, h * h2, gathered),
+                               (spec.reduce_scatter, m * h2, 2)]:
+        q = size.get(axis, 1)
+        if q > 1:  # each collective moves (q-1)/P of the full tensor per rank
+            out.append((axis, times * (q - 1) * elems / p, times * (q - 1)))
+    return out
+
+
+def _block(h: int, f: int) -> list[tuple[int, int, bool]]:
+    """(features in, features out, up) of a block's linears: q/k/v as one, out_proj, fc_in, fc_out."""
+    return [(h, 3 * h, True), (h, h, False), (h, f, True), (f, h, False)]
+
+
+def step_formula(cfg, dp: int, spec) -> dict:
+    """What a run's blocks should send on channel ``tp`` per rank and step (written into its summary)."""
+    rows = cfg.train.global_batch // (dp * cfg.train.micro_batches) * cfg.data.seq_len
+    elem = 8 if cfg.train.dtype == "float64" else 4
+    per_block = block_bytes(spec.mode, spec.shape, rows, cfg.model.dim, cfg.model.hidden or 4 * cfg.model.dim, elem,
+                            cfg.tensor.regather)
+    return {"layers": cfg.model.layers, "block_bytes_per_micro_batch": per_block,
+            "tp_bytes_per_step": per_block * cfg.model.layers * cfg.train.micro_batches}
 
 
 def block_bytes(mode: str, shape: tuple[int, ...], m: int, h: int, f: int, elem: int = 4,
                 regather: bool = False) -> int:
     """Bytes one rank sends on channel ``tp`` for one block (torch-1d: what its six linears would send if
     q, k and v shared one all-reduce, as tessel's 1-D does; torch's own does three)."""
-    parts = [(h, 3 * h, True), (h, h, False), (h, f, True), (f, h, False)]
-    return int(round(sum(linear_elems(mode, shape, m, a, b, up, regather) for a, b, up in parts) * elem))
+    return int(round(sum(e for a, b, up in _block(h, f) for _, e, _ in
+                         linear_traffic(mode, shape, m, a, b, up, regather)) * elem))
 
 
 # ---- projection to a cluster this machine cannot hold -------------------------------------------------
@@ -77,22 +97,13 @@ def project_block(mode: str, shape: tuple[int, ...], m: int, h: int, f: int, c: 
     (no overlap assumed, as in the layers here)."""
     p = math.prod(shape)
     axes = _strides(mode, shape)
-    gemm = sum(6 * m * a * b for a, b in [(h, 3 * h), (h, h), (h, f), (f, h)]) + 12 * m * seq * h  # + attention
+    linears = _block(h, f)
+    gemm = sum(6 * m * a * b for a, b, _ in linears) + 12 * m * seq * h  # + attention scores
     compute = gemm / p / c.flops
     comm_s = 0.0
-    for a, b, up in [(h, 3 * h, True), (h, h, False), (h, f, True), (f, h, False)]:
-        if mode == "1d":
-            size, stride = axes["tp"]
-            n = m * (a if up else b)
-            comm_s += 2 * (size - 1) / size * n * c.elem / (_group_gbs(c, size, stride) * 1e9)
-            comm_s += 2 * (size - 1) * c.alpha
-            continue
-        spec = plan_for(mode).up if up else plan_for(mode).down
-        for axis, elems in [(spec.x_gather, m * a), (spec.w_gather, a * b), (spec.reduce_scatter, m * b)]:
-            size, stride = axes.get(axis, (1, 1))
-            if size > 1:  # forward collective and its backward partner: (size-1)/P of the tensor each
-                comm_s += 2 * (size - 1) * elems / p * c.elem / (_group_gbs(c, size, stride) * 1e9)
-                comm_s += 2 * (size - 1) * c.alpha
+    for a, b, up in linears:
+        for axis, elems, steps in linear_traffic(mode, shape, m, a, b, up):
+            comm_s += elems * c.elem / (_group_gbs(c, *axes[axis]) * 1e9) + steps * c.alpha
     return {"compute": compute, "comm": comm_s, "total": compute + comm_s}
 
 

@@ -104,23 +104,13 @@ class Split:
 class Grid:
     """The grid as one rank sees it: its coordinate and group on every axis (from the mesh, never made here)."""
 
-    def __init__(self, spec: GridSpec, mesh) -> None:
+    def __init__(self, spec: GridSpec, mesh=None) -> None:
+        """``mesh=None``: the grid as rank 0 sees it, with no groups (to check shapes before workers start)."""
         self.spec, self.mesh = spec, mesh
         self.names = tuple(name for name, _ in spec.axes)
         self.sizes = dict(spec.axes)
-        self.groups = {n: mesh.get_group(n) for n in self.names}
-        self.coords = {n: mesh.get_local_rank(n) for n in self.names}
-
-    @classmethod
-    def unplaced(cls, spec: GridSpec) -> Grid:
-        """The grid without a mesh, as rank 0 would see it: for checking shapes before any worker starts."""
-        grid = cls.__new__(cls)
-        grid.spec, grid.mesh = spec, None
-        grid.names = tuple(name for name, _ in spec.axes)
-        grid.sizes = dict(spec.axes)
-        grid.groups = {n: None for n in grid.names}
-        grid.coords = {n: 0 for n in grid.names}
-        return grid
+        self.groups = {n: mesh.get_group(n) if mesh else None for n in self.names}
+        self.coords = {n: mesh.get_local_rank(n) if mesh else 0 for n in self.names}
 
     def size(self, axis: str | None) -> int:
         return self.sizes[axis] if axis else 1

@@ -32,16 +32,17 @@ def parallelize_native(model, mesh) -> torch.nn.Module:
 
 
 class NativeTP:
-    """What the engine needs from torch's TP: the global gradient norm (DTensor gradients, each counted once)."""
+    """What the engine needs from torch's TP: the global gradient norm (DTensor gradients, each counted once).
+
+    DTensor has already reduced what needs reducing inside backward, and torch's state dicts hold DTensors, so
+    there is nothing else to do; checkpoints take torch's model as it is."""
 
     def __init__(self, model: torch.nn.Module, mesh) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.group = mesh.get_group("tp")
 
-    def reduce_grads(self) -> None:
-        pass  # DTensor already reduced what needs reducing inside backward
-
-    def grad_sq(self) -> torch.Tensor:
+    def finish_backward(self) -> torch.Tensor:
+        """The squared global gradient norm."""
         from torch.distributed.tensor import DTensor, Replicate
 
         split = torch.zeros(1, dtype=torch.float64)
@@ -60,9 +61,3 @@ class NativeTP:
                 whole += g.double().pow(2).sum()
         comm.all_reduce(split, "tp.grads", group=self.group)
         return whole + split[0]
-
-    def to_dtensors(self, state: dict) -> dict:
-        return state  # torch's state dicts already hold DTensors
-
-    def to_local(self, state: dict) -> dict:
-        return state

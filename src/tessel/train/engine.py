@@ -81,8 +81,7 @@ class Engine:
         # Gradients are already identical on every dp rank, so each rank computes the same norm; the
         # sparse tables' share comes back from their reduce, summed over owners.
         if self.tp is not None:
-            self.tp.reduce_grads()
-            sq = self.tp.grad_sq()
+            sq = self.tp.finish_backward()
         else:
             sq = torch.zeros((), dtype=torch.float64)
             for p in self.params:

@@ -22,6 +22,7 @@ from ..models import build_model
 from ..parallelize import apply_sparse, parallelize
 from ..pipeline.runtime import summary as pipeline_summary
 from ..tensor import check_config as check_tensor
+from ..tensor.cost import step_formula
 from . import checkpoint
 from .engine import Engine
 from .metrics import MetricsLogger
@@ -126,18 +127,9 @@ def _tensor_parallel(cfg: Config, model, mesh, dims, spec):
     if dims.dp > 1:
         model = parallelize(model, dims, mesh, cfg.parallel.ddp_comm, cfg.parallel.bucket_mb)
     optimizer = build_optimizer(model.parameters(), cfg.train)
-    return model, optimizer, Engine(model, optimizer, cfg.train, tp=tp), tp
-
-
-def _tensor_formula(cfg: Config, dims, spec) -> dict[str, Any]:
-    """Bytes per step per rank the blocks' linears should send on channel tp (tessel.tensor.cost)."""
-    from ..tensor.cost import block_bytes
-
-    rows = cfg.train.global_batch // (dims.dp * cfg.train.micro_batches) * cfg.data.seq_len
-    per_block = block_bytes(spec.mode, spec.shape, rows, cfg.model.dim, cfg.model.hidden or 4 * cfg.model.dim,
-                            torch.finfo(DTYPES[cfg.train.dtype]).bits // 8, cfg.tensor.regather)
-    return {"layers": cfg.model.layers, "block_bytes_per_micro_batch": per_block,
-            "tp_bytes_per_step": per_block * cfg.model.layers * cfg.train.micro_batches}
+    # torch-1d's state dicts already hold DTensors; tessel's shards need their places in the full tensors
+    shards = tp if cfg.tensor.mode != "torch-1d" else None
+    return model, optimizer, Engine(model, optimizer, cfg.train, tp=tp), shards
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -245,7 +237,7 @@ def run(cfg: Config) -> dict[str, Any]:
          "peak_mem_per_rank": [r["peak_mem"] for r in per_rank],
          "activation_mem_per_rank": [r["act_mem"] for r in per_rank],
          **({"tensor": str(spec) + (" regather" if cfg.tensor.regather else ""),
-             "tensor_formula": _tensor_formula(cfg, dims, spec)} if dims.tp > 1 else {}),
+             "tensor_formula": step_formula(cfg, dims.dp, spec)} if dims.tp > 1 else {}),
          "table_mem_per_rank": [r["table_mem"] for r in per_rank],
          "sparse_plan": {c.info.name: c.strategy + (f"/{c.split}" if c.strategy == "alltoall" else "")
                          for c in choices},
