@@ -5,7 +5,7 @@
 
 import torch
 
-from tessel import ParallelDims, build_mesh, comm, init_distributed, parallelize
+from tessel import ParallelDims, apply_ddp, build_mesh, comm, init_distributed
 
 init_distributed()  # gloo on CPU, nccl with CUDA; collectives time out after 30 s
 dims = ParallelDims.resolve(torch.distributed.get_world_size())  # dp = world size
@@ -13,7 +13,7 @@ mesh = build_mesh(dims)
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-model = parallelize(model, dims, mesh)  # DDP on mesh["dp"]; its traffic is counted
+model = apply_ddp(model, mesh.get_group("dp"))  # DDP on mesh["dp"]; its traffic is counted
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
 rank = mesh.get_local_rank("dp")

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from tessel import ParallelDims, build_mesh, comm, init_distributed, parallelize, sparse
+from tessel import ParallelDims, apply_ddp, build_mesh, comm, init_distributed, sparse
 from tessel.models import LSTMLM
 
 init_distributed()
@@ -26,7 +26,7 @@ split = [(b[:, :-1], b[:, 1:]) for b in batches]
 # Take the tables out (embedding, sampled-softmax weights and bias) and split them; DDP gets the rest.
 strategy = sys.argv[1] if len(sys.argv) > 1 else "alltoall"
 tables = sparse.shard(model, split[:2], strategy=strategy, optimizer="adagrad", lr=0.1, group=mesh.get_group("dp"))
-model = parallelize(model, dims, mesh)
+model = apply_ddp(model, mesh.get_group("dp"))
 opt = torch.optim.Adagrad(model.parameters(), lr=0.1)
 if rank == 0:
     print(tables.describe())

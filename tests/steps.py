@@ -21,3 +21,14 @@ def step_side_by_side(engine, ref_engine, loader, ref_loader, steps: int, world:
         comm.all_reduce(mean, "meta")
         assert abs(float(mean) / world - ref_res.loss) < atol
     return ref_res
+
+
+def engine_for(model, train_cfg, tp=None, tables=None):
+    """An unpipelined engine over ``model`` with its own optimizer and the shared step tail."""
+    from tessel.train.engine import Engine
+    from tessel.train.optim import build_optimizer
+    from tessel.train.tail import StepTail
+
+    optimizer = build_optimizer(model.parameters(), train_cfg)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return Engine(model, StepTail(params, optimizer, train_cfg, tp=tp, tables=tables), tables)

@@ -8,15 +8,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from steps import step_side_by_side
+from steps import engine_for, step_side_by_side
 from tessel import comm
 from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.mesh import ParallelDims, build_mesh
-from tessel.parallelize import parallelize
-from tessel.train.engine import Engine
-from tessel.train.loop import build, build_data
-from tessel.train.optim import build_optimizer
+from tessel.parallelize import apply_ddp
+from tessel.train.build import build, build_data
 
 SMALL = {
     "transformer_lm": ["model.dim=16", "model.layers=2", "model.heads=2", "data.vocab_size=64", "data.seq_len=8"],
@@ -39,7 +37,7 @@ def check_parity(name: str, optimizer: str, micro: int, steps: int = 4):
     torch.manual_seed(1)
     ref = build(cfg, vocab).double()
     torch.manual_seed(1)
-    model = parallelize(build(cfg, vocab).double(), dims, mesh)
+    model = apply_ddp(build(cfg, vocab).double(), mesh.get_group("dp"))
     loader = ShardedLoader(data, 8, r, p)
     ref_loader = ShardedLoader(data, 8, 0, 1)
 
@@ -61,8 +59,8 @@ def check_parity(name: str, optimizer: str, micro: int, steps: int = 4):
     model.zero_grad(set_to_none=True)
     ref.zero_grad(set_to_none=True)
 
-    engine = Engine(model, build_optimizer(model.parameters(), cfg.train), cfg.train)
-    ref_engine = Engine(ref, build_optimizer(ref.parameters(), cfg.train), cfg.train)
+    engine = engine_for(model, cfg.train)
+    ref_engine = engine_for(ref, cfg.train)
     ref_res = step_side_by_side(engine, ref_engine, loader, ref_loader, steps, p, ATOL)
     moved = 0.0
     for (n, a), b in zip(model.module.named_parameters(), ref.parameters()):

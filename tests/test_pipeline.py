@@ -9,18 +9,19 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tessel import comm, pipeline
+from steps import engine_for
+from tessel import comm
+from tessel.chain import chain_of
 from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.errors import PlanError
-from tessel.mesh import ParallelDims, build_mesh
-from tessel.pipeline.layers import chain_of
+from tessel.mesh import build_mesh
+from tessel.parallelize import parallelize
 from tessel.pipeline.partition import balance, parse_split, plan_stages
 from tessel.pipeline.predict import StageWeights, staleness
 from tessel.pipeline.schedules import ahead, async_ops, drain_ops, sync_ops
-from tessel.train.engine import Engine
-from tessel.train.loop import build, build_data
-from tessel.train.optim import build_optimizer
+from tessel.plan import ParallelPlan
+from tessel.train.build import build, build_data
 
 SMALL = {
     "transformer_lm": ["model.dim=16", "model.layers=2", "model.heads=2", "data.vocab_size=64", "data.seq_len=8"],
@@ -41,24 +42,24 @@ def _setup(name, schedule, pp, optimizer, micro, extra=()):
                              f"train.micro_batches={micro}", f"train.optimizer={optimizer}", "train.lr=0.05",
                              "train.warmup=2", "train.clip=0.5", "train.steps=4", f"parallel.pp={pp}",
                              f"pipeline.schedule={schedule}", *extra])
-    dims = ParallelDims.resolve(dist.get_world_size(), pp=pp)
-    mesh = build_mesh(dims, timeout=20)
+    plan = ParallelPlan.from_config(cfg, dist.get_world_size()).check(cfg)
+    mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
     vocab = getattr(data, "vocab_size", 0)
     torch.manual_seed(1)
     dtype = getattr(torch, cfg.train.dtype)
     model = build(cfg, vocab).to(dtype)
-    loader = ShardedLoader(data, 8, mesh.get_local_rank("dp"), dims.dp)
-    x, y = ShardedLoader(data, 8, mesh.get_local_rank("dp"), dims.dp).next_batch()
-    built = pipeline.build(model, cfg, mesh, dims, (x.to(dtype) if x.is_floating_point() else x, y))
-    return cfg, dims, data, vocab, loader, built
+    loader = ShardedLoader(data, 8, mesh.get_local_rank("dp"), plan.dp)
+    x, y = ShardedLoader(data, 8, mesh.get_local_rank("dp"), plan.dp).next_batch()
+    built = parallelize(model, plan, mesh, cfg, [(x.to(dtype) if x.is_floating_point() else x, y)])
+    return cfg, plan.dims, data, vocab, loader, built
 
 
 def check_parity(name, schedule, pp, optimizer, micro, steps=3):
     cfg, dims, data, vocab, loader, built = _setup(name, schedule, pp, optimizer, micro)
     torch.manual_seed(1)
     ref = build(cfg, vocab).double()
-    ref_engine = Engine(ref, build_optimizer(ref.parameters(), cfg.train), cfg.train)
+    ref_engine = engine_for(ref, cfg.train)
     ref_loader = ShardedLoader(data, 8, 0, 1)
     mine = dict((n.removeprefix("root."), p) for n, p in built.engine.stage.runner.named_parameters())
     grads = _grads_before_step(built.optimizer, lambda: mine.items())
@@ -70,7 +71,7 @@ def check_parity(name, schedule, pp, optimizer, micro, steps=3):
         res = built.engine.step(f(x), y, step)
         ref_res = ref_engine.step(f(rx), ry, step)
         mean = torch.tensor([res.loss], dtype=torch.float64)
-        comm.all_reduce(mean, "meta", group=built.engine.dp_group)
+        comm.all_reduce(mean, "meta", group=built.engine.tail.dp_group)
         if built.engine.stage.last:  # the only stage that computes the loss
             assert abs(float(mean) / dims.dp - ref_res.loss) < ATOL, (float(mean) / dims.dp, ref_res.loss)
         else:

@@ -9,18 +9,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from steps import step_side_by_side
+from steps import engine_for, step_side_by_side
 from tessel import comm, sparse
 from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.errors import ConfigError, PlanError
 from tessel.mesh import ParallelDims, build_mesh
-from tessel.parallelize import apply_sparse, parallelize
+from tessel.parallelize import apply_ddp, apply_sparse
+from tessel.plan import ParallelPlan
 from tessel.sparse.partition import plan_rows
 from tessel.sparse.rowopt import RowOptimizer
-from tessel.train.engine import Engine
-from tessel.train.loop import build, build_data
-from tessel.train.optim import build_optimizer
+from tessel.train.build import build, build_data
 
 SMALL = {
     "transformer_lm": ["model.dim=16", "model.layers=1", "model.heads=2", "data.vocab_size=64", "data.seq_len=8"],
@@ -55,14 +54,14 @@ def check_sparse_parity(name: str, strategy: str, optimizer: str, micro: int = 1
     model = build(cfg, vocab).double()
     loader = ShardedLoader(data, 8, r, p)
     peek = ShardedLoader(data, 8, r, p)
-    tables = apply_sparse(model, cfg, [_batch(peek), _batch(peek)], mesh.get_group("dp"))
+    tables, _ = apply_sparse(model, ParallelPlan(dp=p), cfg, mesh.get_group("dp"), [_batch(peek), _batch(peek)])
     if hosts:
         assert all(t.hosts for t in tables.tables.values())
     assert set(tables.tables) == {n for n, m in ref.named_modules() if isinstance(m, nn.Embedding)}
-    model = parallelize(model, dims, mesh)
+    model = apply_ddp(model, mesh.get_group("dp"))
     ref_loader = ShardedLoader(data, 8, 0, 1)
-    engine = Engine(model, build_optimizer(model.parameters(), cfg.train), cfg.train, tables)
-    ref_engine = Engine(ref, build_optimizer(ref.parameters(), cfg.train), cfg.train)
+    engine = engine_for(model, cfg.train, tables=tables)
+    ref_engine = engine_for(ref, cfg.train)
     ref_res = step_side_by_side(engine, ref_engine, loader, ref_loader, steps, p, ATOL)
     ref_params = dict(ref.named_parameters())
     for n, a in model.module.named_parameters():
@@ -119,7 +118,7 @@ def check_lazy_adam(steps: int = 4):
     model = Bag().double()
     local = [(x.chunk(p)[r], y.chunk(p)[r]) for x, y in batches]
     tables = sparse.shard(model, local[:2], "ps", "adam", lr=0.01)
-    ddp = parallelize(model, ParallelDims.resolve(p), build_mesh(ParallelDims.resolve(p), timeout=20))
+    ddp = apply_ddp(model, build_mesh(ParallelDims.resolve(p), timeout=20).get_group("dp"))
     dense = torch.optim.Adam(ddp.parameters(), lr=0.01)
     ref_dense = torch.optim.Adam(ref.out.parameters(), lr=0.01)
     ref_rows = torch.optim.SparseAdam([ref.emb.weight], lr=0.01)

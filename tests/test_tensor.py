@@ -11,20 +11,22 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from steps import engine_for
 from tessel import comm
+from tessel.chain import chain_of
 from tessel.config import load_config
 from tessel.errors import PlanError
 from tessel.mesh import ParallelDims, build_mesh
 from tessel.models.transformer_lm import MLP, CausalSelfAttention, TransformerLM
-from tessel.parallelize import parallelize as dp_wrap
-from tessel.tensor import GridSpec, TensorParallel, check_config, check_shapes, parallelize
+from tessel.parallelize import apply_ddp
+from tessel.plan import ParallelPlan
+from tessel.tensor import GridSpec, TensorParallel, check_shapes, parallelize
 from tessel.tensor.cost import block_bytes
 from tessel.tensor.grid import Grid
 from tessel.tensor.layers import TPEmbedding, TPLayerNorm, TPLinear, rows_of, vocab_cross_entropy
 from tessel.tensor.layout import Layout, check_chain, plan_for
 from tessel.tensor.model import TPMLP, TPAttention
 from tessel.train.checkpoint import load_weights, save
-from tessel.train.engine import Engine
 from tessel.train.memory import SavedBytes
 from tessel.train.optim import build_optimizer
 
@@ -176,9 +178,9 @@ def check_lm(mode, tp, shape, optimizer, steps=3, regather=False):
     ref = TransformerLM(V, T, dim=H, layers=2, heads=HEADS).double()
     model, tp_handle = parallelize(copy.deepcopy(ref), mode, mesh, gspec, regather)
     if dims.dp > 1:
-        model = dp_wrap(model, dims, mesh)
-    engine = Engine(model, build_optimizer(model.parameters(), cfg), cfg, tp=tp_handle)
-    ref_engine = Engine(ref, build_optimizer(ref.parameters(), cfg), cfg)
+        model = apply_ddp(model, mesh.get_group("dp"))
+    engine = engine_for(model, cfg, tp=tp_handle)
+    ref_engine = engine_for(ref, cfg)
     dp_rank = mesh.get_local_rank("dp")
     for step in range(steps):
         g = torch.Generator().manual_seed(100 + step)
@@ -195,6 +197,7 @@ def check_lm(mode, tp, shape, optimizer, steps=3, regather=False):
     refp = dict(ref.named_parameters())
     names = []
     for n, p in getattr(model, "module", model).named_parameters():
+        n = n.removeprefix("root.")  # tessel's modes run the model under a Runner; torch-1d runs it as it is
         if mode == "torch-1d":
             _compare(n, p.full_tensor() if hasattr(p, "full_tensor") else p, refp[n])
         else:
@@ -231,13 +234,14 @@ def check_checkpoint(tmp, phase):
         model(torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))).backward()
         tp.reduce_grads()
         opt.step()
-        save(tmp, 1, model, opt, {"position": 0, "dp_size": 1, "global_batch": B}, {"model": {}}, tables=None, tp=tp)
-        return {n: p.detach().clone() for n, p in model.named_parameters()}
+        save(tmp, 1, model.root, opt, {"position": 0, "dp_size": 1, "global_batch": B}, {"model": {}}, tables=None,
+             tp=tp)
+        return {n: p.detach().clone() for n, p in model.root.named_parameters()}
     mode, tp_size, shape = phase
     dims, gspec, mesh, grid = _grid(mode, tp_size, shape)
     model, tp = parallelize(copy.deepcopy(ref), mode, mesh, gspec)
-    load_weights(f"{tmp}/step-00000001", model, {"model": {}}, tp)
-    return {n: (p.detach().clone(), p.tp_split) for n, p in model.named_parameters()}, grid.coords
+    load_weights(f"{tmp}/step-00000001", model.root, {"model": {}}, tp)
+    return {n: (p.detach().clone(), p.tp_split) for n, p in model.root.named_parameters()}, grid.coords
 
 
 def test_checkpoint_moves_between_modes(world8, tmp_path):
@@ -280,12 +284,16 @@ def _cfg(*extra):
 @pytest.mark.parametrize("extra,tp,message", [
     (["tensor.mode=3d", "tensor.grid=2x2"], 8, "tensor.grid '2x2' is invalid for mode 3d"),
     (["tensor.mode=2d", "tensor.grid=2x3"], 8, "has 6 ranks but tp=8"),
-    (["model.name=classifier"], 2, "applies to model transformer_lm"),
-    (["parallel.pp=2"], 2, "pipeline stages"),
+    (["model.name=lstm_lm"], 2, "applies to models transformer_lm and classifier, not lstm_lm"),
+    (["parallel.pp=2", "pipeline.schedule=torch-1f1b", "train.micro_batches=2"], 4,
+     "torch's PipelineStage traces each stage on meta tensors"),
+    (["tensor.mode=torch-1d", "parallel.dp=2"], 4, "runs transformer_lm alone"),
+    (["parallel.pp=2", "sparse.strategy=ps"], 4, "sparse tables are served only with pp=1 and tp=1"),
 ])
 def test_config_errors(extra, tp, message):
+    cfg = _cfg(f"parallel.tp={tp}", *extra)
     with pytest.raises(PlanError, match=message):
-        check_config(_cfg(*extra), tp)
+        ParallelPlan.from_config(cfg, cfg.nproc).check(cfg)
 
 
 @pytest.mark.parametrize("mode,tp,batch,message", [
@@ -298,10 +306,10 @@ def test_shape_errors(mode, tp, batch, message):
         model = TransformerLM(64, 8, dim=16, layers=1, heads=4)
     spec = GridSpec.parse(mode, tp)
     if message is None:
-        check_shapes(model, spec, batch)
+        check_shapes(model, chain_of(model), spec, batch)
     else:
         with pytest.raises(PlanError, match=message):
-            check_shapes(model, spec, batch)
+            check_shapes(model, chain_of(model), spec, batch)
 
 
 def test_saved_bytes_counts_activations_not_weights():

@@ -2,18 +2,22 @@
 
 Public API::
 
-    from tessel import Config, load_config, ParallelDims, build_mesh, parallelize, comm, sparse
+    from tessel import Config, load_config, ParallelPlan, ParallelDims, build_mesh, parallelize, apply_ddp
+    from tessel import Chain, Layer, register_model, comm, sparse
 """
 
 from . import comm, sparse
+from .chain import Chain, Layer, Runner
 from .config import Config, load_config
 from .errors import CheckpointError, CommError, ConfigError, DataError, PlanError, TesselError
 from .mesh import ParallelDims, build_mesh, init_distributed
-from .parallelize import apply_ddp, parallelize
+from .parallelize import Parallelized, apply_ddp, parallelize
+from .plan import ParallelPlan, TableChoice
+from .registry import register_model
 
 __all__ = [
-    "CheckpointError", "CommError", "Config", "ConfigError", "DataError", "ParallelDims", "PlanError",
-    "TesselError", "apply_ddp", "build_mesh", "comm", "init_distributed", "load_config", "parallelize",
-    "sparse",
+    "Chain", "CheckpointError", "CommError", "Config", "ConfigError", "DataError", "Layer", "ParallelDims",
+    "ParallelPlan", "Parallelized", "PlanError", "Runner", "TableChoice", "TesselError", "apply_ddp", "build_mesh",
+    "comm", "init_distributed", "load_config", "parallelize", "register_model", "sparse",
 ]
 __version__ = "0.1.0"

@@ -29,7 +29,8 @@ ALIASES = {
     "--tp": "parallel.tp", "--tp-mode": "tensor.mode", "--tp-grid": "tensor.grid", "--steps": "train.steps",
     "--sparse": "sparse.strategy", "--batch": "train.global_batch",
     "--micro-batches": "train.micro_batches", "--lr": "train.lr", "--optimizer": "train.optimizer",
-    "--seed": "train.seed", "--dtype": "train.dtype", "--data": "data.path", "--vocab": "data.vocab_size",
+    "--momentum": "train.momentum", "--seed": "train.seed", "--dtype": "train.dtype", "--data": "data.path",
+    "--vocab": "data.vocab_size",
     "--seq-len": "data.seq_len", "--out": "metrics.out", "--ckpt-dir": "checkpoint.dir",
     "--ckpt-every": "checkpoint.every", "--timeout": "parallel.timeout",
 }
@@ -122,13 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         if in_worker():
             import torch.distributed as dist
 
-            from .train.loop import run
+            from .trainer import run
 
             run(cfg)
             # Without an orderly teardown gloo's threads can abort the process at exit.
             dist.destroy_process_group()
             return 0
-        from .train.preflight import preflight
+        from .preflight import preflight
 
         preflight(cfg)
         from .cluster.launch import launch

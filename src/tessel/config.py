@@ -19,14 +19,21 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .choices import (
+    MODELS,
+    PREDICT_VARIANTS,
+    ROW_OPTIMIZERS,
+    SCHEDULES,
+    SPARSE_SPLITS,
+    SPARSE_STRATEGIES,
+    TP_MODES,
+)
 from .errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-MODELS = ("transformer_lm", "lstm_lm", "classifier")
 
 
 @dataclass
@@ -191,12 +198,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.schedule": ("cosine", "linear", "constant"),
     "train.dtype": ("float32", "float64"),
     "metrics.progress": ("auto", "bar", "log", "off"),
-    "sparse.strategy": ("auto", "dense", "allgather", "ps", "alltoall", "torch-sparse"),
-    "sparse.split": ("auto", "column", "row"),
-    "sparse.optimizer": ("auto", "sgd", "adagrad", "adam"),
-    "pipeline.schedule": ("gpipe", "1f1b", "async", "async-stash", "async-predict", "torch-gpipe", "torch-1f1b"),
-    "pipeline.predict": ("v1", "v2"),
-    "tensor.mode": ("1d", "2d", "3d", "torch-1d"),
+    "sparse.strategy": SPARSE_STRATEGIES,
+    "sparse.split": SPARSE_SPLITS,
+    "sparse.optimizer": ROW_OPTIMIZERS,
+    "pipeline.schedule": SCHEDULES,
+    "pipeline.predict": PREDICT_VARIANTS,
+    "tensor.mode": TP_MODES,
 }
 
 # Lower bounds of numeric keys; keys not listed must be >= 0 when numeric.

@@ -121,7 +121,32 @@ TENSOR = Scenario(
             "--checkpoint.enabled", "false"],
 )
 
-SCENARIOS = {s.name: s for s in (DDP, SPARSE, PIPELINE, TENSOR)}
+# The composition issue's setting: one Transformer LM over 8 hosts, plain DDP against the best single axis (an
+# 8-stage SpecTrain pipeline, 3-D tensor parallelism on the 2x2x2 cube) and composed plans. Blocks dominate
+# the weights (vocabulary 512), and there are enough of them for 8 stages.
+COMPOSE = Scenario(
+    name="compose",
+    about="composed parallelism on 8 hosts: DDP (8 replicas) against the best single axis (pp=8 async-predict, "
+          "tp=8 3-D 2x2x2) and composed plans (dp2 x pp2 x tp2 1-D, pp2 x tp4 3-D 2x2x1 with 1f1b and async-predict)",
+    models={"transformer_lm": ["--model", "transformer_lm", "--model.layers", "6", "--model.dim", "256",
+                               "--model.heads", "8", "--data.vocab_size", "512", "--seq-len", "64", "--batch", "32",
+                               "--micro-batches", "2"]},
+    strategies={"ddp": ["--micro-batches", "1"],
+                "pp8-async-predict": ["--pp", "8", "--pipeline.schedule", "async-predict"],
+                "tp8-3d": ["--tp", "8", "--tp-mode", "3d", "--micro-batches", "1"],
+                "dp2-pp2-tp2-1d": ["--dp", "2", "--pp", "2", "--tp", "2", "--tp-mode", "1d"],
+                "pp2-tp4-3d": ["--pp", "2", "--tp", "4", "--tp-mode", "3d"],
+                "pp2-tp4-3d-async-predict": ["--pp", "2", "--tp", "4", "--tp-mode", "3d", "--pipeline.schedule",
+                                             "async-predict"]},
+    baseline="ddp",
+    hosts=[8],
+    unshaped=False,
+    steps=8,
+    common=["--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.01", "--timeout", "120", "--metrics.progress", "log",
+            "--metrics.plot", "false", "--checkpoint.enabled", "false"],
+)
+
+SCENARIOS = {s.name: s for s in (DDP, SPARSE, PIPELINE, TENSOR, COMPOSE)}
 
 
 def get(name: str) -> Scenario:

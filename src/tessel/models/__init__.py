@@ -14,14 +14,13 @@ Example::
 
 from torch import nn
 
+from tessel.choices import MODELS
 from tessel.errors import ConfigError
 
 from .classifier import DenseClassifier
 from .lstm_lm import LSTMLM
 from .sampled_softmax import SampledSoftmax, log_uniform_sample
 from .transformer_lm import TransformerLM
-
-MODELS = ("transformer_lm", "lstm_lm", "classifier")
 
 __all__ = ["MODELS", "DenseClassifier", "LSTMLM", "SampledSoftmax", "TransformerLM", "build_model",
            "count_parameters", "log_uniform_sample"]

@@ -17,9 +17,11 @@ asynchronous schedules exist to avoid.
 - ``torch-gpipe`` / ``torch-1f1b``: torch.distributed.pipelining's own schedules on the same stage, the
   peer the benchmark compares against (their messages are not counted by tessel.comm).
 
-Data parallelism on a stage: after the backwards of an update, the stage's gradients are all-reduced
-over its dp group as one flat buffer (``dp.dense``). DDP cannot be used here: the asynchronous schedules
-run each forward through ``functional_call`` on per-mini-batch tensors, which DDP's reducer does not see.
+Data parallelism on a stage: after the backwards of an update, the step tail all-reduces the stage's
+gradients over its dp group as one flat buffer (``dp.dense``). DDP cannot be used here: the asynchronous
+schedules run each forward through ``functional_call`` on per-mini-batch tensors, which DDP's reducer does
+not see. Tensor parallelism inside a stage needs nothing of the engine: its collectives run inside the
+stage's layers, and its boundary messages are this rank's block of the activation (see ``Stage``).
 """
 
 from __future__ import annotations
@@ -27,14 +29,13 @@ from __future__ import annotations
 import time
 
 import torch
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.func import functional_call
 
 from .. import comm
-from ..config import TrainConfig
+from ..chain import Chain
 from ..train.engine import StepResult
-from ..train.optim import lr_at, set_lr
-from .layers import Chain
+from ..train.optim import lr_at
+from ..train.tail import StepTail
 from .predict import StageWeights
 from .schedules import ASYNC, SYNC, TORCH, ahead, async_ops, drain_ops, sync_ops
 from .stage import Stage
@@ -43,13 +44,18 @@ _MODE = {"async": "stale", "async-stash": "stash", "async-predict": "predict"}
 
 
 class PipelineEngine:
-    def __init__(self, stage: Stage, chain: Chain, optimizer: torch.optim.Optimizer, cfg: TrainConfig,
-                 schedule: str, pp_group, dp_group, dp: int, variant: str = "v1", plan=None) -> None:
-        self.stage, self.chain, self.optimizer, self.cfg = stage, chain, optimizer, cfg
-        self.schedule, self.pp_group, self.dp_group, self.dp = schedule, pp_group, dp_group, dp
+    """Stage ``stage`` of ``chain`` under ``schedule``; ``tail``: the shared step tail (its ``dp_group`` averages
+    the stage's gradients over the stage's replicas, its ``norm_group`` is the pp group)."""
+
+    needs_batch = property(lambda self: self.stage.first or self.stage.last)
+
+    def __init__(self, stage: Stage, chain: Chain, tail: StepTail, schedule: str, variant: str = "v1",
+                 plan=None) -> None:
+        self.stage, self.chain, self.tail = stage, chain, tail
+        self.optimizer, self.cfg, self.schedule = tail.optimizer, tail.cfg, schedule
         self.params = dict((n, p) for n, p in stage.runner.named_parameters() if p.requires_grad)
-        self.weights = (StageWeights(self.params, optimizer, _MODE[schedule], stage.index, stage.stages, variant,
-                                     cfg.micro_batches) if schedule in ASYNC else None)
+        self.weights = (StageWeights(self.params, self.optimizer, _MODE[schedule], stage.index, stage.stages,
+                                     variant, self.cfg.micro_batches) if schedule in ASYNC else None)
         self.fed = 0  # micro-batches that have entered this stage since the pipeline was last empty (async)
         self.inflight: dict[int, tuple] = {}
         self.stage_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
@@ -60,7 +66,7 @@ class PipelineEngine:
         # (wall clock, process CPU, busy) at each step's start, and at the last step's end
         self._marks: list[tuple[float, float, float]] = []
         self._end: tuple[float, float, float] | None = None
-        self._torch = _torch_schedule(stage, chain, schedule, cfg.micro_batches) if schedule in TORCH else None
+        self._torch = _torch_schedule(stage, chain, schedule, self.cfg.micro_batches) if schedule in TORCH else None
 
     # -- one forward / backward --------------------------------------------------------------------------
 
@@ -123,35 +129,12 @@ class PipelineEngine:
 
     # -- updates ------------------------------------------------------------------------------------------
 
-    def _sync_grads(self) -> None:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params.values()]
-        if self.dp > 1:
-            flat = _flatten_dense_tensors(grads)
-            comm.all_reduce(flat, "dp.dense", group=self.dp_group)
-            flat /= self.dp
-            grads = _unflatten_dense_tensors(flat, grads)
-        for p, g in zip(self.params.values(), grads):
-            p.grad = g
-
     def _update(self, lr: float, global_norm: bool) -> float:
-        """Average over dp, clip, step; the norm is over the whole model for flushed schedules, else the stage."""
-        self._sync_grads()
-        t0 = time.perf_counter()
-        grads = [p.grad for p in self.params.values()]
-        sq = torch.stack(torch._foreach_norm(grads)).double().pow(2).sum().reshape(1)
-        if global_norm:
-            self.busy += time.perf_counter() - t0
-            comm.all_reduce(sq, "meta", group=self.pp_group)
-            t0 = time.perf_counter()
-        norm = float(sq.sqrt())
-        if self.cfg.clip > 0:
-            scale = min(1.0, self.cfg.clip / (norm + 1e-6))
-            if scale < 1.0:
-                torch._foreach_mul_(grads, scale)
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.busy += time.perf_counter() - t0
+        """The shared tail: dp average, tp sums, norm (whole model for flushed schedules, else the stage),
+        clip, step. Time spent waiting for other stages' norms is not this stage's work."""
+        t0, waited = time.perf_counter(), self.tail.waited
+        norm = self.tail(lr, global_norm)
+        self.busy += time.perf_counter() - t0 - (self.tail.waited - waited)
         self.updates += 1
         if self.weights is not None:
             self.weights.updates = self.updates
@@ -216,10 +199,6 @@ class PipelineEngine:
                 self.fed += m
                 losses = [sum(losses)] if self.stage.last else []
         return StepResult(loss=losses[0] if losses else 0.0, grad_norm=norm, lr=lr)
-
-    @property
-    def needs_batch(self) -> bool:
-        return self.stage.first or self.stage.last
 
     def drain(self, step: int) -> None:
         """Finish every mini-batch still in flight and apply its update (asynchronous schedules only)."""

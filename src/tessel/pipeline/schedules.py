@@ -15,12 +15,10 @@ Example::
 
 from __future__ import annotations
 
+from ..choices import ASYNC_SCHEDULES, SCHEDULES, SYNC_SCHEDULES, TORCH_SCHEDULES
 from ..errors import PlanError
 
-SYNC = ("gpipe", "1f1b")
-ASYNC = ("async", "async-stash", "async-predict")
-TORCH = ("torch-gpipe", "torch-1f1b")
-SCHEDULES = SYNC + ASYNC + TORCH
+SYNC, ASYNC, TORCH = SYNC_SCHEDULES, ASYNC_SCHEDULES, TORCH_SCHEDULES
 
 
 def check(name: str) -> None:

@@ -8,7 +8,7 @@ error naming both shapes rather than let its neighbour read garbage.
 
 Example::
 
-    runner = StageRunner(pruned_model, chain, lo, hi)
+    runner = Runner(pruned_model, chain, lo, hi)
     stage = Stage(runner, index=1, stages=4, ranks=[0, 2, 4, 6], plan=plan, micro=8)
     x = stage.take(stage.post_recv(activation=True))   # posted early, waited for when needed
 """
@@ -16,38 +16,28 @@ Example::
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from .. import comm
+from ..chain import Runner
 from ..errors import PlanError
-from .layers import Chain
 from .partition import StagePlan
-
-
-class StageRunner(nn.Module):
-    """Layers ``lo..hi-1`` of ``chain`` over the (pruned) model ``root``; parameters keep ``root``'s names."""
-
-    def __init__(self, root: nn.Module, chain: Chain, lo: int, hi: int) -> None:
-        super().__init__()
-        self.root = root
-        self._layers = chain.layers[lo:hi]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self._layers:
-            x = layer.run(self.root, x)
-        return x
 
 
 class Stage:
     """Stage ``index`` of ``stages``; ``ranks``: the global rank of each stage in this rank's pp group."""
 
-    def __init__(self, runner: StageRunner, index: int, stages: int, ranks: list[int], plan: StagePlan,
+    def __init__(self, runner: Runner, index: int, stages: int, ranks: list[int], plan: StagePlan,
                  micro: int, dtype: torch.dtype, group=None) -> None:
         self.runner, self.index, self.stages, self.ranks, self.group = runner, index, stages, ranks, group
         self.first, self.last = index == 0, index == stages - 1
         self.dtype = dtype
-        self.in_shape = (micro, *plan.boundary(index - 1)[0]) if not self.first else None
-        self.out_shape = (micro, *plan.boundary(index)[0]) if not self.last else None
+        # The profile gives the whole activation a layer hands on; under tensor parallelism this rank sends
+        # and receives only its block of it (the chain knows the layout), to the rank of the same grid
+        # coordinate on the neighbouring stage.
+        local = runner.chain.local
+        lo, hi = plan.bounds[index]
+        self.in_shape = local(lo - 1, (micro, *plan.boundary(index - 1)[0])) if not self.first else None
+        self.out_shape = local(hi - 1, (micro, *plan.boundary(index)[0])) if not self.last else None
         self.pending: list = []  # sends not yet known to be complete, with their tensors kept alive
 
     def _check(self, t: torch.Tensor, shape, what: str) -> None:

@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from .. import comm
+from ..choices import SPARSE_SPLITS, SPARSE_STRATEGIES
 from ..errors import PlanError
 from .alltoall import AllToAllTable
 from .detect import find_tables, measure, unsupported
@@ -41,8 +42,7 @@ from .rowopt import RowOptimizer
 from .schedule import Clock
 from .tables import AllGatherTable, PSTable, RowTable, full_table, load_table_state, push_fused, table_state
 
-STRATEGIES = ("auto", "dense", "allgather", "ps", "alltoall", "torch-sparse")
-SPLITS = ("auto", "column", "row")
+STRATEGIES, SPLITS = SPARSE_STRATEGIES, SPARSE_SPLITS
 __all__ = ["shard", "SparseTables", "find_tables", "full_table", "STRATEGIES"]
 
 

@@ -1,7 +1,8 @@
-"""Tensor parallelism for the Transformer LM: 1-D (Megatron), 2-D (SUMMA) and 3-D, plus torch's own 1-D.
+"""Tensor parallelism: 1-D (Megatron), 2-D (SUMMA) and 3-D layers, plus torch's own 1-D for the Transformer LM.
 
-``parallelize(model, mode, mesh, spec)`` replaces a plain TransformerLM by its tensor-parallel version on
-this rank's block of the grid; the returned :class:`TensorParallel` is what the engine and checkpoints use:
+``apply(root, chain, spec, mesh)`` puts tensor-parallel layers into the modules a model (or one pipeline
+stage of it) holds, through the function registered for its class (the Transformer LM and the
+classifier); the returned :class:`TensorParallel` is what the step tail and checkpoints use:
 it sums partial gradients of replicated pieces, computes the global gradient norm, and turns local shards
 into DTensors so DCP can save under one grid and load under another.
 
@@ -16,7 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from ..chain import Runner, chain_of
 from ..errors import PlanError
+from ..registry import registered, spec_of
+from . import model as _registers  # noqa: F401  (registers the reference models' tensor-parallel layers)
 from .grid import Grid, GridSpec, Split
 from .layout import plan_for
 
@@ -83,26 +87,30 @@ class TensorParallel:
         return {k: v.to_local() if isinstance(v, DTensor) else v for k, v in state.items()}
 
 
-def check_config(cfg, tp: int) -> GridSpec:
-    """The grid for ``cfg.tensor`` at ``tp`` ranks, or a one-line PlanError (before any worker starts)."""
-    spec = GridSpec.parse(cfg.tensor.mode, tp, cfg.tensor.grid)
-    if tp > 1 and cfg.model.name != "transformer_lm":
-        raise PlanError(f"tensor parallelism (tp={tp}) applies to model transformer_lm, not '{cfg.model.name}'")
-    if tp > 1 and cfg.parallel.pp > 1:
-        raise PlanError("tensor parallelism with pipeline stages (tp>1 and pp>1) is not available yet; "
-                        "use one of them")
-    if cfg.tensor.mode == "torch-1d" and tp > 1 and cfg.parallel.dp not in (0, 1):
-        raise PlanError("tensor.mode 'torch-1d' (the torch peer) runs with dp=1; use mode 1d to combine with dp")
-    return spec
+def apply(root: torch.nn.Module, chain, spec: GridSpec, mesh=None, regather: bool = False):
+    """Tensor-parallel layers on the modules ``root`` holds (a whole model or one pipeline stage), in place.
+
+    Returns (the chain that runs them, the :class:`TensorParallel` handle). ``mesh=None``: the grid as rank 0
+    sees it without groups, to check shapes on a meta-device model before any worker starts."""
+    fn = spec_of(root).tensor
+    if fn is None:
+        raise PlanError(f"no tensor-parallel layers are registered for {type(root).__name__} (registered: "
+                        f"{', '.join(n for n in registered())}); use tp=1")
+    grid = Grid(spec, mesh)
+    chain = fn(root, chain, grid, plan_for(spec.mode), regather)
+    plain = [n for n, p in root.named_parameters() if not hasattr(p, "tp_split")]
+    if plain:
+        raise PlanError(f"tensor parallelism left parameter '{plain[0]}' of {type(root).__name__} unsplit; its "
+                        "registered tensor function must replace every module that holds parameters")
+    return chain, TensorParallel(root, grid)
 
 
-def check_shapes(model: torch.nn.Module, spec: GridSpec, batch_per_rank: int) -> None:
-    """Every weight, head count and micro-batch must split evenly on the grid (model may be on meta)."""
-    from .model import TPTransformerLM
-
-    plan = plan_for("1d" if spec.mode == "torch-1d" else spec.mode)
-    grid = Grid(GridSpec("1d" if spec.mode == "torch-1d" else spec.mode, spec.shape))
-    TPTransformerLM(model, plan, grid)
+def check_shapes(model: torch.nn.Module, chain, spec: GridSpec, batch_per_rank: int) -> None:
+    """Every weight, head count and micro-batch must split evenly on the grid (model on the meta device; it
+    is changed in place)."""
+    mode = "1d" if spec.mode == "torch-1d" else spec.mode
+    chain, _ = apply(model, chain, GridSpec(mode, spec.shape))
+    grid, plan = Grid(GridSpec(mode, spec.shape)), plan_for(mode)
     for layout in (plan.residual, plan.up.out, plan.down.inp):
         count = grid.block(layout.rows)[1]
         if batch_per_rank % count:
@@ -112,19 +120,16 @@ def check_shapes(model: torch.nn.Module, spec: GridSpec, batch_per_rank: int) ->
 
 
 def parallelize(model: torch.nn.Module, mode: str, mesh, spec: GridSpec, regather: bool = False):
-    """(model for this rank, its TensorParallel handle)."""
+    """A whole model (no pipeline) made tensor-parallel: (module to train, its handle). tessel's modes give a
+    :class:`tessel.chain.Runner` (call it with inputs and targets; its ``root`` is the model, names unchanged);
+    ``torch-1d`` gives the model under torch's ``parallelize_module``."""
     if mode == "torch-1d":
         from .native import NativeTP, parallelize_native
 
         model = parallelize_native(model, mesh)
         return model, NativeTP(model, mesh)
-    from .model import TPTransformerLM
-
-    if not hasattr(model, "blocks") or not hasattr(model, "tok_emb"):
-        raise PlanError(f"tensor parallelism applies to transformer_lm, not {type(model).__name__}")
-    grid = Grid(spec, mesh)
-    tp_model = TPTransformerLM(model, plan_for(mode), grid, regather)
-    return tp_model, TensorParallel(tp_model, grid)
+    chain, handle = apply(model, chain_of(model), spec, mesh, regather)
+    return Runner(model, chain), handle
 
 
-__all__ = ["Grid", "GridSpec", "TensorParallel", "check_config", "parallelize"]
+__all__ = ["Grid", "GridSpec", "TensorParallel", "apply", "check_shapes", "parallelize"]

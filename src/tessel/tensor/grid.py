@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..choices import TP_MODES
 from ..errors import PlanError
 
-MODES = ("1d", "2d", "3d", "torch-1d")
+MODES = TP_MODES
 AXES = {"1d": ("tp",), "torch-1d": ("tp",), "2d": ("tp_r", "tp_c"), "3d": ("tp_x", "tp_y", "tp_z")}
 
 

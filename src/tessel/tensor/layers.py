@@ -42,9 +42,10 @@ def linear(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tens
 class TPLinear(nn.Module):
     """An nn.Linear cut by ``spec``; parameters keep the names ``weight`` and ``bias``."""
 
-    def __init__(self, full: nn.Linear, spec: LinearSpec, grid: Grid, regather: bool = False, name: str = "") -> None:
+    def __init__(self, full: nn.Linear, spec: LinearSpec, grid: Grid, regather: bool = False, name: str = "",
+                 channel: str = ops.CHANNEL) -> None:
         super().__init__()
-        self.spec, self.grid, self.regather, self.name = spec, grid, regather, name
+        self.spec, self.grid, self.regather, self.name, self.channel = spec, grid, regather, name, channel
         self.in_features = full.in_features // grid.size(spec.inp.cols)
         self.weight = shard_param(grid, full.weight, spec.weight, (), f"{name}.weight")
         self.bias = (shard_param(grid, full.bias, spec.bias, spec.out.rows, f"{name}.bias")
@@ -58,7 +59,8 @@ class TPLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        return linear(x, [self.weight], [self.bias], self.spec, self.grid, self.regather)
+        with ops.channel(self.channel):  # the head counts on tp.head, the blocks' linears on tp
+            return linear(x, [self.weight], [self.bias], self.spec, self.grid, self.regather)
 
 
 class _DistLayerNorm(torch.autograd.Function):
@@ -142,8 +144,24 @@ class TPPositions(nn.Module):
         split = Split.of(d1=layout.cols) if layout.cols else Split()
         self.weight = shard_param(grid, full.weight, split, layout.rows, f"{name}.weight")
 
-    def forward(self, t: int) -> torch.Tensor:
-        return self.weight[:t]
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        """(T,) positions -> (T, this rank's features), as the plain nn.Embedding is called."""
+        return F.embedding(positions, self.weight)
+
+
+def block_of(grid: Grid, full: torch.Tensor, layout: Layout, what: str = "activation") -> torch.Tensor:
+    """This rank's block of a whole (dp-local) activation (B, ..., F) in ``layout``."""
+    x = rows_of(grid, full, layout.rows, what)
+    if layout.cols:
+        index, count = grid.block((layout.cols,))
+        x = x.chunk(count, -1)[index]
+    return x
+
+
+def block_shape(grid: Grid, shape: tuple[int, ...], layout: Layout) -> tuple[int, ...]:
+    """The shape of this rank's block of a (B, ..., F) tensor of ``shape`` in ``layout``."""
+    rows, cols = grid.block(layout.rows)[1], grid.size(layout.cols)
+    return (shape[0] // rows, *shape[1:-1], shape[-1] // cols)
 
 
 def rows_of(grid: Grid, batch: torch.Tensor, axes: tuple[str, ...], what: str) -> torch.Tensor:

@@ -1,8 +1,10 @@
-"""The reference TransformerLM rebuilt from tensor-parallel layers, parameter names unchanged.
+"""Tensor-parallel layers put into the reference models in place, per module, parameter names unchanged.
 
-``TPTransformerLM.from_plain(model, grid, plan)`` takes the plain model (same seed on every rank, so the
-same full weights) and keeps each rank's blocks; ``tok_emb.weight``, ``blocks.0.attn.q_proj.weight``, ...
-name the same tensors as in the plain model, which is what lets a checkpoint move between modes.
+``apply_transformer`` and ``apply_classifier`` (registered per model class) replace the submodules a
+(pipeline-pruned) model holds by tensor-parallel layers built from their full weights (same seed on every
+rank, so the same full weights) and return the chain that runs them; ``tok_emb.weight``,
+``blocks.0.attn.q_proj.weight``, ... name the same tensors as in the plain model, which is what lets a
+checkpoint move between modes, degrees and pipeline cuts.
 
 Attention runs on this rank's heads and batch rows with no communication: q, k and v come out of one
 sharded GEMM split by heads, exactly as in the plain model's code path.
@@ -10,15 +12,31 @@ sharded GEMM split by heads, exactly as in the plain model's code path.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..chain import Chain, Layer
 from ..errors import PlanError
+from ..models import DenseClassifier, TransformerLM
+from ..models.transformer_lm import CausalSelfAttention
+from ..registry import register_model
 from . import ops
 from .grid import Grid
-from .layers import TPEmbedding, TPLayerNorm, TPLinear, TPPositions, linear, rows_of, vocab_cross_entropy
-from .layout import Plan
+from .layers import (
+    TPEmbedding,
+    TPLayerNorm,
+    TPLinear,
+    TPPositions,
+    block_of,
+    block_shape,
+    linear,
+    rows_of,
+    vocab_cross_entropy,
+)
+from .layout import Layout, Plan
 
 
 class TPAttention(nn.Module):
@@ -67,39 +85,75 @@ class TPBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class TPTransformerLM(nn.Module):
-    def __init__(self, plain, plan: Plan, grid: Grid, regather: bool = False) -> None:
-        super().__init__()
-        if plain.softmax != "full":
-            raise PlanError("tensor parallelism needs model.softmax 'full' (the vocabulary is split over the grid); "
-                            "the sampled softmax is a data-parallel table, use it with tp=1")
-        if plain.head.weight is plain.tok_emb.weight:
-            raise PlanError("tensor parallelism does not support model.tie_embeddings (the table and the head are "
-                            "cut differently); set tie_embeddings false")
-        if any(m.p > 0 for m in plain.modules() if isinstance(m, nn.Dropout)) or plain.blocks[0].attn.dropout:
-            raise PlanError("tensor parallelism runs with model.dropout 0 (replicated and split activations would "
-                            "draw different masks); set dropout 0")
-        self.plan, self.grid = plan, grid
-        self.vocab_size, self.seq_len, self.dim = plain.vocab_size, plain.seq_len, plain.dim
-        self.tok_emb = TPEmbedding(plain.tok_emb, plan.embedding, grid, "tok_emb")
-        self.pos_emb = TPPositions(plain.pos_emb, plan.residual, grid, "pos_emb")
-        self.blocks = nn.ModuleList(TPBlock(b, plan, grid, regather, f"blocks.{i}") for i, b in enumerate(plain.blocks))
-        self.ln_f = TPLayerNorm(plain.ln_f, plan.residual, grid, "ln_f")
-        self.head = TPLinear(plain.head, plan.up, grid, regather, "head")
+def _present(root: nn.Module, path: str) -> bool:
+    """Whether this stage holds ``path`` (pipeline cuts replace the others by a parameter-free Identity)."""
+    return not isinstance(root.get_submodule(path), nn.Identity)
 
-    def hidden_states(self, inputs: torch.Tensor) -> torch.Tensor:
-        t = inputs.size(1)
-        if t > self.seq_len:
-            raise PlanError(f"input length {t} exceeds seq_len ({self.seq_len})")
-        x = self.tok_emb(inputs) + self.pos_emb(t)
-        for block in self.blocks:
-            x = block(x)
-        return self.ln_f(x)
 
-    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean next-token loss over the dp rank's whole batch; the same value on every rank of the grid."""
-        h = self.hidden_states(inputs)
-        with ops.channel("tp.head"):
-            out = self.plan.up.out
-            targets = rows_of(self.grid, targets, out.rows, "targets")
-            return vocab_cross_entropy(self.head(h), targets, out, self.grid, inputs.numel())
+def _check_plain(root: nn.Module) -> None:
+    if any(m.p > 0 for m in root.modules() if isinstance(m, nn.Dropout)) or any(
+            getattr(m, "dropout", 0) for m in root.modules() if isinstance(m, CausalSelfAttention)):
+        raise PlanError("tensor parallelism runs with model.dropout 0 (replicated and split activations would "
+                        "draw different masks); set dropout 0")
+
+
+def sharded_loss(logits: torch.Tensor, targets: torch.Tensor, grid: Grid, layout: Layout) -> torch.Tensor:
+    """Mean cross-entropy over the dp rank's whole micro-batch from this rank's block of the logits (any
+    rows and class split); the same value on every rank of the grid."""
+    with ops.channel("tp.head"):
+        total = targets.numel()
+        mine = rows_of(grid, targets, layout.rows, "targets").reshape(-1)
+        return vocab_cross_entropy(logits.reshape(-1, logits.shape[-1]), mine, layout, grid, total)
+
+
+def _tp_chain(chain: Chain, grid: Grid, layouts: list[Layout], first: Layout | None = None) -> Chain:
+    """``chain`` running on tensor-parallel layers whose outputs have ``layouts``; ``first``: the layout the
+    first layer's whole input is cut into (None: the layer cuts its input itself, as the embedding does)."""
+    layers = list(chain.layers)
+    if first is not None:
+        head = layers[0]
+        layers[0] = Layer(head.name, head.owns, lambda r, x: head.run(r, block_of(grid, x, first, "input")))
+    return Chain(layers, partial(sharded_loss, grid=grid, layout=layouts[-1]),
+                 lambda i, shape: block_shape(grid, shape, layouts[i]))
+
+
+def apply_transformer(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, regather: bool = False) -> Chain:
+    """Replace the TransformerLM's submodules present on this stage by their tensor-parallel versions in place
+    (same parameter names); returns the chain that runs them, with the vocabulary-parallel loss."""
+    if getattr(root, "softmax", "full") != "full":
+        raise PlanError("tensor parallelism needs model.softmax 'full' (the vocabulary is split over the grid); "
+                        "the sampled softmax is a data-parallel table, use it with tp=1")
+    if _present(root, "head") and _present(root, "tok_emb") and root.head.weight is root.tok_emb.weight:
+        raise PlanError("tensor parallelism does not support model.tie_embeddings (the table and the head are "
+                        "cut differently); set tie_embeddings false")
+    _check_plain(root)
+    if _present(root, "tok_emb"):
+        root.tok_emb = TPEmbedding(root.tok_emb, plan.embedding, grid, "tok_emb")
+        root.pos_emb = TPPositions(root.pos_emb, plan.residual, grid, "pos_emb")
+    for i, block in enumerate(root.blocks):
+        if not isinstance(block, nn.Identity):
+            root.blocks[i] = TPBlock(block, plan, grid, regather, f"blocks.{i}")
+    if _present(root, "head"):
+        root.ln_f = TPLayerNorm(root.ln_f, plan.residual, grid, "ln_f")
+        root.head = TPLinear(root.head, plan.up, grid, regather, "head", channel="tp.head")
+    # embedding and blocks hand on the residual stream; the head's logits are cut like an up-projection's output
+    return _tp_chain(chain, grid, [plan.residual] * (len(chain.layers) - 1) + [plan.up.out])
+
+
+def apply_classifier(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, regather: bool = False) -> Chain:
+    """The classifier's linears alternate up (column in 1-D, L(y,x) in 3-D) and down (row, L(x,y)), as a
+    Transformer's MLP does, so activations stay split between them; the features are cut into the residual
+    layout before the first, and the logits' layout is whatever the last linear gives."""
+    _check_plain(root)
+    layouts = []
+    for j, layer in enumerate(chain.layers):
+        path = layer.owns[0]  # the layer's Linear; the ReLU (and Dropout) after it need no change
+        spec = plan.up if j % 2 == 0 else plan.down
+        if _present(root, path):
+            root.set_submodule(path, TPLinear(root.get_submodule(path), spec, grid, regather, path))
+        layouts.append(spec.out)
+    return _tp_chain(chain, grid, layouts, first=plan.up.inp)
+
+
+register_model(TransformerLM, tensor=apply_transformer)
+register_model(DenseClassifier, tensor=apply_classifier)

@@ -1,12 +1,12 @@
 """One training step: micro-batches through forward and backward, gradient sync, clipping, update.
 
 The engine sees a model already wrapped for data parallelism (see ``tessel.parallelize``); it only
-decides when gradients may be synchronised (the last micro-batch) and applies the optimizer.
+decides when gradients may be synchronised (the last micro-batch) and hands the rest to the step tail.
 
 Example::
 
-    engine = Engine(ddp_model, optimizer, train_cfg)
-    loss = engine.step(inputs, targets, step=0)
+    engine = Engine(ddp_model, StepTail(params, optimizer, train_cfg))
+    result = engine.step(inputs, targets, step=0)      # StepResult(loss, grad_norm, lr)
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from .. import comm
-from ..config import TrainConfig
 from .memory import SavedBytes
-from .optim import lr_at, set_lr
+from .optim import lr_at
+from .tail import StepTail
 
 
 @dataclass
@@ -30,15 +30,18 @@ class StepResult:
 
 
 class Engine:
-    """``sparse``: the tables :func:`tessel.sparse.shard` took out of the model, updated here row by row.
-    ``tp``: the model's :class:`tessel.tensor.TensorParallel` (gradient reduction and norm over the grid).
+    """The unpipelined engine: ``model(x, y)`` per micro-batch (DDP syncs gradients in the last backward),
+    then the shared :class:`~tessel.train.tail.StepTail`. ``tables``: sparse tables the model's forward uses
+    (their rows are fetched ahead and their backward finished here; the tail reduces and updates them).
 
     ``activation_bytes``: what the first micro-batch's forward kept for backward, on the first step."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig,
-                 sparse=None, tp=None) -> None:
-        self.model, self.optimizer, self.cfg, self.sparse, self.tp = model, optimizer, cfg, sparse, tp
-        self.params = [p for p in model.parameters() if p.requires_grad]
+    needs_batch = True  # every rank reads its batch (only pipeline middle stages do not)
+
+    def __init__(self, model: torch.nn.Module, tail: StepTail, tables=None) -> None:
+        self.model, self.tail, self.tables = model, tail, tables
+        self.cfg, self.optimizer = tail.cfg, tail.optimizer
+        self.params = tail.params
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
         self.activation_bytes = None
 
@@ -61,9 +64,9 @@ class Engine:
         self.model.train()
         m = self.cfg.micro_batches
         inputs, targets = self.to_device(inputs), self.to_device(targets)
-        if self.sparse:
+        if self.tables:
             with comm.guard("prefetch of sparse rows", "sparse"):
-                self.sparse.begin_step(inputs, next_inputs)
+                self.tables.begin_step(inputs, next_inputs)
         total = 0.0
         for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
             # DDP's gradient all-reduce runs inside backward; a dead peer surfaces here.
@@ -74,37 +77,16 @@ class Engine:
                     self.activation_bytes = saved.bytes
                 else:
                     loss = self.model(x, y) / m
-                if self.sparse:
-                    self.sparse.final_backward(i == m - 1)
+                if self.tables:
+                    self.tables.final_backward(i == m - 1)
                 loss.backward()
             total += float(loss.detach())
-        # Gradients are already identical on every dp rank, so each rank computes the same norm; the
-        # sparse tables' share comes back from their reduce, summed over owners.
-        if self.tp is not None:
-            sq = self.tp.finish_backward()
-        else:
-            sq = torch.zeros((), dtype=torch.float64)
-            for p in self.params:
-                if p.grad is not None:
-                    g = p.grad.coalesce()._values() if p.grad.is_sparse else p.grad
-                    sq += g.double().pow(2).sum()
-        if self.sparse:
-            with comm.guard("exchange of sparse row gradients", "sparse"):
-                sq += self.sparse.reduce()
-        norm = sq.sqrt()
-        scale = 1.0
-        if self.cfg.clip > 0:
-            # torch.nn.utils.clip_grad_norm_'s rule, over dense and sparse gradients together
-            scale = min(1.0, self.cfg.clip / (float(norm) + 1e-6))
-            if scale < 1.0:
-                for p in self.params:
-                    if p.grad is not None:
-                        p.grad.mul_(scale)
         lr = lr_at(step, self.cfg)
-        set_lr(self.optimizer, lr)
-        if self.sparse:
-            # Rows first: the next step's rows that waited for this update travel during the dense step.
-            self.sparse.step(lr, scale)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss=total, grad_norm=float(norm), lr=lr)
+        norm = self.tail(lr)
+        return StepResult(loss=total, grad_norm=norm, lr=lr)
+
+    def drain(self, step: int) -> None:
+        """Nothing is in flight between steps of an unpipelined model."""
+
+    def stats(self) -> None:
+        return None

@@ -39,3 +39,37 @@ class SavedBytes:
 
     def __exit__(self, *exc) -> None:
         self._hooks.__exit__(*exc)
+
+
+def peak_memory_bytes() -> int:
+    """Peak memory of this rank: device memory on CUDA, else the process's peak resident set."""
+    import torch.distributed as dist
+
+    if torch.cuda.is_available() and dist.get_backend() == "nccl":
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def table_memory_bytes(tables, dense_tables: list[tuple[torch.nn.Parameter, bool]], optimizer) -> int:
+    """Bytes this rank holds for embedding tables: weights, optimizer state and gradients (dense tables)
+    or shard, row-optimizer state and the rows pulled for the last batch (ps and allgather tables)."""
+    total = tables.memory_bytes() if tables else 0
+    for p, sparse_grad in dense_tables:
+        state = optimizer.state.get(p, {})
+        # A dense gradient of the whole table exists during every step (zero_grad frees it after).
+        grad = 0 if sparse_grad else p.numel() * p.element_size()
+        total += p.numel() * p.element_size() + grad + sum(
+            v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v) and v.dim())
+    return total
+
+
+def model_state_bytes(params, optimizer) -> int:
+    """Bytes of this rank's parameters and their optimizer state (what sharding over pp and tp divides)."""
+    params = list(params)
+    total = sum(p.numel() * p.element_size() for p in params)
+    for p in params:
+        total += sum(v.numel() * v.element_size() for v in optimizer.state.get(p, {}).values()
+                     if torch.is_tensor(v) and v.dim())
+    return total

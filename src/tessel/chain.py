@@ -1,0 +1,145 @@
+"""A model as a straight chain of layers, the unit every parallelism applies to; the module that runs it;
+and the reference models' chains (the way torchtitan's ``pipeline_llama`` knows Llama's structure, while
+the models themselves know nothing of parallelism).
+
+Each :class:`Layer` maps one activation to the next and names the submodules of the plain model whose
+parameters it uses; the :class:`Chain` adds the loss that follows the last layer (no parameters: what
+torch's ``PipelineStage`` needs too) and, once tensor parallelism has cut the layers, the shape of this
+rank's block of each layer's output. A pipeline stage runs layers ``lo..hi-1``; an unpipelined model runs
+them all, with the loss: both are a :class:`Runner`. Which chain a model has is registered per model
+class (:mod:`tessel.registry`), never sniffed.
+
+Example::
+
+    >>> import torch
+    >>> from torch import nn
+    >>> lin = nn.Linear(4, 2)
+    >>> chain = Chain([Layer("lin", ("",), lambda r, x: r(x))], nn.functional.cross_entropy)
+    >>> loss = Runner(lin, chain)(torch.randn(3, 4), torch.tensor([0, 1, 1]))
+    >>> loss.dim()
+    0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import PlanError
+from .models import LSTMLM, DenseClassifier, TransformerLM
+from .registry import register_model, registered, spec_of
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    owns: tuple[str, ...]  # submodule paths of the root model whose parameters this layer uses
+    run: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (root model, activation) -> activation
+
+
+def _whole(layer: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return shape
+
+
+@dataclass(frozen=True)
+class Chain:
+    layers: list[Layer]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (last activation, targets) -> mean loss
+    # (layer index, full output shape with the batch dim) -> the shape of this rank's block of it
+    local: Callable[[int, tuple[int, ...]], tuple[int, ...]] = field(default=_whole)
+
+    @property
+    def names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+
+class Runner(nn.Module):
+    """Layers ``lo..hi-1`` of ``chain`` over the (pruned) model ``root``, whose parameter names it keeps
+    under ``root.``; called with targets it also applies the chain's loss."""
+
+    def __init__(self, root: nn.Module, chain: Chain, lo: int = 0, hi: int | None = None) -> None:
+        super().__init__()
+        self.root, self.chain = root, chain
+        self._layers = chain.layers[lo:hi]
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        for layer in self._layers:
+            x = layer.run(self.root, x)
+        return x if targets is None else self.chain.loss(x, targets)
+
+
+# -- the reference models' chains, registered per class -------------------------------------------------
+
+def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def _no_sampled(model: nn.Module) -> None:
+    if getattr(model, "softmax", "full") == "sampled":
+        raise PlanError("pipeline parallelism (pp>1) needs model.softmax=full: the sampled softmax draws its "
+                        "candidates from the targets inside the output layer; valid: model.softmax=full")
+
+
+def _transformer(m: TransformerLM) -> Chain:
+    _no_sampled(m)
+    layers = [Layer("embed", ("tok_emb", "pos_emb", "drop"), lambda r, x: r.embed(x))]
+    for i in range(len(m.blocks)):
+        layers.append(Layer(f"blocks.{i}", (f"blocks.{i}",), lambda r, x, i=i: r.blocks[i](x)))
+    layers.append(Layer("head", ("ln_f", "head"), lambda r, x: r.head(r.ln_f(x))))
+    return Chain(layers, _lm_loss)
+
+
+def _lstm(m: LSTMLM) -> Chain:
+    _no_sampled(m)
+    # nn.LSTM runs all its layers in one fused call, so the LSTM is one pipeline layer
+    return Chain([Layer("embedding", ("embedding",), lambda r, x: r.embedding(x)),
+                  Layer("lstm", ("lstm", "drop"), lambda r, x: r.drop(r.lstm(x)[0])),
+                  Layer("head", ("head",), lambda r, x: r.head(x))], _lm_loss)
+
+
+def _sequential(seq: nn.Sequential, prefix: str) -> list[Layer]:
+    """One layer per module with parameters, the parameter-free modules after it (ReLU, Dropout) folded in."""
+    groups: list[list[int]] = []
+    for i, mod in enumerate(seq):
+        if not groups or any(True for _ in mod.parameters()):
+            groups.append([i])
+        else:
+            groups[-1].append(i)
+    layers = []
+    for idx in groups:
+        owns = tuple(f"{prefix}{i}" for i in idx)
+
+        def run(r, x, owns=owns):
+            for path in owns:
+                x = r.get_submodule(path)(x)
+            return x
+
+        layers.append(Layer(owns[0], owns, run))
+    return layers
+
+
+def _classifier(m: DenseClassifier) -> Chain:
+    return Chain(_sequential(m.net, "net."), F.cross_entropy)
+
+
+register_model(TransformerLM, chain=_transformer)
+register_model(LSTMLM, chain=_lstm)
+register_model(DenseClassifier, chain=_classifier)
+
+
+def chain_of(model: nn.Module, loss: Callable | None = None) -> Chain:
+    """The registered layer chain of ``model``, or that of an ``nn.Sequential`` with a parameter-free ``loss``."""
+    spec = spec_of(model)
+    if spec.chain is not None:
+        return spec.chain(model)
+    if isinstance(model, nn.Sequential):
+        if loss is None:
+            raise PlanError("an nn.Sequential needs a loss function to be pipelined, e.g. loss=F.cross_entropy")
+        return Chain(_sequential(model, ""), loss)
+    raise PlanError(f"cannot cut {type(model).__name__} into layers: no chain is registered for it "
+                    f"(registered: {', '.join(registered())}); register one with tessel.register_model, "
+                    "or use an nn.Sequential")

@@ -1,0 +1,221 @@
+"""The parallel plan: every decision about how one model is spread over the ranks, as frozen data.
+
+A :class:`ParallelPlan` holds the degrees (dp × pp × tp), the tensor-parallel mode and grid, the pipeline
+schedule, micro-batches and stage bounds, and each sparse table's strategy. It is made once, from the
+config (``ParallelPlan.from_config``); the workers complete the two parts that need measurement (stage
+bounds from a profile, table strategies from the cost model) with :meth:`ParallelPlan.with_`; it is
+printed at start and stored in every checkpoint. Every package reads only its slice of it.
+
+Feasibility is a list of predicates, each returning a reason or None (:func:`problems`), so a caller can
+ask whether a plan runs without catching exceptions; :meth:`ParallelPlan.check` raises the first reason.
+
+    >>> plan = ParallelPlan(dp=2, pp=2, tp=2, tp_mode="1d", tp_grid=(2,), schedule="1f1b", micro_batches=2)
+    >>> ParallelPlan.from_json(plan.to_json()) == plan
+    True
+    >>> plan.mesh_axes
+    (('tp', 2),)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+
+from .choices import ASYNC_SCHEDULES, SYNC_SCHEDULES, TORCH_SCHEDULES, TP_MODES
+from .errors import CheckpointError, PlanError
+from .mesh import ParallelDims
+from .pipeline.predict import check_optimizer
+from .pipeline.schedules import check_micro
+from .tensor.grid import AXES, GridSpec
+
+
+@dataclass(frozen=True)
+class TableChoice:
+    name: str  # the table's module path in the plain model
+    strategy: str  # dense | torch-sparse | allgather | ps | alltoall
+    split: str = ""  # alltoall: column | row
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    dp: int
+    pp: int = 1
+    tp: int = 1
+    tp_mode: str = "1d"
+    tp_grid: tuple[int, ...] = (1,)  # sizes of the grid's axes (see tessel.tensor.grid.AXES)
+    regather: bool = False  # 2-D/3-D: keep only shards for backward
+    schedule: str = "1f1b"
+    predict: str = "v1"
+    micro_batches: int = 1
+    bounds: tuple[tuple[int, int], ...] = ()  # [lo, hi) layers per stage; () until the profile has cut
+    tables: tuple[TableChoice, ...] = field(default_factory=tuple)  # () until the tables are decided
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    @property
+    def dims(self) -> ParallelDims:
+        return ParallelDims(dp=self.dp, pp=self.pp, tp=self.tp, world_size=self.world)
+
+    @property
+    def flushed(self) -> bool:
+        """Whether a step ends with every micro-batch's gradient applied (single-process equivalent)."""
+        return self.pp == 1 or self.schedule not in ASYNC_SCHEDULES
+
+    @property
+    def mesh_axes(self) -> tuple[tuple[str, int], ...]:
+        """The tensor-parallel mesh dims, outermost first: ("tp",) for 1-D, the grid's axes for 2-D/3-D."""
+        if self.tp == 1 or self.tp_mode in ("1d", "torch-1d"):
+            return (("tp", self.tp),)
+        return tuple(zip(AXES[self.tp_mode], self.tp_grid))
+
+    def with_(self, **changes) -> ParallelPlan:
+        return dataclasses.replace(self, **changes)
+
+    # -- data ------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["tp_grid"], d["bounds"] = list(self.tp_grid), [list(b) for b in self.bounds]
+        d["tables"] = [dataclasses.asdict(t) for t in self.tables]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ParallelPlan:
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(d, dict) or "dp" not in d or set(d) - names:
+            raise PlanError(f"not a parallel plan: {str(d)[:80]}; a plan has the keys {', '.join(sorted(names))}")
+        return cls(**{**d, "tp_grid": tuple(d.get("tp_grid", (1,))),
+                      "bounds": tuple(tuple(b) for b in d.get("bounds", ())),
+                      "tables": tuple(TableChoice(**t) for t in d.get("tables", ()))})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ParallelPlan:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_config(cls, cfg, world: int) -> ParallelPlan:
+        """The plan the config asks for on ``world`` ranks (degrees resolved, grid chosen), unchecked."""
+        p = cfg.parallel
+        dims = ParallelDims.resolve(world, p.dp, p.pp, p.tp)
+        grid = GridSpec.parse(cfg.tensor.mode, dims.tp, cfg.tensor.grid)
+        return cls(dp=dims.dp, pp=dims.pp, tp=dims.tp, tp_mode=cfg.tensor.mode, tp_grid=grid.shape,
+                   regather=cfg.tensor.regather, schedule=cfg.pipeline.schedule, predict=cfg.pipeline.predict,
+                   micro_batches=cfg.train.micro_batches)
+
+    # -- checks and printing ---------------------------------------------------------------------------
+
+    def check(self, cfg) -> ParallelPlan:
+        """The plan itself, or a PlanError naming the first reason it cannot run."""
+        reasons = problems(self, cfg)
+        if reasons:
+            raise PlanError(reasons[0])
+        return self
+
+    def describe(self) -> str:
+        parts = [f"dp={self.dp}", f"pp={self.pp}", f"tp={self.tp}"]
+        if self.tp > 1:
+            grid = "x".join(str(s) for s in self.tp_grid)
+            parts.append(f"tensor {self.tp_mode} {grid}" + (" regather" if self.regather else ""))
+        if self.pp > 1:
+            parts.append(f"schedule {self.schedule}" + (f" ({self.predict})" if self.schedule == "async-predict"
+                                                        else ""))
+            if self.bounds:
+                parts.append("stages " + " | ".join(f"{lo}-{hi - 1}" for lo, hi in self.bounds))
+        parts.append(f"{self.micro_batches} micro-batch{'es' if self.micro_batches > 1 else ''}")
+        if self.tables:
+            parts.append("tables " + ", ".join(f"{t.name}={t.strategy}" + (f"/{t.split}" if t.split else "")
+                                               for t in self.tables))
+        return "plan: " + ", ".join(parts)
+
+
+# -- feasibility: each predicate returns a reason, or None -------------------------------------------------
+
+def _degrees(plan: ParallelPlan, cfg) -> str | None:
+    if min(plan.dp, plan.pp, plan.tp) < 1 or math.prod(plan.tp_grid) != plan.tp:
+        return f"degrees dp={plan.dp} pp={plan.pp} tp={plan.tp} grid {plan.tp_grid} are invalid"
+    if plan.tp_mode not in TP_MODES:
+        return f"tensor mode '{plan.tp_mode}' is invalid; valid: {', '.join(TP_MODES)}"
+    return None
+
+
+def _batch(plan: ParallelPlan, cfg) -> str | None:
+    unit = plan.dp * plan.micro_batches
+    b = cfg.train.global_batch
+    if b % unit:
+        return (f"global batch {b} is not divisible by dp={plan.dp} x micro_batches={plan.micro_batches} = "
+                f"{unit}; use a multiple of {unit}, e.g. {max(unit, b // unit * unit)}")
+    return None
+
+
+def _schedule(plan: ParallelPlan, cfg) -> str | None:
+    if plan.pp == 1:
+        return None
+    try:
+        check_micro(plan.schedule, plan.pp, plan.micro_batches)
+        if plan.schedule == "async-predict":
+            check_optimizer(cfg.train.optimizer, cfg.train.momentum)
+    except PlanError as e:
+        return str(e)
+    return None
+
+
+def _tensor(plan: ParallelPlan, cfg) -> str | None:
+    if plan.tp == 1:
+        return None
+    if cfg.model.name == "lstm_lm":
+        return (f"tensor parallelism (tp={plan.tp}) applies to models transformer_lm and classifier, not lstm_lm "
+                "(nn.LSTM runs its gates as one fused kernel that has no tensor-parallel form here); use tp=1")
+    if plan.tp_mode == "torch-1d" and (plan.dp > 1 or plan.pp > 1 or cfg.model.name != "transformer_lm"):
+        return ("tensor.mode 'torch-1d' (torch's parallelize_module, the peer) runs transformer_lm alone "
+                "(dp=1, pp=1); use mode 1d to combine tensor parallelism with dp or pp")
+    if plan.pp > 1 and plan.schedule in TORCH_SCHEDULES:
+        return (f"pipeline.schedule {plan.schedule} with tp={plan.tp}: torch's PipelineStage traces each stage on "
+                "meta tensors, which tessel's tensor-parallel collectives cannot run on; valid with tp > 1: "
+                + ", ".join(SYNC_SCHEDULES + ASYNC_SCHEDULES))
+    return None
+
+
+def _sparse(plan: ParallelPlan, cfg) -> str | None:
+    # Tables under pp and tp are the subject of the next composition step; until then refuse, never train dense
+    # silently. auto (the default) keeps tables dense there: the tensor-parallel embedding splits them already.
+    if plan.pp == 1 and plan.tp == 1:
+        return None
+    if cfg.sparse.strategy not in ("auto", "dense") or cfg.sparse.tables:
+        axes = " and ".join(a for a, on in (("pp", plan.pp > 1), ("tp", plan.tp > 1)) if on)
+        return (f"sparse.strategy={cfg.sparse.strategy}"
+                + (f" with sparse.tables={cfg.sparse.tables}" if cfg.sparse.tables else "")
+                + f" under {axes}: sparse tables are served only with pp=1 and tp=1 in this version; "
+                "valid with pp > 1 or tp > 1: sparse.strategy dense or auto (tables trained densely)")
+    if cfg.model.softmax == "sampled":
+        return ("model.softmax=sampled with pp > 1 or tp > 1: the sampled softmax is a data-parallel table; "
+                "valid there: model.softmax=full")
+    return None
+
+
+PREDICATES = (_degrees, _batch, _schedule, _tensor, _sparse)
+
+
+def problems(plan: ParallelPlan, cfg) -> list[str]:
+    """Every reason ``plan`` cannot run with ``cfg`` (empty: it can, as far as is known before the model)."""
+    return [r for r in (p(plan, cfg) for p in PREDICATES) if r]
+
+
+def saved_plan(meta: dict, plan: ParallelPlan, path) -> ParallelPlan:
+    """The plan a checkpoint was saved under, which a resumed run must match: per-rank RNG and data state are
+    keyed by rank, so the world, the degrees and the grid must be the same."""
+    if meta.get("world_size") != plan.world:
+        raise CheckpointError(f"checkpoint '{path}' was saved by {meta.get('world_size')} ranks and holds per-rank "
+                              f"RNG and data state; resume it with {meta.get('world_size')} ranks, not {plan.world}")
+    saved = ParallelPlan.from_dict(meta["plan"]) if "plan" in meta else plan
+    if (saved.dp, saved.pp, saved.tp, saved.tp_mode, saved.tp_grid) != (
+            plan.dp, plan.pp, plan.tp, plan.tp_mode, plan.tp_grid):
+        raise CheckpointError(f"checkpoint '{path}' was saved under {saved.describe()}; resume it under the same "
+                              "degrees and grid, or start a new run from its weights with --checkpoint.init_from")
+    return saved

@@ -1,0 +1,44 @@
+"""What tessel must know about a model class to parallelize it, registered once per class.
+
+torchtitan registers a ``TrainSpec`` per model; tessel registers a :class:`ModelSpec`: ``chain`` (the
+model -> its :class:`tessel.chain.Chain`, for pipeline stages and tensor parallelism) and ``tensor``
+(applies tensor-parallel layers in place to the submodules a stage holds and returns the chain that runs
+them). The reference models are registered by :mod:`tessel.pipeline.layers` and :mod:`tessel.tensor.model`;
+a user registers their own the same way::
+
+    tessel.register_model(MyNet, chain=lambda m: Chain([...], F.cross_entropy))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    chain: Callable | None = None  # (model) -> Chain
+    tensor: Callable | None = None  # (root, chain, grid, plan, regather) -> Chain of the tensor-parallel layers
+
+
+_SPECS: dict[type, ModelSpec] = {}
+
+
+def register_model(cls: type, *, chain: Callable | None = None, tensor: Callable | None = None) -> None:
+    """Register (or extend) what tessel knows about ``cls``; given fields replace earlier ones."""
+    spec = _SPECS.get(cls, ModelSpec())
+    _SPECS[cls] = replace(spec, **{k: v for k, v in (("chain", chain), ("tensor", tensor)) if v is not None})
+
+
+def spec_of(model: nn.Module) -> ModelSpec:
+    """The spec registered for ``model``'s class or its nearest registered base class (empty if none)."""
+    for cls in type(model).__mro__:
+        if cls in _SPECS:
+            return _SPECS[cls]
+    return ModelSpec()
+
+
+def registered() -> list[str]:
+    return sorted(cls.__name__ for cls in _SPECS)

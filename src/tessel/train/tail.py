@@ -1,0 +1,91 @@
+"""The one step tail every engine ends a step with: gradient hooks, global norm, clipping, LR, update.
+
+Flushed and asynchronous pipelines and the unpipelined engine all finish a step here, in this order:
+
+1. data-parallel sync, where DDP did not do it inside backward (pipeline stages: one flat all-reduce);
+2. tensor parallelism's partial gradients summed over the grid; its share of the squared norm counts every
+   element once however many ranks hold it;
+3. sparse tables' row gradients pushed to their owners (their share of the norm comes back summed);
+4. the squared norm summed over pipeline stages (``global_norm``; asynchronous schedules clip per stage);
+5. torch's ``clip_grad_norm_`` rule over all of it, the LR of this step, the rows' update, the optimizer.
+
+Example::
+
+    tail = StepTail(params, optimizer, train_cfg, tp=handle, norm_group=mesh.get_group("pp"))
+    norm = tail(lr)          # after the step's backward passes
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from .. import comm
+from ..config import TrainConfig
+from .optim import set_lr
+
+
+def _local_sq(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    sq = torch.zeros(1, dtype=torch.float64)
+    for p in params:
+        if p.grad is not None:
+            g = p.grad.coalesce()._values() if p.grad.is_sparse else p.grad
+            sq += g.double().pow(2).sum()
+    return sq
+
+
+class StepTail:
+    """``dp_group``: average gradients over it here (None: DDP already did in backward). ``tp``: the tensor-
+    parallel handle (``finish_backward() -> squared norm``). ``tables``: sparse tables (``reduce``/``step``).
+    ``norm_group``: the pipeline group whose stages' squared norms are summed for a global norm."""
+
+    def __init__(self, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, cfg: TrainConfig, *,
+                 dp_group=None, tp=None, tables=None, norm_group=None) -> None:
+        self.params, self.optimizer, self.cfg = params, optimizer, cfg
+        self.dp_group, self.tp, self.tables, self.norm_group = dp_group, tp, tables, norm_group
+        self.waited = 0.0  # seconds spent in the pipeline-wide norm all-reduce (waiting on other stages)
+
+    def _sync_dp(self) -> None:
+        # every parameter gets a gradient (zeros if unused) so all replicas all-reduce the same flat buffer
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        size = torch.distributed.get_world_size(self.dp_group)
+        if size > 1:
+            flat = _flatten_dense_tensors(grads)
+            comm.all_reduce(flat, "dp.dense", group=self.dp_group)
+            flat /= size
+            grads = _unflatten_dense_tensors(flat, grads)
+        for p, g in zip(self.params, grads):
+            p.grad = g
+
+    def squared_norm(self, global_norm: bool = True) -> torch.Tensor:
+        if self.dp_group is not None:
+            self._sync_dp()
+        sq = self.tp.finish_backward().reshape(1) if self.tp is not None else _local_sq(self.params)
+        if self.tables:
+            with comm.guard("exchange of sparse row gradients", "sparse"):
+                sq = sq + self.tables.reduce()
+        if global_norm and self.norm_group is not None:
+            t0 = time.perf_counter()
+            comm.all_reduce(sq, "meta", group=self.norm_group)
+            self.waited += time.perf_counter() - t0
+        return sq
+
+    def __call__(self, lr: float, global_norm: bool = True) -> float:
+        """Finish the step at learning rate ``lr``; returns the gradient norm before clipping."""
+        norm = float(self.squared_norm(global_norm).sqrt())
+        scale = 1.0
+        if self.cfg.clip > 0:
+            scale = min(1.0, self.cfg.clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s rule
+            if scale < 1.0:
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(scale)  # a loop, not _foreach: torch-sparse tables have sparse gradients
+        set_lr(self.optimizer, lr)
+        if self.tables:
+            # rows first: the next step's rows that waited for this update travel during the dense step
+            self.tables.step(lr, scale)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm

@@ -1,0 +1,157 @@
+"""The training loop a worker runs: plan, compose, train, checkpoint, summarise.
+
+Run it on several local workers with ``tessel train --nproc 2`` or under torchrun on several nodes::
+
+    torchrun --nproc-per-node 8 -m tessel train --dp 2 --pp 2 --tp 2 --tp-mode 1d --steps 50
+
+The loop knows no parallel axis: :func:`tessel.parallelize.parallelize` turns the plan into one object
+whose engine steps, whose module and optimizer are checkpointed, and whose summary describes the axes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import comm
+from .config import Config
+from .data import ShardedLoader
+from .errors import CheckpointError
+from .mesh import build_mesh, init_distributed
+from .parallelize import Parallelized, parallelize
+from .plan import ParallelPlan, saved_plan
+from .train import checkpoint
+from .train.build import DTYPES, build, build_data, model_identity
+from .train.memory import model_state_bytes, peak_memory_bytes, table_memory_bytes
+from .train.metrics import MetricsLogger
+
+
+def _first_batches(loader: ShardedLoader, n: int, model: torch.nn.Module) -> list[tuple]:
+    """This rank's first ``n`` batches, read from a copy of the loader so training still starts with them."""
+    peek = ShardedLoader(loader.dataset, loader.global_batch, loader.dp_rank, loader.dp_size, seed=loader.seed,
+                         shuffle=loader.shuffle)
+    dtype = next(model.parameters()).dtype
+    return [tuple(t.to(dtype) if t.is_floating_point() else t for t in peek.next_batch()) for _ in range(n)]
+
+
+def _resume_point(cfg: Config, plan: ParallelPlan):
+    """(checkpoint to resume from or None, the plan with its saved stage cut and tables)."""
+    if not cfg.checkpoint.resume:
+        return None, plan
+    path = checkpoint.latest(cfg.checkpoint_dir)
+    if path is None:
+        raise CheckpointError(f"--resume: no complete checkpoint in '{cfg.checkpoint_dir}'; train without --resume "
+                              "first")
+    saved = saved_plan(checkpoint.read_meta(path), plan, path)
+    # a resumed run keeps the stage bounds and table strategies it was saved with, whatever profile says now
+    return path, plan.with_(bounds=saved.bounds, tables=saved.tables)
+
+
+def _build(cfg: Config, mesh, plan: ParallelPlan):
+    """(the composed model, its loader, the checkpoint identity, the checkpoint to resume from)."""
+    # The same seed on every rank: identical initial weights, and identical draws for the
+    # sampled softmax's candidates, which data-parallel parity relies on.
+    torch.manual_seed(cfg.train.seed)
+    dataset = build_data(cfg)
+    vocab = getattr(dataset, "vocab_size", 0)
+    model = build(cfg, vocab).to(DTYPES[cfg.train.dtype])
+    if dist.get_backend() == "nccl":
+        model = model.cuda()
+    identity = model_identity(cfg, vocab)
+    if cfg.checkpoint.init_from and not cfg.checkpoint.resume:
+        # into the plain model, before any parallelism: the source may have any world size or layout
+        source = checkpoint.latest(cfg.checkpoint.init_from) or cfg.checkpoint.init_from  # a run's folder or a step
+        checkpoint.load_weights(source, model, identity)
+    loader = ShardedLoader(dataset, cfg.train.global_batch, mesh.get_local_rank("dp"), plan.dp, seed=cfg.train.seed)
+    resume_from, plan = _resume_point(cfg, plan)
+    batches = _first_batches(loader, max(1, cfg.sparse.sample_batches), model)
+    return parallelize(model, plan, mesh, cfg, batches), loader, identity, resume_from
+
+
+def _summary(cfg: Config, par: Parallelized, logger: MetricsLogger, run_bytes: dict, per_step: int,
+             unit: str) -> dict[str, Any]:
+    mine = {"bytes": run_bytes, "peak_mem": peak_memory_bytes(),
+            "act_mem": getattr(par.engine, "activation_bytes", None),
+            "table_mem": table_memory_bytes(par.tables, par.dense_tables(), par.optimizer),
+            "state_mem": model_state_bytes(par.module.parameters(), par.optimizer), "stats": par.engine.stats()}
+    per_rank = comm.all_gather_object(mine, "meta")
+    return logger.summary(
+        [r["bytes"] for r in per_rank],
+        {"model": cfg.model.name, "dims": f"dp={par.plan.dp} pp={par.plan.pp} tp={par.plan.tp} "
+                                          f"(world {par.plan.world})",
+         "unit": unit, "out": cfg.metrics.out, "plot": cfg.metrics.plot, "tokens_per_step": per_step,
+         "peak_mem_per_rank": [r["peak_mem"] for r in per_rank],
+         "activation_mem_per_rank": [r["act_mem"] for r in per_rank],
+         "table_mem_per_rank": [r["table_mem"] for r in per_rank],
+         "state_mem_per_rank": [r["state_mem"] for r in per_rank],
+         **par.summary([r["stats"] for r in per_rank])})
+
+
+def _add(run_bytes: dict, step_bytes: dict) -> None:
+    for c, v in step_bytes.items():
+        acc = run_bytes.setdefault(c, {"sent": 0, "recv": 0})
+        acc["sent"] += v["sent"]
+        acc["recv"] += v["recv"]
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """Train as one rank of the world torchrun started; returns the run summary (same on every rank)."""
+    init_distributed(cfg.parallel.backend, cfg.parallel.timeout)
+    rank = dist.get_rank()
+    plan = ParallelPlan.from_config(cfg, dist.get_world_size()).check(cfg)
+    mesh = build_mesh(plan.dims, cfg.parallel.timeout, plan.mesh_axes)
+    dp_group = mesh.get_group("dp")
+    par, loader, identity, resume_from = _build(cfg, mesh, plan)
+    if rank == 0:
+        print(par.describe(), flush=True)
+    meta = {**identity, "plan": par.plan.to_dict()}
+
+    start = 0
+    if resume_from is not None:
+        start, data_state = checkpoint.load(resume_from, par.module, par.optimizer, identity, par.tables, par.shards)
+        loader.load_state_dict(data_state)
+
+    unit = "samples" if cfg.model.name == "classifier" else "tokens"
+    per_step = cfg.train.global_batch * (1 if unit == "samples" else cfg.data.seq_len)
+    # the last pipeline stage is the one that knows the loss; its first rank logs
+    log_rank = dist.get_process_group_ranks(mesh.get_group("pp"))[-1] if rank == 0 else None
+    log_rank = comm.all_gather_object(log_rank, "meta")[0]
+    logger = MetricsLogger(cfg.metrics.out, cfg.train.steps, start, cfg.metrics.progress, cfg.metrics.log_every,
+                           cfg.metrics.tensorboard, enabled=rank == log_rank, resume=cfg.checkpoint.resume)
+    run_bytes: dict[str, dict[str, int]] = {}
+    engine, tables = par.engine, par.tables if par.tables and par.tables.choices else None
+    comm.counter.end_step()  # set-up traffic (dp.init) is not part of any step
+    for step in range(start, cfg.train.steps):
+        t0 = time.perf_counter()
+        if engine.needs_batch:
+            inputs, targets = loader.next_batch()
+        else:
+            loader.skip()  # generating a batch costs a middle pipeline stage CPU it needs for its layers
+            inputs = targets = None
+        # scheduled alltoall tables fetch the next batch's rows during this step
+        upcoming = loader.peek()[0] if tables and step + 1 < cfg.train.steps else None
+        result = engine.step(inputs, targets, step, upcoming)
+        loss = torch.tensor([result.loss], dtype=torch.float64)
+        comm.all_reduce(loss, "meta", group=dp_group)
+        dt = time.perf_counter() - t0
+        step_bytes = comm.counter.end_step()
+        _add(run_bytes, step_bytes)
+        record = {"step": step + 1, "loss": float(loss) / plan.dp, "lr": result.lr,
+                  "grad_norm": result.grad_norm, "step_time": dt, "tokens_per_s": per_step / dt, "bytes": step_bytes}
+        if tables:
+            record["sparse_busy"], record["sparse_waited"] = tables.timing()
+        logger.log_step(record)
+        done = step + 1 == cfg.train.steps
+        every = cfg.checkpoint.every
+        if cfg.checkpoint.enabled and ((every and (step + 1) % every == 0) or done):
+            engine.drain(step + 1)  # a checkpoint holds no half-trained mini-batch
+            checkpoint.save(cfg.checkpoint_dir, step + 1, par.module, par.optimizer, loader.state_dict(), meta,
+                            cfg.checkpoint.keep, par.tables, par.shards)
+
+    engine.drain(cfg.train.steps)  # the final weights hold every mini-batch's update
+    summary = _summary(cfg, par, logger, run_bytes, per_step, unit)
+    logger.close(summary)
+    return summary
