@@ -64,7 +64,7 @@ def train(overrides: list[str], out: Path) -> None:
 
 def evaluate(overrides: list[str], out: Path) -> dict[str, float]:
     """Held-out loss (and accuracy) of the run's final weights, in one process."""
-    from tessel.train.loop import build, build_data
+    from tessel.train.build import build, build_data
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     from tessel.config import load_config

@@ -274,3 +274,17 @@ def test_plan_round_trips_and_prints():
     with pytest.raises(PlanError, match="not a parallel plan"):
         ParallelPlan.from_dict({"dp": 1, "nonsense": 2})
     assert GridSpec("3d", plan.tp_grid).size == 4
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--tp", "2", "--model", "lstm_lm"], "not lstm_lm"),
+    (["--pp", "2", "--tp", "2", "--pipeline.schedule", "torch-1f1b", "--micro-batches", "2"], "meta tensors"),
+    (["--pp", "2", "--tp", "2", "--sparse", "ps"], "pp and tp"),
+    (["--pp", "2", "--tp", "4", "--tp-mode", "1d", "--model.heads", "2"], "2 attention heads do not split"),
+    (["--pp", "8", "--tp", "1"], "pp=8 stages but the model has only 4 pipeline layers"),
+])
+def test_composed_refusals_through_the_cli(capsys, args, fragment):
+    """One line and exit 2 from the launcher, before any worker starts."""
+    from test_cli import one_line_error
+
+    one_line_error(capsys, ["train", "--model.layers", "2", *args], fragment)

@@ -2,7 +2,8 @@
 
 ``ParallelDims`` checks that dp × pp × tp equals the world before anything is launched; ``build_mesh``
 makes the torch ``DeviceMesh`` with named dims ("pp", "dp", "tp", outermost first, the order torchtitan
-uses so that tp groups are the closest ranks). No other module of tessel creates a process group.
+uses so that tp groups are the closest ranks), and the groups sparse tables use over a dp group's ranks
+(per-host groups for local aggregation, a side group for alltoall). No other module creates a process group.
 
 Example (inside a torchrun worker)::
 
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from . import comm
 from .errors import PlanError
 
 DIM_NAMES = ("pp", "dp", "tp")
@@ -116,3 +118,43 @@ def build_mesh(dims: ParallelDims, timeout: float = 30.0,
     for name in names:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout), mesh.get_group(name))
     return mesh
+
+
+# -- groups over a dp group's ranks for the sparse tables ------------------------------------------------
+
+def host_groups(group, hosts: int | None = None, timeout: float = 30.0):
+    """(local group, host group) for local aggregation, or None where each rank is its own host.
+
+    ``hosts``: how many hosts the ranks of ``group`` fill, in order (ranks 0..L-1 on the first). None
+    reads torchrun's node rank (GROUP_RANK) from every rank and uses it if the layout is that regular.
+    """
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    p = len(ranks)
+    if hosts is None:
+        mine = torch.tensor([int(os.environ.get("GROUP_RANK", "-1"))])
+        nodes = [int(n) for n in comm.all_gather(mine, "sparse.plan", group)]
+        count = len(set(nodes))
+        regular = min(nodes) >= 0 and nodes == sorted(nodes) and all(nodes.count(n) == p // count for n in nodes)
+        hosts = count if regular else p
+    if p % hosts:
+        raise PlanError(f"{p} ranks do not fill {hosts} hosts evenly; give a host count that divides {p}")
+    if hosts in (1, p):
+        return None  # one host (nothing crosses a host link) or one rank per host (nothing to aggregate)
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mesh = DeviceMesh(device, torch.tensor(ranks).reshape(hosts, p // hosts), mesh_dim_names=("host", "local"))
+    out = mesh.get_group("local"), mesh.get_group("host")
+    for g in out:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout), g)
+    return out
+
+
+def side_group(group, timeout: float):
+    """A second group over the ranks of ``group`` so sparse traffic never queues behind DDP's all-reduce."""
+    mine = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    layouts = comm.all_gather_object(mine, "sparse.plan")  # every dp group is created by every rank
+    out = None
+    for ranks in sorted({tuple(r) for r in layouts}):
+        g = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout))
+        if list(ranks) == mine:
+            out = g
+    return out

@@ -23,17 +23,14 @@ are fetched a step ahead (:mod:`tessel.sparse.schedule`).
 
 from __future__ import annotations
 
-import os
-from datetime import timedelta
-
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from .. import comm
 from ..choices import SPARSE_SPLITS, SPARSE_STRATEGIES
 from ..errors import PlanError
+from ..mesh import host_groups, side_group
 from .alltoall import AllToAllTable
 from .detect import find_tables, measure, unsupported
 from .partition import plan_rows
@@ -145,44 +142,6 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, new)
 
 
-def host_groups(group, hosts: int | None = None, timeout: float = 30.0):
-    """(local group, host group) for local aggregation, or None where each rank is its own host.
-
-    ``hosts``: how many hosts the ranks of ``group`` fill, in order (ranks 0..L-1 on the first). None
-    reads torchrun's node rank (GROUP_RANK) from every rank and uses it if the layout is that regular.
-    """
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-    p = len(ranks)
-    if hosts is None:
-        mine = torch.tensor([int(os.environ.get("GROUP_RANK", "-1"))])
-        nodes = [int(n) for n in comm.all_gather(mine, "sparse.plan", group)]
-        count = len(set(nodes))
-        regular = min(nodes) >= 0 and nodes == sorted(nodes) and all(nodes.count(n) == p // count for n in nodes)
-        hosts = count if regular else p
-    if p % hosts:
-        raise PlanError(f"{p} ranks do not fill {hosts} hosts evenly; give a host count that divides {p}")
-    if hosts in (1, p):
-        return None  # one host (nothing crosses a host link) or one rank per host (nothing to aggregate)
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mesh = DeviceMesh(device, torch.tensor(ranks).reshape(hosts, p // hosts), mesh_dim_names=("host", "local"))
-    out = mesh.get_group("local"), mesh.get_group("host")
-    for g in out:
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout), g)
-    return out
-
-
-def _side_group(group, timeout: float):
-    """A second group over the ranks of ``group`` so sparse traffic never queues behind DDP's all-reduce."""
-    mine = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-    layouts = comm.all_gather_object(mine, "sparse.plan")  # every dp group is created by every rank
-    out = None
-    for ranks in sorted({tuple(r) for r in layouts}):
-        g = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout))
-        if list(ranks) == mine:
-            out = g
-    return out
-
-
 def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimizer: str = "adagrad",
           lr: float = 0.1, momentum: float = 0.0, group=None, overrides: dict[str, str] | None = None,
           max_touched: float = 0.5, partitions: int = 0, hosts: int | None = None,
@@ -265,11 +224,11 @@ def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimize
             if choice.strategy == "ps":
                 tables[info.name] = PSTable(info.name, module, group, opt, row_plan, layout)
             else:
-                side = side if side is not None else (_side_group(group, timeout) if distributed else group)
+                side = side if side is not None else (side_group(group, timeout) if distributed else group)
                 tables[info.name] = AllToAllTable(info.name, module, side, opt, "row", row_plan, schedule,
                                                   lookahead=info.fed, clock=clock, routes=routes)
         elif choice.strategy == "alltoall":
-            side = side if side is not None else (_side_group(group, timeout) if distributed else group)
+            side = side if side is not None else (side_group(group, timeout) if distributed else group)
             tables[info.name] = AllToAllTable(info.name, module, side, opt, "column", None, schedule,
                                               lookahead=info.fed, clock=clock, routes=routes)
     for name, t in tables.items():
