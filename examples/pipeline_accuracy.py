@@ -64,11 +64,11 @@ def train(overrides: list[str], out: Path) -> None:
 
 def evaluate(overrides: list[str], out: Path) -> dict[str, float]:
     """Held-out loss (and accuracy) of the run's final weights, in one process."""
-    from tessel.train.build import build, build_data
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     from tessel.config import load_config
     from tessel.train import checkpoint
+    from tessel.train.build import build, build_data
 
     cfg = load_config(None, overrides)
     data = build_data(cfg)
