@@ -214,8 +214,7 @@ def saved_plan(meta: dict, plan: ParallelPlan, path) -> ParallelPlan:
         raise CheckpointError(f"checkpoint '{path}' was saved by {meta.get('world_size')} ranks and holds per-rank "
                               f"RNG and data state; resume it with {meta.get('world_size')} ranks, not {plan.world}")
     saved = ParallelPlan.from_dict(meta["plan"]) if "plan" in meta else plan
-    if (saved.dp, saved.pp, saved.tp, saved.tp_mode, saved.tp_grid) != (
-            plan.dp, plan.pp, plan.tp, plan.tp_mode, plan.tp_grid):
+    if (saved.dp, saved.pp) != (plan.dp, plan.pp):  # tp shards are resharded by DCP; data state is per dp rank
         raise CheckpointError(f"checkpoint '{path}' was saved under {saved.describe()}; resume it under the same "
                               "degrees and grid, or start a new run from its weights with --checkpoint.init_from")
     return saved
