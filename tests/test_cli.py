@@ -306,6 +306,6 @@ def test_tensor_parallel_resume_and_switch_mode(tmp_path):
 def test_tensor_parallel_errors(capsys):
     one_line_error(capsys, ["train", *TP, "--tp-mode", "3d", "--tp-grid", "2x2"], "tensor.grid '2x2' is invalid",
                    "e.g. '2x2x1'")
-    one_line_error(capsys, ["train", *TP, "--model", "classifier"], "not lstm_lm")
+    one_line_error(capsys, ["train", *TP, "--model", "lstm_lm"], "not lstm_lm")
     one_line_error(capsys, ["train", *TP, "--tp-mode", "1d"], "2 attention heads do not split over 4 ranks")
     one_line_error(capsys, ["train", *TP, "--tp-mode", "4d"], "tensor.mode", "valid: 1d, 2d, 3d, torch-1d")
