@@ -65,6 +65,10 @@ def check_sparse_parity(name: str, strategy: str, optimizer: str, micro: int = 1
     ref_res = step_side_by_side(engine, ref_engine, loader, ref_loader, steps, p, ATOL)
     ref_params = dict(ref.named_parameters())
     for n, a in model.module.named_parameters():
+        if n.endswith("k_proj.bias"):
+            # softmax ignores a shift shared by every key, so this gradient is rounding noise (~1e-17), which
+            # Adagrad/Adam scale up to lr-sized steps: any change in summation order moves it
+            continue
         torch.testing.assert_close(a, ref_params[n], rtol=0, atol=ATOL, msg=n)
     torch.manual_seed(1)
     init = dict(build(cfg, vocab).double().named_parameters())
