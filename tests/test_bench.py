@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from tessel.bench import report, scenarios
+from tessel.bench import report, runner, scenarios
+from tessel.bench.compose_tables import compose_table
 from tessel.cli import main
 
 
@@ -60,6 +61,43 @@ def test_write_report_plots_and_doc_section(tmp_path):
         assert (tmp_path / png).stat().st_size > 5000
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["commands"] == ["tessel bench ddp"] and len(saved["runs"]) == 18
+
+
+def _compose_records():
+    mib = 2**20
+    # strategy -> (median step s, parameter+optimizer bytes per rank, bytes per step per channel)
+    runs = {"ddp": (2.7, 48 * mib, {"dp.dense": 32 * mib, "meta": 14}),
+            "pp8-async-predict": (2.0, 8 * mib, {"pp": 3 * mib, "meta": 0}),
+            "tp8-3d": (5.2, 6 * mib, {"tp": 52 * mib, "tp.head": 2 * mib}),
+            "dp2-pp2-tp2-1d": (1.8, 12 * mib, {"tp": 12 * mib, "dp.dense": 5 * mib, "pp": mib, "meta": 16}),
+            "pp2-tp4-3d": (5.3, 6 * mib, {"tp": 48 * mib, "pp": mib / 2, "tp.head": 1.5 * mib}),
+            "pp2-tp4-3d-async-predict": (4.0, 6 * mib, {"tp": 47 * mib, "pp": mib / 2})}
+    recs = []
+    for rep, jitter in enumerate([0.0, 0.1, -0.1]):
+        for strategy, (step, state, sent) in runs.items():
+            rec = _run("transformer_lm", strategy, 8, "200mbit", rep, step + jitter, sum(sent.values()))
+            recs.append({**rec, "bytes_per_step": sent, "state_mem": state + rep})
+    return recs
+
+
+def test_compose_table_memory_ratio_and_fastest():
+    summary = {"steps_run": 8, "bytes": {}, "median_step_time": 1.0, "median_tokens_per_s": 1.0, "unit": "tokens",
+               "final_loss": 1.0, "state_mem_per_rank": [3, 7, 5]}
+    assert runner._record(summary)["state_mem"] == 7
+    scn = scenarios.get("compose")
+    scn.rates = ["200mbit"]
+    rows = report.aggregate(_compose_records(), scn)
+    assert {r["strategy"]: r["state_mem"] for r in rows}["ddp"] == 48 * 2**20 + 2  # largest over repeats
+    text = report.markdown(rows, scn, report.environment(scn, 3), ["tessel bench compose"])
+    table = compose_table(rows, scn)
+    assert table and table in text
+    # pp2-tp4: 6 MiB of parameters and optimizer state per rank against DDP's 48 MiB
+    assert "| pp2-tp4-3d | 5300.0 (5200.0–5400.0) | 0.51x | tp 48.00 MiB, tp.head 1.50 MiB, pp 512.00 KiB " \
+           "| 6.00 MiB | 0.125 |" in table
+    assert "| ddp | 2700.0 (2600.0–2800.0) | 1.00x | dp.dense 32.00 MiB, meta 14 B | 48.00 MiB | 1.000 |" in table
+    assert ("At 200mbit on 8 hosts the fastest is `dp2-pp2-tp2-1d` (1800.0 ms), a composed plan; slower than the "
+            "slowest single axis (`tp8-3d`, 5200.0 ms): `pp2-tp4-3d` (5300.0 ms, within noise).") in table
+    assert compose_table(rows, _scenario()) == ""  # other scenarios get no compose table
 
 
 def test_bench_cli_errors(tmp_path, capsys):

@@ -24,7 +24,10 @@ import torch
 
 from ..cluster.emulate import parse_rate
 from ..train.metrics import human_bytes
+from .cells import cell
+from .compose_tables import compose_table
 from .scenarios import Scenario
+from .tensor_tables import tensor_plot, tensor_table
 
 UNSHAPED = "unshaped"
 
@@ -86,6 +89,7 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
             "pipeline": _pipeline_stats([r.get("pipeline") for r in rs]),
             "act_mem": _median_or_none([r.get("act_mem") for r in rs]),
             "tensor": rs[0].get("tensor"), "tensor_formula": rs[0].get("tensor_formula"),
+            "state_mem": max(r.get("state_mem", 0) for r in rs),
         }
         rows.append(row)
     return rows
@@ -128,9 +132,8 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
             *([f"{r['sparse_comm'] * 1e3:.1f} ({r['sparse_hidden']:.0%})" if r.get("sparse_hidden") is not None
                else "–"] if hidden else []),
         ]) + " |")
-    from .tensor_tables import tensor_table  # it uses cell() from here
-
-    return head + "\n".join(lines) + "\n" + auto_table(rows) + pipeline_table(rows) + tensor_table(rows)
+    return (head + "\n".join(lines) + "\n" + auto_table(rows) + pipeline_table(rows) + tensor_table(rows)
+            + compose_table(rows, scn))
 
 
 def _pipeline_stats(runs: list[dict | None]) -> dict[str, Any] | None:
@@ -142,12 +145,6 @@ def _pipeline_stats(runs: list[dict | None]) -> dict[str, Any] | None:
             "busy_imbalance": _median_or_none([p.get("busy_imbalance") for p in runs]),
             "kept": max(max(p.get("kept_bytes_per_rank") or [0]) for p in runs),
             "bounds": [tuple(tuple(b) for b in p.get("plan_bounds") or []) for p in runs]}
-
-
-def cell(rows: list[dict[str, Any]], r: dict[str, Any], strategy: str) -> dict[str, Any] | None:
-    """The row of ``strategy`` with the same model, hosts and link as row ``r``."""
-    return next((x for x in rows if (x["model"], x["hosts"], x["rate"], x["strategy"]) ==
-                 (r["model"], r["hosts"], r["rate"], strategy)), None)
 
 
 def pipeline_table(rows: list[dict[str, Any]]) -> str:
@@ -261,8 +258,6 @@ def plots(rows: list[dict[str, Any]], scn: Scenario, out: Path) -> list[Path]:
             ax.legend(fontsize=8)
     fig.tight_layout()
     made.append(_save(fig, out / "scaling.png"))
-    from .tensor_tables import tensor_plot
-
     fig = tensor_plot(rows)
     if fig is not None:
         made.append(_save(fig, out / "tensor.png"))

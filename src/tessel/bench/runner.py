@@ -38,6 +38,7 @@ def _record(summary: dict[str, Any], **keys) -> dict[str, Any]:
         "max_rank_sent_per_step": sent_max,
         "peak_mem": max(summary.get("peak_mem_per_rank") or [0]),
         "table_mem": max(summary.get("table_mem_per_rank") or [0]),
+        "state_mem": max(summary.get("state_mem_per_rank") or [0]),
         "final_loss": summary["final_loss"],
         "sparse_hidden": summary.get("sparse_hidden"),
         "sparse_comm": summary.get("sparse_comm_per_step"),

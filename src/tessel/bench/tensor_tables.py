@@ -6,7 +6,7 @@ from typing import Any
 
 from ..tensor.cost import projection_markdown
 from ..train.metrics import human_bytes
-from .report import cell
+from .cells import cell
 
 
 def tensor_table(rows: list[dict[str, Any]]) -> str:
