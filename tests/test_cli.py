@@ -44,8 +44,10 @@ def test_config_errors(capsys, tmp_path):
     one_line_error(capsys, ["train", "--pp", "5", "--nproc", "5"], "pp=5", "valid: pp <= 4")
     one_line_error(capsys, ["train", "--pp", "2", "--pipeline.split", "3,3"], "pipeline.split '3,3'", "e.g. '2,2'")
     one_line_error(capsys, ["train", "--pp", "2", "--pipeline.schedule", "zb"], "pipeline.schedule", "async-predict")
-    one_line_error(capsys, ["train", "--pp", "2", "--model", "lstm_lm", "--model.softmax", "sampled"],
-                   "model.softmax=full")
+    one_line_error(capsys, ["train", "--tp", "2", "--tp-mode", "1d", "--model.softmax", "sampled"],
+                   "model.softmax=sampled with tp > 1", "valid with tp > 1: model.softmax=full")
+    one_line_error(capsys, ["train", "--tp", "2", "--tp-mode", "1d", "--sparse.tables", "pos_emb=ps,nosuch=ps"],
+                   "nosuch")
     one_line_error(capsys, ["train", "--pp", "2", "--pipeline.schedule", "async-predict", "--optimizer", "adagrad"],
                    "adagrad", "valid: train.optimizer sgd")
     toml = tmp_path / "run.toml"
@@ -125,12 +127,11 @@ def test_resume_is_bit_identical(tmp_path, sparse):
     args = [*TINY, "--model", "lstm_lm", "--model.softmax", "sampled", "--model.num_sampled", "32",
             "--optimizer", "adam", "--steps", "6", "--sparse", sparse]
     a, before, full, part = _resumed_equals_uninterrupted(tmp_path, args)
-    # replaced tables are saved whole beside the model
-    where = "tables" if "embedding.weight" in a.get("tables", {}) else "model"
-    assert sparse == "auto" or (where == "model") == (sparse == "dense")
-    assert not torch.equal(before[where]["embedding.weight"], a[where]["embedding.weight"])
-    if where == "tables":
-        assert "row.exp_avg" in " ".join(a["tables"])  # lazy Adam's row state is saved too
+    # replaced tables are saved whole under the plain model's weight names, their row state beside them
+    assert not torch.equal(before["model"]["embedding.weight"], a["model"]["embedding.weight"])
+    assert sparse == "auto" or ("tables" in a) == (sparse != "dense")
+    if "tables" in a:
+        assert "exp_avg" in " ".join(a["tables"])  # lazy Adam's row state is saved too
     plans = [checkpoint.read_meta(d / "checkpoints" / "step-00000006")["plan"]["tables"] for d in (full, part)]
     assert plans[0] == plans[1] and {t["name"] for t in plans[0]} == {"embedding", "head.weight", "head.bias"}
 

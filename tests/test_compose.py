@@ -252,8 +252,10 @@ def test_composed_resume_is_bit_identical(tmp_path):
 @pytest.mark.parametrize("extra,message", [
     (["parallel.tp=2", "model.name=lstm_lm"], "not lstm_lm"),
     (["parallel.tp=2", "parallel.pp=2", "pipeline.schedule=torch-gpipe", "train.micro_batches=2"], "meta tensors"),
-    (["parallel.tp=2", "sparse.strategy=alltoall"], "sparse tables are served only with pp=1 and tp=1"),
-    (["parallel.pp=2", "model.name=lstm_lm", "model.softmax=sampled", "model.num_sampled=8"], "softmax=sampled"),
+    (["parallel.tp=4", "tensor.mode=3d", "tensor.grid=2x2x1", "sparse.strategy=alltoall"], "only the 1-D vocabulary"),
+    (["parallel.tp=2", "tensor.mode=1d", "model.softmax=sampled", "model.num_sampled=8"], "softmax=sampled with tp"),
+    (["parallel.pp=2", "train.micro_batches=2", "pipeline.schedule=torch-1f1b", "sparse.tables=tok_emb=ps"],
+     "a served table cannot look rows up"),
 ])
 def test_remaining_refusals_are_one_line(extra, message):
     cfg = load_config(None, [*MODELS["transformer_lm"], *extra])
@@ -279,7 +281,7 @@ def test_plan_round_trips_and_prints():
 @pytest.mark.parametrize("args,fragment", [
     (["--tp", "2", "--model", "lstm_lm"], "not lstm_lm"),
     (["--pp", "2", "--tp", "2", "--pipeline.schedule", "torch-1f1b", "--micro-batches", "2"], "meta tensors"),
-    (["--pp", "2", "--tp", "2", "--sparse", "ps"], "pp and tp"),
+    (["--tp", "4", "--tp-mode", "2d", "--sparse", "ps"], "only the 1-D vocabulary shard"),
     (["--pp", "2", "--tp", "4", "--tp-mode", "1d", "--model.heads", "2"], "2 attention heads do not split"),
     (["--pp", "8", "--tp", "1"], "pp=8 stages but the model has only 4 pipeline layers"),
 ])

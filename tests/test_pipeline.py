@@ -203,9 +203,12 @@ def test_plan_profiles_and_prints():
     assert "pipeline plan: 2 stages" in plan.describe() and plan.imbalance() >= 1.0
     given = plan_stages(m, chain_of(m), x, x, 2, split="3,1")
     assert given.bounds == [(0, 3), (3, 4)] and given.given
-    with pytest.raises(PlanError, match="model.softmax=full"):
-        chain_of(build(load_config(None, ["model.name=lstm_lm", "model.softmax=sampled", "model.num_sampled=8"]),
-                       64))
+    # a sampled softmax is the loss of the last layer, which owns it (so the last stage keeps its tables)
+    lstm = build(load_config(None, ["model.name=lstm_lm", "model.softmax=sampled", "model.num_sampled=8"]), 64)
+    sampled = chain_of(lstm)
+    assert sampled.names == ["embedding", "lstm"] and "head" in sampled.layers[-1].owns
+    x = torch.randint(0, 64, (2, 8))
+    assert sampled.loss(sampled.layers[1].run(lstm, sampled.layers[0].run(lstm, x)), x).dim() == 0
 
 
 def test_predict_v1_backward_uses_rebuilt_weights():

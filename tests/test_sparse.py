@@ -54,7 +54,8 @@ def check_sparse_parity(name: str, strategy: str, optimizer: str, micro: int = 1
     model = build(cfg, vocab).double()
     loader = ShardedLoader(data, 8, r, p)
     peek = ShardedLoader(data, 8, r, p)
-    tables, _ = apply_sparse(model, ParallelPlan(dp=p), cfg, mesh.get_group("dp"), [_batch(peek), _batch(peek)])
+    found = sparse.survey(model, [_batch(peek), _batch(peek)])
+    tables, _ = apply_sparse(model, found, ParallelPlan(dp=p), cfg, mesh.get_group("dp"))
     if hosts:
         assert all(t.hosts for t in tables.tables.values())
     assert set(tables.tables) == {n for n, m in ref.named_modules() if isinstance(m, nn.Embedding)}

@@ -288,7 +288,8 @@ def _cfg(*extra):
     (["parallel.pp=2", "pipeline.schedule=torch-1f1b", "train.micro_batches=2"], 4,
      "torch's PipelineStage traces each stage on meta tensors"),
     (["tensor.mode=torch-1d", "parallel.dp=2"], 4, "runs transformer_lm alone"),
-    (["parallel.pp=2", "sparse.strategy=ps"], 4, "sparse tables are served only with pp=1 and tp=1"),
+    (["parallel.pp=2", "sparse.strategy=torch-sparse", "train.optimizer=sgd"], 4, "torch-sparse under pp and tp"),
+    (["tensor.mode=2d", "sparse.strategy=ps"], 4, "only the 1-D vocabulary shard"),
 ])
 def test_config_errors(extra, tp, message):
     cfg = _cfg(f"parallel.tp={tp}", *extra)

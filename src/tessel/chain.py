@@ -48,7 +48,8 @@ def _whole(layer: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class Chain:
     layers: list[Layer]
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (last activation, targets) -> mean loss
+    # (last activation, targets) -> mean loss; a loss with parameters (a sampled softmax) is owned by the last layer
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     # (layer index, full output shape with the batch dim) -> the shape of this rank's block of it
     local: Callable[[int, tuple[int, ...]], tuple[int, ...]] = field(default=_whole)
 
@@ -78,27 +79,28 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def _no_sampled(model: nn.Module) -> None:
-    if getattr(model, "softmax", "full") == "sampled":
-        raise PlanError("pipeline parallelism (pp>1) needs model.softmax=full: the sampled softmax draws its "
-                        "candidates from the targets inside the output layer; valid: model.softmax=full")
-
-
 def _transformer(m: TransformerLM) -> Chain:
-    _no_sampled(m)
     layers = [Layer("embed", ("tok_emb", "pos_emb", "drop"), lambda r, x: r.embed(x))]
     for i in range(len(m.blocks)):
         layers.append(Layer(f"blocks.{i}", (f"blocks.{i}",), lambda r, x, i=i: r.blocks[i](x)))
+    if m.softmax == "sampled":
+        # the sampled softmax draws its candidates where the targets are, on the last stage: the last layer
+        # owns it (so the stage keeps it) and the loss runs it on the hidden states (B, T, dim)
+        layers.append(Layer("head", ("ln_f", "head"), lambda r, x: r.ln_f(x)))
+        return Chain(layers, lambda h, y: m.head(h, y))
     layers.append(Layer("head", ("ln_f", "head"), lambda r, x: r.head(r.ln_f(x))))
     return Chain(layers, _lm_loss)
 
 
 def _lstm(m: LSTMLM) -> Chain:
-    _no_sampled(m)
     # nn.LSTM runs all its layers in one fused call, so the LSTM is one pipeline layer
-    return Chain([Layer("embedding", ("embedding",), lambda r, x: r.embedding(x)),
-                  Layer("lstm", ("lstm", "drop"), lambda r, x: r.drop(r.lstm(x)[0])),
-                  Layer("head", ("head",), lambda r, x: r.head(x))], _lm_loss)
+    layers = [Layer("embedding", ("embedding",), lambda r, x: r.embedding(x))]
+    if m.softmax == "sampled":  # as for the Transformer: the loss is the sampled head, on the last stage
+        layers.append(Layer("lstm", ("lstm", "drop", "head"), lambda r, x: r.drop(r.lstm(x)[0])))
+        return Chain(layers, lambda h, y: m.head(h, y))
+    layers += [Layer("lstm", ("lstm", "drop"), lambda r, x: r.drop(r.lstm(x)[0])),
+               Layer("head", ("head",), lambda r, x: r.head(x))]
+    return Chain(layers, _lm_loss)
 
 
 def _sequential(seq: nn.Sequential, prefix: str) -> list[Layer]:

@@ -10,7 +10,7 @@ MODELS = ("transformer_lm", "lstm_lm", "classifier")
 # sparse tables (tessel.sparse): the strategies a table can be served by; auto asks the cost model
 SPARSE_STRATEGIES = ("auto", "dense", "allgather", "ps", "alltoall", "torch-sparse")
 SPARSE_SPLITS = ("auto", "column", "row")
-ROW_OPTIMIZERS = ("auto", "sgd", "adagrad", "adam")
+ROW_OPTIMIZERS = ("auto", "sgd", "adagrad", "adam", "adamw")
 
 # pipeline schedules (tessel.pipeline): flushed, asynchronous (no flush), and torch's own (the peer)
 SYNC_SCHEDULES = ("gpipe", "1f1b")

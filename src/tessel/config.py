@@ -105,7 +105,7 @@ class SparseConfig:
     # auto (cost model per table) | dense | allgather | ps | alltoall | torch-sparse (see tessel.sparse)
     strategy: str = "auto"
     tables: str = ""  # per-table overrides, "name=strategy,name=strategy" (e.g. "embedding=ps,head.weight=dense")
-    optimizer: str = "auto"  # rows of replaced tables: auto (follows train.optimizer) | sgd | adagrad | adam
+    optimizer: str = "auto"  # rows of replaced tables: auto (follows train.optimizer) | sgd | adagrad | adam | adamw
     max_touched: float = 0.5  # a table whose step touches more of its rows than this stays dense (not auto)
     split: str = "auto"  # alltoall tables: column | row | auto (column unless the cost model prefers row)
     schedule: bool = True  # alltoall: overlap its traffic with backward and the next forward (2-D scheduling)

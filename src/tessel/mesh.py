@@ -138,23 +138,27 @@ def host_groups(group, hosts: int | None = None, timeout: float = 30.0):
         hosts = count if regular else p
     if p % hosts:
         raise PlanError(f"{p} ranks do not fill {hosts} hosts evenly; give a host count that divides {p}")
-    if hosts in (1, p):
-        return None  # one host (nothing crosses a host link) or one rank per host (nothing to aggregate)
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mesh = DeviceMesh(device, torch.tensor(ranks).reshape(hosts, p // hosts), mesh_dim_names=("host", "local"))
-    out = mesh.get_group("local"), mesh.get_group("host")
-    for g in out:
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout), g)
-    return out
+    if hosts in (1, p):  # one host (nothing crosses a host link) or one rank per host (nothing to aggregate)
+        subgroups([], timeout)  # still take part: other dp groups may be making theirs
+        return None
+    grid = torch.tensor(ranks).reshape(hosts, p // hosts)
+    local = next(row.tolist() for row in grid if dist.get_rank() in row.tolist())
+    host = next(col.tolist() for col in grid.t() if dist.get_rank() in col.tolist())
+    return tuple(subgroups([local, host], timeout))
+
+
+def subgroups(mine: list[list[int]], timeout: float) -> list:
+    """New groups over the rank lists ``mine``; every rank of the world must call it (torch's ``new_group``
+    is collective over the world), each with its own lists: those of all ranks are created in one order."""
+    layouts = comm.all_gather_object(mine, "sparse.plan")
+    made = {}
+    for ranks in sorted({tuple(r) for lists in layouts for r in lists}):
+        made[ranks] = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout))
+    return [made[tuple(r)] for r in mine]
 
 
 def side_group(group, timeout: float):
-    """A second group over the ranks of ``group`` so sparse traffic never queues behind DDP's all-reduce."""
+    """A second group over the ranks of ``group`` so sparse traffic never queues behind DDP's all-reduce
+    (collective over the world, see :func:`subgroups`)."""
     mine = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-    layouts = comm.all_gather_object(mine, "sparse.plan")  # every dp group is created by every rank
-    out = None
-    for ranks in sorted({tuple(r) for r in layouts}):
-        g = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout))
-        if list(ranks) == mine:
-            out = g
-    return out
+    return subgroups([mine], timeout)[0]

@@ -3,11 +3,13 @@
 ``parallelize`` applies the plan's axes to a plain ``nn.Module`` in one order, each step behind its
 predicate, as torchtitan's ``parallelize_llama`` does:
 
-1. sparse tables out of the model (ps | allgather | alltoall | dense, over the dp group; pp=1, tp=1);
+1. the model's tables surveyed (how sparsely sample batches touch them), on the whole plain model;
 2. pipeline cut: rank 0 profiles the layer chain and cuts it, this rank keeps its stage (pp > 1);
 3. tensor parallelism on the modules the stage holds, through the function registered for the model
    (tp > 1); stage boundary messages become this rank's block of the activation;
-4. data-parallel sync: DDP for an unpipelined model, the step tail's flat all-reduce for a stage.
+4. the stage's tables (or, under tp, this rank's vocabulary shard of them) served row by row over the dp
+   group (ps | allgather | alltoall | dense, ``auto`` deciding per table);
+5. data-parallel sync: DDP for an unpipelined model, the step tail's flat all-reduce for a stage.
 
 It returns a :class:`Parallelized`, which the trainer steps, checkpoints and summarises without knowing
 which axes are on. Run it inside a torchrun worker, e.g.::
@@ -26,10 +28,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import comm, pipeline, sparse, tensor
 from .chain import Chain, Runner, chain_of
+from .choices import TORCH_SCHEDULES
 from .config import Config, sparse_overrides
 from .plan import ParallelPlan, TableChoice
 from .sparse.rowopt import row_kind
 from .tensor.cost import step_formula
+from .train.build import DTYPES
 from .train.engine import Engine
 from .train.optim import build_optimizer
 from .train.tail import StepTail
@@ -121,24 +125,43 @@ class Parallelized:
         return out
 
 
-def apply_sparse(model: torch.nn.Module, plan: ParallelPlan, cfg: Config, group, batches: list[tuple]):
-    """Take the model's sparse tables out of it (before DDP, which must not see them); a plan that already
-    names its tables (a resumed run's) keeps them. Returns (tables, the plan with its tables decided)."""
+def apply_sparse(root: torch.nn.Module, found: sparse.Survey, plan: ParallelPlan, cfg: Config, group,
+                 only: list[str] | None = None, share: float = 1.0, agree=None):
+    """Serve the surveyed tables this rank holds (``only``: a stage's) over ``group`` (its dp group), in place,
+    before the stage's data-parallel sync (which must not see them); a plan that already names its tables (a
+    resumed run's) keeps them. ``share``: the stage's part of the step's compute. Returns (tables, the plan
+    with this rank's tables decided)."""
     s = cfg.sparse
     kind = row_kind(cfg.train.optimizer) if s.optimizer == "auto" else s.optimizer
     fixed = {t.name: [t.strategy, t.split] for t in plan.tables} or None
-    tables = sparse.shard(model, batches[:s.sample_batches], s.strategy, kind, cfg.train.lr, cfg.train.momentum,
-                          group, sparse_overrides(cfg), s.max_touched, s.partitions, hosts=s.hosts or None,
-                          timeout=cfg.parallel.timeout, split=s.split, schedule=s.schedule,
-                          link_mbit=s.link_mbit, fixed=fixed)
+    found = sparse.Survey(found.infos, found.compute * share)
+    tables = sparse.serve(root, found, s.strategy, kind, cfg.train.lr, cfg.train.momentum, group,
+                          sparse_overrides(cfg), s.max_touched, s.partitions, hosts=s.hosts or None,
+                          timeout=cfg.parallel.timeout, split=s.split, schedule=s.schedule, link_mbit=s.link_mbit,
+                          fixed=fixed, weight_decay=cfg.train.weight_decay, only=only, agree=agree)
     decided = tuple(TableChoice(c.info.name, c.strategy, c.split if c.strategy == "alltoall" else "")
                     for c in tables.choices)
     return tables, plan.with_(tables=decided)
 
 
+def _agree(mesh, plan: ParallelPlan):
+    """Under tensor parallelism every shard of a table takes the first shard's choice (one plan entry each)."""
+    if plan.tp == 1 or plan.tp_mode != "1d":  # 2-D/3-D keep their tables dense (their columns are cut)
+        return None
+    return lambda picks: comm.all_gather_object(picks, "sparse.plan", mesh.get_group("tp"))[0]
+
+
+def _stage_tables(found: sparse.Survey, chain: Chain, lo: int, hi: int | None) -> list[str]:
+    """The surveyed tables that layers lo..hi-1 own (the input embedding on the first stage, a sampled
+    softmax's tables on the last)."""
+    owns = [path for layer in chain.layers[lo:hi] for path in layer.owns]
+    return [i.name for i in found.infos if any(i.name == p or i.name.startswith(p + ".") for p in owns)]
+
+
 def check_model(model: torch.nn.Module, plan: ParallelPlan, cfg: Config) -> None:
-    """What the model itself allows of ``plan`` (layer count, even splits on the grid), checked on a meta-device
-    model before any worker starts; ``model`` is changed in place."""
+    """What the model itself allows of ``plan`` (table names, layer count, even splits on the grid), checked on
+    a meta-device model before any worker starts; ``model`` is changed in place."""
+    sparse.check_overrides([i.name for i in sparse.find_tables(model)], sparse_overrides(cfg))
     if plan.pp == 1 and plan.tp == 1:
         return
     chain = chain_of(model)
@@ -162,16 +185,17 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, cfg: Config,
 
     ``batches``: this rank's first batches (sparse tables measure them, the pipeline profiles the first)."""
     dp_group = mesh.get_group("dp")
-    tables = None
-    if plan.pp == 1 and plan.tp == 1:
-        tables, plan = apply_sparse(model, plan, cfg, dp_group, batches)
+    # tables are measured on the whole plain model, the only one every rank can run
+    found = sparse.survey(model, batches[:cfg.sparse.sample_batches])
     chain = chain_of(model) if plan.pp > 1 or plan.tp > 1 else None
-    root, stages, lo, hi = model, None, 0, None
+    root, stages, lo, hi, share = model, None, 0, None, 1.0
     if plan.pp > 1:
         stages = pipeline.cut(model, chain, plan.pp, cfg.pipeline.split, _micro(batches[0], plan.micro_batches),
                               plan.bounds)
         plan = plan.with_(bounds=tuple(tuple(b) for b in stages.bounds))
-        lo, hi = stages.bounds[mesh.get_local_rank("pp")]
+        index = mesh.get_local_rank("pp")
+        lo, hi = stages.bounds[index]
+        share = stages.stage_seconds()[index] / max(sum(stages.stage_seconds()), 1e-12)
         root = pipeline.prune(model, chain, lo, hi)
     handle = shards = None
     if plan.tp > 1 and plan.tp_mode == "torch-1d":
@@ -179,8 +203,19 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, cfg: Config,
     elif plan.tp > 1:
         chain, handle = tensor.apply(root, chain, tensor.GridSpec(plan.tp_mode, plan.tp_grid), mesh, plan.regather)
         shards = handle
+    tables = None
+    # torch's own tensor parallelism and pipeline schedules (the peers) keep their tables dense
+    if not (plan.tp > 1 and plan.tp_mode == "torch-1d") and not (plan.pp > 1 and plan.schedule in TORCH_SCHEDULES):
+        only = _stage_tables(found, chain, lo, hi) if chain is not None else None
+        tables, plan = apply_sparse(root, found, plan, cfg, dp_group, only, share, _agree(mesh, plan))
+        if plan.tp > 1 and tables:
+            tables.shards_group = mesh.get_group("tp")
+        if plan.pp > 1:  # each stage decided its own tables; the plan holds them all, first stage first
+            mine = comm.all_gather_object([[t.name, t.strategy, t.split] for t in plan.tables], "meta",
+                                          mesh.get_group("pp"))
+            plan = plan.with_(tables=tuple(TableChoice(*t) for stage in mine for t in stage))
     if plan.pp > 1:
-        engine, optimizer = _stage_engine(root, chain, plan, cfg, mesh, stages, lo, hi, handle, batches[0])
+        engine, optimizer = _stage_engine(root, chain, plan, cfg, mesh, stages, lo, hi, handle, batches[0], tables)
     else:
         engine, optimizer = _engine(root, chain, plan, cfg, dp_group, handle, tables)
     return Parallelized(root, optimizer, engine, plan, cfg, tables, shards, stages)
@@ -198,7 +233,7 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, cfg: Config, dp_group
 
 
 def _stage_engine(root, chain: Chain, plan: ParallelPlan, cfg: Config, mesh, stages, lo: int, hi: int, tp,
-                  batch: tuple):
+                  batch: tuple, tables):
     """A pipeline stage: the step tail averages its gradients over its dp group and sums the norm over pp."""
     pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp")
     runner = Runner(root, chain, lo, hi)
@@ -206,9 +241,8 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, cfg: Config, mesh, sta
         replicate_from_first(runner, dp_group)
     optimizer = build_optimizer(runner.parameters(), cfg.train)
     params = [p for p in runner.parameters() if p.requires_grad]
-    tail = StepTail(params, optimizer, cfg.train, dp_group=dp_group, tp=tp,
-                    norm_group=pp_group)
+    tail = StepTail(params, optimizer, cfg.train, dp_group=dp_group, tp=tp, tables=tables, norm_group=pp_group)
     micro = batch[0].shape[0] // plan.micro_batches
     stage = pipeline.Stage(runner, mesh.get_local_rank("pp"), plan.pp, dist.get_process_group_ranks(pp_group),
-                           stages, micro, params[0].dtype, pp_group)
-    return pipeline.PipelineEngine(stage, chain, tail, plan.schedule, plan.predict, stages), optimizer
+                           stages, micro, DTYPES[cfg.train.dtype], pp_group)
+    return pipeline.PipelineEngine(stage, chain, tail, plan.schedule, plan.predict, stages, tables), optimizer

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 
 from .choices import ASYNC_SCHEDULES, SYNC_SCHEDULES, TORCH_SCHEDULES, TP_MODES
+from .config import sparse_overrides
 from .errors import CheckpointError, PlanError
 from .mesh import ParallelDims
 from .pipeline.predict import check_optimizer
@@ -183,19 +184,25 @@ def _tensor(plan: ParallelPlan, cfg) -> str | None:
 
 
 def _sparse(plan: ParallelPlan, cfg) -> str | None:
-    # Tables under pp and tp are the subject of the next composition step; until then refuse, never train dense
-    # silently. auto (the default) keeps tables dense there: the tensor-parallel embedding splits them already.
+    """Tables are served on every axis, with these exceptions (``auto`` keeps such tables dense instead)."""
     if plan.pp == 1 and plan.tp == 1:
         return None
-    if cfg.sparse.strategy not in ("auto", "dense") or cfg.sparse.tables:
-        axes = " and ".join(a for a, on in (("pp", plan.pp > 1), ("tp", plan.tp > 1)) if on)
-        return (f"sparse.strategy={cfg.sparse.strategy}"
-                + (f" with sparse.tables={cfg.sparse.tables}" if cfg.sparse.tables else "")
-                + f" under {axes}: sparse tables are served only with pp=1 and tp=1 in this version; "
-                "valid with pp > 1 or tp > 1: sparse.strategy dense or auto (tables trained densely)")
-    if cfg.model.softmax == "sampled":
-        return ("model.softmax=sampled with pp > 1 or tp > 1: the sampled softmax is a data-parallel table; "
-                "valid there: model.softmax=full")
+    given = {cfg.sparse.strategy, *sparse_overrides(cfg).values()} - {"auto", "dense"}
+    where = " and ".join(a for a, on in (("pp", plan.pp > 1), ("tp", plan.tp > 1)) if on)
+    if "torch-sparse" in given:
+        return (f"sparse torch-sparse under {where}: it is torch DDP's sparse-gradient path, which only an "
+                "unpipelined, untensor-parallel model has; valid there: dense, allgather, ps, alltoall, auto")
+    if plan.tp > 1 and cfg.model.softmax == "sampled":
+        return ("model.softmax=sampled with tp > 1: tensor parallelism splits the output layer by vocabulary and "
+                "needs the full softmax; valid with tp > 1: model.softmax=full (sampled works with pp and dp)")
+    if given and plan.tp > 1 and plan.tp_mode != "1d":
+        return (f"sparse {', '.join(sorted(given))} with tp-mode {plan.tp_mode}: only the 1-D vocabulary shard of a "
+                "table is served row by row (2-D/3-D cut its columns, torch-1d shards it inside torch); valid: "
+                "--tp-mode 1d, or sparse.strategy auto/dense")
+    if given and plan.pp > 1 and plan.schedule in TORCH_SCHEDULES:
+        return (f"sparse {', '.join(sorted(given))} with pipeline.schedule {plan.schedule}: torch's PipelineStage "
+                "traces a stage on meta tensors, where a served table cannot look rows up; valid with tables: "
+                + ", ".join(SYNC_SCHEDULES + ASYNC_SCHEDULES))
     return None
 
 

@@ -42,7 +42,10 @@ def cut(model: torch.nn.Module, chain: Chain, stages: int, split: str, sample: t
     cuts (``bounds``, e.g. a resumed run's, fix the cut but are profiled the same way, for the printout)."""
     check_model(chain, stages, split)
     given = ",".join(str(hi - lo) for lo, hi in bounds) if bounds else split
-    plan = plan_stages(model, chain, *sample, stages, given).to_dict() if dist.get_rank() == 0 else None
+    plan = None
+    if dist.get_rank() == 0:
+        with torch.random.fork_rng(devices=[]):  # the profile's draws (dropout, sampled candidates) leave no trace
+            plan = plan_stages(model, chain, *sample, stages, given).to_dict()
     plan = StagePlan.from_dict(comm.all_gather_object(plan, "meta")[0])
     check_no_shared(model, chain, plan.bounds)
     return plan

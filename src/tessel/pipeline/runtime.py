@@ -50,13 +50,23 @@ class PipelineEngine:
     needs_batch = property(lambda self: self.stage.first or self.stage.last)
 
     def __init__(self, stage: Stage, chain: Chain, tail: StepTail, schedule: str, variant: str = "v1",
-                 plan=None) -> None:
+                 plan=None, tables=None) -> None:
         self.stage, self.chain, self.tail = stage, chain, tail
+        # Sparse tables of this stage (the first stage's embedding, the last stage's sampled softmax), served
+        # over its dp group; the tail reduces and updates them. Rows are read at their current version (see
+        # docs/sparse.md): a lookup's gradient does not depend on the rows it read, so stashing them would
+        # change nothing, and a row's owner updates it once per step, outside the stage's weight versions.
+        self.tables = tables
+        if tables and schedule in ASYNC:
+            # the next step's first forwards run before this step's update: rows prefetched for them could
+            # not wait for that update (2-D scheduling's late phase), so only in-step scheduling stays on
+            tables.lookahead(False)
         self.optimizer, self.cfg, self.schedule = tail.optimizer, tail.cfg, schedule
         self.params = dict((n, p) for n, p in stage.runner.named_parameters() if p.requires_grad)
         self.weights = (StageWeights(self.params, self.optimizer, _MODE[schedule], stage.index, stage.stages,
                                      variant, self.cfg.micro_batches) if schedule in ASYNC else None)
         self.fed = 0  # micro-batches that have entered this stage since the pipeline was last empty (async)
+        self.last_backward = -1  # the micro-batch whose backward ends a flushed step (-1: every one may be)
         self.inflight: dict[int, tuple] = {}
         self.stage_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
         self.peak_kept_bytes = 0  # weight copies the in-flight graphs hold (stash, predict v2)
@@ -77,6 +87,8 @@ class PipelineEngine:
             x = st.take(posted or st.post_recv(activation=True)).requires_grad_(True)
         t0 = time.perf_counter()
         kept = leaves = None
+        if self.tables:
+            self.tables.tag(i // self.cfg.micro_batches)  # the mini-batch its rows' gradients belong to
         if self.weights is None:
             out = st.runner(x)
         else:
@@ -101,6 +113,8 @@ class PipelineEngine:
         x, out, leaves, kept = self.inflight.pop(i)
         grad = None if st.last else st.take(posted or st.post_recv(activation=False))
         t0 = time.perf_counter()
+        if self.tables:
+            self.tables.final_backward(i == self.last_backward)
         torch.autograd.backward(out, grad)
         if leaves is not None:
             for n, leaf in leaves.items():
@@ -129,11 +143,12 @@ class PipelineEngine:
 
     # -- updates ------------------------------------------------------------------------------------------
 
-    def _update(self, lr: float, global_norm: bool) -> float:
+    def _update(self, lr: float, global_norm: bool, upto: int | None = None) -> float:
         """The shared tail: dp average, tp sums, norm (whole model for flushed schedules, else the stage),
-        clip, step. Time spent waiting for other stages' norms is not this stage's work."""
+        clip, step (tables: rows of mini-batches up to ``upto``). Time spent waiting for other stages' norms
+        is not this stage's work."""
         t0, waited = time.perf_counter(), self.tail.waited
-        norm = self.tail(lr, global_norm)
+        norm = self.tail(lr, global_norm, upto)
         self.busy += time.perf_counter() - t0 - (self.tail.waited - waited)
         self.updates += 1
         if self.weights is not None:
@@ -148,6 +163,9 @@ class PipelineEngine:
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int, next_inputs=None) -> StepResult:
         """One training step on this rank's batch (the inputs matter on the first stage, targets on the last)."""
         self._mark()
+        if self.tables and self.stage.first and self.schedule in SYNC:
+            with comm.guard("prefetch of sparse rows", "sparse"):
+                self.tables.begin_step(inputs, next_inputs)
         result = self._step(inputs, targets, step)
         self._end = (time.perf_counter(), time.process_time(), self.busy)
         return result
@@ -180,7 +198,9 @@ class PipelineEngine:
             if self._torch is not None:
                 losses, norm = self._torch_step(inputs, targets, lr)
             elif self.schedule in SYNC:
-                self._run(sync_ops(self.schedule, self.stage.index, self.stage.stages, m),
+                ops = sync_ops(self.schedule, self.stage.index, self.stage.stages, m)
+                self.last_backward = [i for kind, i in ops if kind == "B"][-1]
+                self._run(ops,
                           lambda i, r: losses.append(self._forward(i, xs[i], ys[i], 1.0 / m, r)), self._backward)
                 norm = self._update(lr, global_norm=True)
                 losses = [sum(losses)] if self.stage.last else []
@@ -190,7 +210,7 @@ class PipelineEngine:
                 def backward(i: int, r) -> None:
                     self._backward(i, r)
                     if (i + 1) % m == 0:  # the last micro-batch of its step
-                        norms.append(self._update(lr, global_norm=False))
+                        norms.append(self._update(lr, global_norm=False, upto=i // m))
 
                 self._run(async_ops(self.stage.index, self.stage.stages, first, m),
                           lambda i, r: losses.append(self._forward(i, xs[i - first], ys[i - first], 1.0 / m, r)),
@@ -209,7 +229,7 @@ class PipelineEngine:
             def backward(i: int, r) -> None:
                 self._backward(i, r)
                 if (i + 1) % self.cfg.micro_batches == 0:
-                    self._update(lr, global_norm=False)
+                    self._update(lr, global_norm=False, upto=i // self.cfg.micro_batches)
 
             self._run(drain_ops(self.stage.index, self.stage.stages, self.fed), None, backward)
             self.stage.flush_sends()

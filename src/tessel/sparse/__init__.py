@@ -23,6 +23,8 @@ are fetched a step ahead (:mod:`tessel.sparse.schedule`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -32,7 +34,7 @@ from ..choices import SPARSE_SPLITS, SPARSE_STRATEGIES
 from ..errors import PlanError
 from ..mesh import host_groups, side_group
 from .alltoall import AllToAllTable
-from .detect import find_tables, measure, unsupported
+from .detect import TABLE_TYPES, TableInfo, find_tables, measure, unsupported
 from .partition import plan_rows
 from .plan import Choice, decide_auto, forced, global_counts
 from .rowopt import RowOptimizer
@@ -40,7 +42,7 @@ from .schedule import Clock
 from .tables import AllGatherTable, PSTable, RowTable, full_table, load_table_state, push_fused, table_state
 
 STRATEGIES, SPLITS = SPARSE_STRATEGIES, SPARSE_SPLITS
-__all__ = ["shard", "SparseTables", "find_tables", "full_table", "STRATEGIES"]
+__all__ = ["shard", "survey", "serve", "Survey", "SparseTables", "find_tables", "full_table", "STRATEGIES"]
 
 
 class SparseTables:
@@ -50,6 +52,7 @@ class SparseTables:
                  clock: Clock | None = None, link=None):
         self.choices, self.tables, self.group, self.lr = choices, tables, group, lr
         self.clock, self.link = clock or Clock(), link
+        self.shards_group = None  # the tp group when these tables are vocabulary shards (their norms add up)
 
     def __bool__(self) -> bool:
         return bool(self.tables)
@@ -62,6 +65,12 @@ class SparseTables:
         for t in self.tables.values():
             if isinstance(t, AllToAllTable):
                 t.prefetch(inputs, next_inputs)
+
+    def lookahead(self, on: bool) -> None:
+        """Allow or stop fetching the next step's rows ahead (an asynchronous pipeline cannot wait for them)."""
+        for t in self.tables.values():
+            if isinstance(t, AllToAllTable):
+                t.lookahead = on and t.lookahead
 
     def final_backward(self, final: bool) -> None:
         """Before each backward pass: whether it is the step's last (micro-batching). Prefetching tables
@@ -76,24 +85,33 @@ class SparseTables:
         for them) since the last call; 1 - waited/busy is the share hidden behind computation."""
         return self.clock.take()
 
-    def reduce(self) -> torch.Tensor:
-        """Move this step's row gradients; returns their global squared norm (for clipping)."""
+    def tag(self, batch: int) -> None:
+        """Mark the forwards that follow as mini-batch ``batch``'s (asynchronous pipelines, see ``reduce``)."""
+        for t in self.tables.values():
+            t.tag = batch
+
+    def reduce(self, upto: int | None = None) -> torch.Tensor:
+        """Move this step's row gradients (of forwards tagged ``upto`` or earlier: a later mini-batch's
+        forwards may already have run); returns their global squared norm (for clipping)."""
         sharded = torch.zeros((), dtype=torch.float64)
         replicated = torch.zeros((), dtype=torch.float64)
         flat_ps = [t for t in self.tables.values() if isinstance(t, PSTable) and not t.hosts and t.world > 1]
         if len(flat_ps) > 1:
-            sharded += sum(sq.double() for sq in push_fused(flat_ps))
+            sharded += sum(sq.double() for sq in push_fused(flat_ps, upto))
         for t in self.tables.values():
             if len(flat_ps) > 1 and t in flat_ps:
                 continue
-            sq = t.reduce().double()
+            sq = t.reduce(upto).double()
             if t.sharded:
                 sharded += sq
             else:
                 replicated += sq
         if any(t.sharded for t in self.tables.values()) and dist.is_initialized():
             comm.all_reduce(sharded, "sparse.norm", group=self.group)
-        return sharded + replicated
+        total = sharded + replicated
+        if self.shards_group is not None:  # tensor-parallel shards of one table hold disjoint rows: sum them
+            comm.all_reduce(total, "sparse.norm", group=self.shards_group)
+        return total
 
     def step(self, lr: float | None = None, scale: float = 1.0) -> None:
         """Update the rows reduced by ``reduce``, gradients times ``scale`` (a clipping coefficient)."""
@@ -105,12 +123,18 @@ class SparseTables:
         return {n: t.strategy for n, t in self.tables.items()}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Whole tables and row-optimizer state, keyed ``name.weight``, ``name.row.sum``... (collective)."""
-        return {f"{n}.{k}": v for n, t in self.tables.items() for k, v in table_state(t).items()}
+        """Whole tables (over the group) and their row-optimizer state, keyed as the plain model's weight
+        ``name.weight`` and as its optimizer state would be, ``state.name.weight.sum``... (collective)."""
+        out = {}
+        for n, t in self.tables.items():
+            for k, v in table_state(t).items():
+                out[f"{n}.weight" if k == "weight" else f"state.{n}.weight.{k.removeprefix('row.')}"] = v
+        return out
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for n, t in self.tables.items():
-            load_table_state(t, {k[len(n) + 1:]: v for k, v in state.items() if k.startswith(n + ".")})
+            load_table_state(t, {"weight": state[f"{n}.weight"], **{
+                f"row.{k}": state[f"state.{n}.weight.{k}"] for k in t.state}})
 
     def memory_bytes(self) -> int:
         """Bytes this rank holds for the replaced tables: table or shard, row-optimizer state, and the
@@ -142,46 +166,106 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, new)
 
 
-def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimizer: str = "adagrad",
-          lr: float = 0.1, momentum: float = 0.0, group=None, overrides: dict[str, str] | None = None,
-          max_touched: float = 0.5, partitions: int = 0, hosts: int | None = None,
-          timeout: float = 30.0, split: str = "auto", schedule: bool = True, link_mbit: float = 0.0,
-          fixed: dict[str, list[str]] | None = None) -> SparseTables:
-    """Replace ``model``'s sparse tables in place; every rank of ``group`` must call it with its own batches.
+@dataclass
+class Survey:
+    """A plain model's tables and how sparsely sample batches touch them (no communication)."""
 
-    ``batches``: a few ``model(*batch)`` argument tuples (this rank's first batches) to measure sparsity
-    and, for ``ps`` and row-split ``alltoall``, balance rows over owners. ``overrides`` maps table names to
-    strategies. ``optimizer`` (sgd | adagrad | adam, lazy for adam) updates the rows of the replaced
-    tables. ``hosts``: see :func:`host_groups` (``ps`` aggregates each host's rows before they cross its
-    link). ``split``/``schedule``: how ``alltoall`` tables are split and whether their traffic is
-    scheduled; ``link_mbit``: the link rate for ``auto`` (0: measured). ``fixed``: name -> [strategy,
-    split] taken as they are (a resumed run keeps its saved plan).
-    """
-    if strategy not in STRATEGIES:
-        raise PlanError(f"sparse strategy '{strategy}' is unknown; valid: {', '.join(STRATEGIES)}")
-    if split not in SPLITS:
-        raise PlanError(f"alltoall split '{split}' is unknown; valid: {', '.join(SPLITS)}")
-    overrides = dict(overrides or {})
+    infos: list[TableInfo]
+    compute: float  # seconds of one training step's compute (3x the measured forward), for ``auto``
+
+    def names(self) -> list[str]:
+        return [i.name for i in self.infos]
+
+
+def survey(model: nn.Module, batches: list[tuple]) -> Survey:
+    """Find ``model``'s tables and measure them on ``batches`` (``model(*batch)`` argument tuples, this rank's
+    first batches). Run it on the whole plain model, before a pipeline cut or tensor parallelism change it."""
     infos = find_tables(model)
-    names = [i.name for i in infos]
+    return Survey(infos, 3 * measure(model, infos, batches) if infos else 0.0)
+
+
+def _target(model: nn.Module, info: TableInfo) -> tuple[nn.Module | None, TableInfo, nn.Module | None]:
+    """(the nn.Embedding to serve or None if it cannot be, its info, the module holding it as a part or None).
+
+    A module holding only rows lo..lo+n of a table (a tensor-parallel shard) says so through ``row_part()``,
+    which returns (an nn.Embedding over those rows, lo), or None where its layout cuts the rows' columns too."""
+    module = model.get_submodule(info.name)
+    part = getattr(module, "row_part", None)
+    if part is None:
+        return (module if isinstance(module, TABLE_TYPES) else None), info, None
+    got = part()
+    if got is None:
+        return None, info, module
+    source, lo = got
+    return source, info.restrict(lo, source.num_embeddings), module
+
+
+def check_overrides(names: list[str], overrides: dict[str, str]) -> None:
+    """PlanError unless every table ``overrides`` names is one of ``names`` with a known strategy."""
     for name, s in overrides.items():
         if name not in names:
             raise PlanError(f"--sparse.tables names '{name}', which is not a table of this model; "
                             f"tables: {', '.join(names) or 'none'}")
         if s not in STRATEGIES:
             raise PlanError(f"table '{name}': strategy '{s}' is unknown; valid: {', '.join(STRATEGIES)}")
-    if not infos:
-        return SparseTables([], {}, group, lr)
-    compute = 3 * measure(model, infos, batches)
+
+
+def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimizer: str = "adagrad",
+          lr: float = 0.1, momentum: float = 0.0, group=None, overrides: dict[str, str] | None = None,
+          max_touched: float = 0.5, partitions: int = 0, hosts: int | None = None,
+          timeout: float = 30.0, split: str = "auto", schedule: bool = True, link_mbit: float = 0.0,
+          fixed: dict[str, list[str]] | None = None, weight_decay: float = 0.0) -> SparseTables:
+    """Replace ``model``'s sparse tables in place; every rank of ``group`` must call it with its own batches.
+
+    ``batches``: a few ``model(*batch)`` argument tuples (this rank's first batches) to measure sparsity
+    and, for ``ps`` and row-split ``alltoall``, balance rows over owners. The other arguments: see :func:`serve`.
+    """
+    check_overrides([i.name for i in find_tables(model)], dict(overrides or {}))
+    return serve(model, survey(model, batches), strategy, optimizer, lr, momentum, group, overrides, max_touched,
+                 partitions, hosts, timeout, split, schedule, link_mbit, fixed, weight_decay)
+
+
+def serve(model: nn.Module, found: Survey, strategy: str = "ps", optimizer: str = "adagrad", lr: float = 0.1,
+          momentum: float = 0.0, group=None, overrides: dict[str, str] | None = None, max_touched: float = 0.5,
+          partitions: int = 0, hosts: int | None = None, timeout: float = 30.0, split: str = "auto",
+          schedule: bool = True, link_mbit: float = 0.0, fixed: dict[str, list[str]] | None = None,
+          weight_decay: float = 0.0, only: list[str] | None = None, agree=None) -> SparseTables:
+    """Replace the surveyed tables of ``model`` (or those named in ``only``: a pipeline stage's) in place.
+
+    ``overrides`` maps table names to strategies. ``optimizer`` (sgd | adagrad | adam | adamw, lazy: see
+    :mod:`tessel.sparse.rowopt`) updates the rows of the replaced tables, with ``weight_decay`` on the rows
+    a step touches. ``hosts``: see :func:`host_groups` (``ps`` aggregates each host's rows before they cross
+    its link). ``split``/``schedule``: how ``alltoall`` tables are split and whether their traffic is
+    scheduled; ``link_mbit``: the link rate for ``auto`` (0: measured). ``fixed``: name -> [strategy,
+    split] taken as they are (a resumed run keeps its saved plan). ``agree``: [(strategy, split)] -> the same
+    for every rank that must choose alike (tensor-parallel shards of one table, each deciding over its own dp
+    group, take the first shard's choices).
+    """
+    if strategy not in STRATEGIES:
+        raise PlanError(f"sparse strategy '{strategy}' is unknown; valid: {', '.join(STRATEGIES)}")
+    if split not in SPLITS:
+        raise PlanError(f"alltoall split '{split}' is unknown; valid: {', '.join(SPLITS)}")
+    overrides = dict(overrides or {})
+    check_overrides(found.names(), overrides)
+    targets = {i.name: _target(model, i) for i in found.infos if only is None or i.name in only}
     distributed = dist.is_initialized() and dist.get_world_size(group) > 1
-    modules = dict(model.named_modules())
+    # making groups is collective over the world: every rank takes part, whether or not it holds tables
     layout = host_groups(group, hosts, timeout) if distributed else None
+    side = side_group(group, timeout) if distributed else group
+    if not targets:
+        return SparseTables([], {}, group, lr)
     n_hosts = dist.get_world_size(group) // dist.get_world_size(layout[0]) if layout else (
         dist.get_world_size(group) if distributed else 1)
     choices: list[Choice | None] = []
     counts, pending = {}, []
-    for info in infos:
-        c = forced(info, modules[info.name], strategy, overrides.get(info.name), max_touched)
+    for source, info, _ in targets.values():
+        c = forced(info, source, strategy, overrides.get(info.name), max_touched)
+        if source is None:  # tensor parallelism replaced it by a layer whose rows are not whole
+            if overrides.get(info.name, "dense") not in ("dense", "auto"):  # named for it: refuse, never run dense
+                raise PlanError(f"table '{info.name}' is cut by columns under this tensor-parallel layout; "
+                                f"{overrides[info.name]} serves whole rows; valid for it: dense")
+            c = Choice(info, "dense", "a tensor-parallel layer holds it, not as whole rows (1-D vocabulary "
+                                      "shards are served)")
         if fixed and info.name in fixed:
             c = Choice(info, fixed[info.name][0], "as saved in the checkpoint", fixed[info.name][1])
         if c is not None and c.strategy == "auto":
@@ -199,17 +283,27 @@ def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimize
         choices.append(c)
     link = None
     if pending:
-        decided, link = decide_auto(pending, group, n_hosts, layout, compute, link_mbit, schedule, split,
-                                    modules[pending[0][0].name].weight.dtype)
+        decided, link = decide_auto(pending, group, n_hosts, layout, found.compute, link_mbit, schedule, split,
+                                    targets[pending[0][0].name][0].weight.dtype)
         it = iter(decided)
         choices = [c if c is not None else next(it) for c in choices]
-    opt = RowOptimizer(optimizer, lr, momentum=momentum)
-    tables, clock, side, routes, row_plans = {}, Clock(), None, {}, []
+    if agree is not None:
+        for c, (strategy_, split_) in zip(choices, agree([(c.strategy, c.split) for c in choices])):
+            if (c.strategy, c.split) != (strategy_, split_):
+                c.strategy, c.split, c.why = strategy_, split_, c.why + "; as the first tensor-parallel shard chose"
+            if strategy_ in ("ps", "alltoall") and c.info.name not in counts:
+                counts[c.info.name] = global_counts(c.info, group)
+    opt = RowOptimizer(optimizer, lr, momentum=momentum, weight_decay=weight_decay)
+    tables, clock, routes, row_plans = {}, Clock(), {}, []
     for choice in choices:
-        info, module = choice.info, modules[choice.info.name]
-        if choice.strategy in ("ps", "allgather", "alltoall") and (why := unsupported(module)):
+        info = choice.info
+        module, _, holder = targets[info.name]
+        if choice.strategy in ("ps", "allgather", "alltoall") and (why := info.unsupported or unsupported(module)):
             raise PlanError(f"table '{info.name}' cannot use {choice.strategy}: {why}; use dense for it")
         if choice.strategy == "torch-sparse":
+            if holder is not None:
+                raise PlanError(f"table '{info.name}' is a tensor-parallel shard; torch-sparse serves whole "
+                                "nn.Embedding tables only; valid here: dense, allgather, ps, alltoall")
             module.sparse = True
         elif choice.strategy == "allgather":
             tables[info.name] = AllGatherTable(info.name, module, group, opt)
@@ -224,13 +318,15 @@ def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimize
             if choice.strategy == "ps":
                 tables[info.name] = PSTable(info.name, module, group, opt, row_plan, layout)
             else:
-                side = side if side is not None else (side_group(group, timeout) if distributed else group)
                 tables[info.name] = AllToAllTable(info.name, module, side, opt, "row", row_plan, schedule,
                                                   lookahead=info.fed, clock=clock, routes=routes)
         elif choice.strategy == "alltoall":
-            side = side if side is not None else (side_group(group, timeout) if distributed else group)
             tables[info.name] = AllToAllTable(info.name, module, side, opt, "column", None, schedule,
                                               lookahead=info.fed, clock=clock, routes=routes)
     for name, t in tables.items():
-        _set_module(model, name, t)
+        holder = targets[name][2]
+        if holder is not None:
+            holder.serve_rows(t)  # the shard's rows now come from the table, its weight is no parameter any more
+        else:
+            _set_module(model, name, t)
     return SparseTables(choices, tables, group, lr, clock, link)

@@ -84,7 +84,7 @@ class AllToAllTable(RowTable):
         # alike share one route: the ids cross the wire once.
         self.routes = routes if routes is not None else {}
         self.final = True  # the engine clears it before all but the last micro-batch's backward
-        self._lookups: list[list] = []  # [route, leaf rows, in-flight gradient exchange or None]
+        self._lookups: list[list] = []  # [route, leaf rows, in-flight gradient exchange or None, tag]
         self._ready: Fetch | None = None  # this step's rows, fetched ahead
         self._next: Fetch | None = None  # the next step's rows, being fetched
         self._asked = None  # the next step's raw ids in flight: (work, buffer, rows this step touches)
@@ -267,7 +267,7 @@ class AllToAllTable(RowTable):
         return rows[pos]
 
     def _track(self, route: Route, rows: torch.Tensor, whole_step: bool) -> None:
-        entry = [route, rows, None]
+        entry = [route, rows, None, self.tag]
         self._lookups.append(entry)
         if self.schedule:
             def hook(t, entry=entry):
@@ -276,11 +276,14 @@ class AllToAllTable(RowTable):
                     entry[2] = self._send_grads(route, t.grad, async_op=True)
             rows.register_post_accumulate_grad_hook(hook)
 
-    def reduce(self) -> torch.Tensor:
-        """Finish the gradient exchanges; returns the squared norm of this owner's part."""
+    def reduce(self, upto: int | None = None) -> torch.Tensor:
+        """Finish the gradient exchanges (of lookups tagged ``upto`` or earlier); returns the squared norm of
+        this owner's part."""
         got_ids, got = [], []
         w_me = self.widths[self.me]
-        for route, rows, sent in self._lookups:
+        done = [e for e in self._lookups if upto is None or e[3] <= upto]
+        later = [e for e in self._lookups if not (upto is None or e[3] <= upto)]
+        for route, rows, sent, _ in done:
             if sent is None:
                 grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)
                 sent = self._send_grads(route, grad, async_op=False)
@@ -289,7 +292,7 @@ class AllToAllTable(RowTable):
                 self.clock.wait(work)
             got_ids.append(self._local(route.ids_in))
             got.append(buf.view(-1, w_me))
-        self._lookups, self._leaf = [], None
+        self._lookups, self._leaf = later, None
         if not got:
             return self._combine(torch.empty(0, dtype=torch.int64), self.table.new_empty(0, w_me))
         return self._combine(torch.cat(got_ids), torch.cat(got))

@@ -14,6 +14,7 @@ touches is measured by running the model on sample batches with hooks on the tab
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -37,6 +38,16 @@ class TableInfo:
     lookups_per_step: float = 0.0
     fed: bool = False  # the table reads the batch's first argument as its ids (so they are known ahead)
     counts: list[torch.Tensor] = field(default_factory=list, repr=False)  # per sample batch: accesses per row
+    unsupported: str | None = None  # why it cannot be served row by row (see ``unsupported``)
+
+    def restrict(self, lo: int, n: int) -> TableInfo:
+        """This table's rows lo..lo+n-1 as a table of their own (a tensor-parallel shard's part of it); the ids
+        it sees are no longer the batch's, so nothing is prefetched for it."""
+        counts = [c[lo:lo + n] for c in self.counts]
+        uniq = sum(float((c > 0).sum()) for c in counts) / max(len(counts), 1)
+        return dataclasses.replace(
+            self, rows=n, bytes=self.bytes * n // self.rows, counts=counts, unique_per_step=uniq, touched=uniq / n,
+            lookups_per_step=sum(float(c.sum()) for c in counts) / max(len(counts), 1), fed=False)
 
 
 def find_tables(model: nn.Module) -> list[TableInfo]:
@@ -50,7 +61,7 @@ def find_tables(model: nn.Module) -> list[TableInfo]:
         if isinstance(module, TABLE_TYPES):
             w = module.weight
             tables.append(TableInfo(name, w.shape[0], w.shape[1], w.numel() * w.element_size(),
-                                    [o for o in owners[id(w)] if o != name]))
+                                    [o for o in owners[id(w)] if o != name], unsupported=unsupported(module)))
     return tables
 
 

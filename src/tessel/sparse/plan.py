@@ -43,7 +43,7 @@ def forced(info: TableInfo, module: nn.Module, strategy: str, override: str | No
         return Choice(info, strategy, "given for all tables")
     if info.shared_with:
         return Choice(info, "dense", f"weight shared with {', '.join(info.shared_with)}: every row gets a gradient")
-    if why := unsupported(module):
+    if why := info.unsupported or unsupported(module):
         return Choice(info, "dense", why)
     if strategy == "auto":
         return None  # the cost model weighs density itself

@@ -4,6 +4,11 @@ Rows nobody touched in a step are left exactly as they are, state included (lazy
 SGD without momentum and for Adagrad that equals the dense optimizer, whose update of a zero-gradient
 row is zero; for momentum and Adam it is the lazy variant (``torch.optim.SparseAdam`` for Adam).
 
+Weight decay is lazy too: it acts on the rows a step touched, as torch's rule for that optimizer would
+(L2 added to the gradient for sgd/adagrad/adam, AdamW's decoupled shrink by ``1 - lr * wd``). A row left
+untouched for k steps is not decayed for them, where dense decay shrinks every row every step: a rare
+word's vector is only pulled toward zero when it is used. Where a step touches every row it equals torch.
+
     opt = RowOptimizer("adagrad", lr=0.1)
     state = opt.init(table)                      # per-row state, shaped like the table
     opt.update(table, state, rows, grads, lr=0.1)
@@ -15,20 +20,21 @@ import torch
 
 from ..errors import ConfigError
 
-KINDS = ("sgd", "adagrad", "adam")
+KINDS = ("sgd", "adagrad", "adam", "adamw")
 
 
 def row_kind(dense_optimizer: str) -> str:
-    """The row optimizer that goes with a dense one: sgd->sgd, adagrad->adagrad, adam/adamw->lazy adam."""
-    return {"sgd": "sgd", "adagrad": "adagrad", "adam": "adam", "adamw": "adam"}[dense_optimizer]
+    """The row optimizer that goes with a dense one (Adam and AdamW rows are lazy)."""
+    return {"sgd": "sgd", "adagrad": "adagrad", "adam": "adam", "adamw": "adamw"}[dense_optimizer]
 
 
 class RowOptimizer:
-    def __init__(self, kind: str, lr: float, momentum: float = 0.0, betas=(0.9, 0.999), eps: float | None = None,
-                 initial_accumulator: float = 0.0):
+    def __init__(self, kind: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, betas=(0.9, 0.999),
+                 eps: float | None = None, initial_accumulator: float = 0.0):
         if kind not in KINDS:
             raise ConfigError(f"row optimizer '{kind}' is unknown; valid: {', '.join(KINDS)}")
         self.kind, self.lr, self.momentum, self.betas = kind, lr, momentum, betas
+        self.weight_decay = weight_decay
         # torch's defaults: Adagrad eps 1e-10, Adam 1e-8.
         self.eps = eps if eps is not None else (1e-10 if kind == "adagrad" else 1e-8)
         self.initial_accumulator = initial_accumulator
@@ -47,6 +53,11 @@ class RowOptimizer:
                lr: float | None = None) -> None:
         """Apply one step to ``table[rows]`` with ``grads`` (one row each, ``rows`` unique)."""
         lr = self.lr if lr is None else lr
+        wd = self.weight_decay
+        if wd and self.kind == "adamw":
+            table[rows] = table[rows] * (1 - lr * wd)  # decoupled: shrink the touched rows, then Adam
+        elif wd:
+            grads = grads + wd * table[rows]  # L2, as torch's SGD/Adagrad/Adam add it to the gradient
         if self.kind == "sgd":
             if self.momentum:
                 buf = state["momentum"]

@@ -43,7 +43,10 @@ class RowTable(nn.Module, metaclass=ABCMeta):
         self.bag = (bag.mode, bag.include_last_offset) if isinstance(bag, nn.EmbeddingBag) else None
         self.group, self.opt = group, opt
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
-        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (unique ids, leaf rows) per forward
+        self._pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (tag, unique ids, leaf rows) per forward
+        # The mini-batch the next forward belongs to: an asynchronous pipeline runs the next step's first
+        # forwards before this step's update, and ``reduce(upto)`` must leave their rows for the next step.
+        self.tag = 0
         self._update: tuple[torch.Tensor, torch.Tensor] | None = None  # (local rows, averaged grads)
         self.last_rows = 0  # unique rows this rank looked up in its last forward (for reports)
 
@@ -53,8 +56,9 @@ class RowTable(nn.Module, metaclass=ABCMeta):
         the backward pass when training."""
 
     @abstractmethod
-    def reduce(self) -> torch.Tensor:
-        """Move this step's row gradients; returns this rank's share of their squared norm."""
+    def reduce(self, upto: int | None = None) -> torch.Tensor:
+        """Move this step's row gradients (of forwards tagged ``upto`` or earlier); returns this rank's share
+        of their squared norm."""
 
     @property
     def training_step(self) -> bool:
@@ -64,7 +68,7 @@ class RowTable(nn.Module, metaclass=ABCMeta):
         """Make ``rows`` a leaf whose gradient ``_local_grads`` collects (training only)."""
         if self.training_step:
             rows.requires_grad_(True)
-            self._pending.append((uniq, rows))
+            self._pending.append((self.tag, uniq, rows))
         return rows
 
     def check_ids(self, ids: torch.Tensor) -> None:
@@ -85,10 +89,12 @@ class RowTable(nn.Module, metaclass=ABCMeta):
                                    per_sample_weights=per_sample_weights, include_last_offset=last)
         return F.embedding(inv, rows).reshape(*ids.shape, self.embedding_dim)
 
-    def _local_grads(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's unique ids and their summed row gradients over all forwards since the last step."""
-        pend = [(u, r.grad if r.grad is not None else torch.zeros_like(r)) for u, r in self._pending]
-        self._pending = []
+    def _local_grads(self, upto: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's unique ids and their summed row gradients over the forwards since the last step (those
+        tagged ``upto`` or earlier)."""
+        done = [e for e in self._pending if upto is None or e[0] <= upto]
+        self._pending = [e for e in self._pending if not (upto is None or e[0] <= upto)]
+        pend = [(u, r.grad if r.grad is not None else torch.zeros_like(r)) for _, u, r in done]
         if not pend:
             return torch.empty(0, dtype=torch.int64), torch.empty(0, self.embedding_dim, dtype=self.dtype)
         if len(pend) == 1:
@@ -142,9 +148,9 @@ class AllGatherTable(RowTable):
     def _lookup(self, uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return self._leaf(uniq, self.table[uniq])
 
-    def reduce(self) -> torch.Tensor:
+    def reduce(self, upto: int | None = None) -> torch.Tensor:
         """All-gather every rank's unique ids and row gradients; returns the squared norm (same on all)."""
-        ids, grads = self._local_grads()
+        ids, grads = self._local_grads(upto)
         p = self.world
         if p == 1:
             return self._combine(ids, grads)
@@ -235,9 +241,9 @@ class PSTable(RowTable):
         rows = self._reply(self.table[self.plan.local[wanted]], route2, "ps.pull")
         return self._reply(rows[inv], route1, "ps.local")
 
-    def reduce(self) -> torch.Tensor:
+    def reduce(self, upto: int | None = None) -> torch.Tensor:
         """Push row gradients to their owners; returns the squared norm of this owner's share."""
-        ids, grads = self._local_grads()
+        ids, grads = self._local_grads(upto)
         if self.world == 1:
             return self._combine(self.plan.local[ids], grads)
         owner = self.plan.owner
@@ -290,7 +296,7 @@ def load_table_state(module: RowTable, state: dict[str, torch.Tensor]) -> None:
         v.copy_(module.own(state[f"row.{k}"]) if v.dim() else state[f"row.{k}"])
 
 
-def push_fused(tables: list[PSTable]) -> list[torch.Tensor]:
+def push_fused(tables: list[PSTable], upto: int | None = None) -> list[torch.Tensor]:
     """``reduce`` of several flat ``ps`` tables of one group in three all_to_alls instead of three each.
 
     On hosts with a fraction of a core, each collective costs a scheduling round on every host, so a
@@ -300,7 +306,7 @@ def push_fused(tables: list[PSTable]) -> list[torch.Tensor]:
     """
     first = tables[0]
     p, t_count, group = first.world, len(tables), first.group
-    grads_by_table = [t._local_grads() for t in tables]
+    grads_by_table = [t._local_grads(upto) for t in tables]
     counts = torch.zeros(p, t_count, dtype=torch.int64)
     ids_blocks, val_blocks = [[] for _ in range(p)], [[] for _ in range(p)]
     for j, (t, (ids, grads)) in enumerate(zip(tables, grads_by_table)):

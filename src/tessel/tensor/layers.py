@@ -117,11 +117,32 @@ class TPEmbedding(nn.Module):
         rows = self.weight.shape[0] * grid.size(spec.w_gather)
         self.lo = (grid.block((spec.vocab,))[0] * rows) if spec.vocab else 0
         self.rows = rows
+        self.table: nn.Module | None = None  # this rank's rows served over the dp group (tessel.sparse)
+
+    def row_part(self) -> tuple[nn.Embedding, int] | None:
+        """(an nn.Embedding over the vocabulary rows this rank holds, the first row's id), for serving them row
+        by row; None where the layout also cuts the columns or gathers rows every step (2-D, 3-D)."""
+        if self.spec.w_gather or self.spec.ids_rows or any(d == 1 for d, _ in self.spec.weight.dims):
+            return None
+        return nn.Embedding(*self.weight.shape, _weight=self.weight.detach()), self.lo
+
+    def serve_rows(self, table: nn.Module) -> None:
+        """Look rows up in ``table`` (a tessel.sparse row table over the same rows) instead of the parameter."""
+        del self.weight  # the table holds (and updates) the rows now: no dense gradient, no dp all-reduce
+        self.table = table
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids``: the dp rank's whole batch (B, T); returns this rank's block of the residual layout."""
         with ops.channel("tp.embed"):
-            return self._lookup(ids)
+            return self._lookup(ids) if self.table is None else self._served(ids)
+
+    def _served(self, ids: torch.Tensor) -> torch.Tensor:
+        # only the ids in this rank's vocabulary range are looked up (others would touch row 0 for nothing)
+        local = ids - self.lo
+        inside = (local >= 0) & (local < self.rows)
+        rows = self.table(local[inside])  # (k, dim)
+        y = rows.new_zeros(*ids.shape, rows.shape[-1]).index_put((inside,), rows)
+        return ops.all_reduce(y, self.grid.group(self.spec.all_reduce))
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         ids = rows_of(self.grid, ids, self.spec.ids_rows, "token ids")

@@ -80,11 +80,22 @@ _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 def _app_state(model, optimizer, extra: dict[str, torch.Tensor], tables=None, tp=None) -> dict[str, Any]:
     # Optimizer state keyed by parameter name, not by list position: pipeline stages hold different
     # parameters, and DCP would merge their "param_groups.0" entries as if every rank had the same.
-    msd, osd = get_state_dict(model, optimizer, options=_OPTIONS)
+    # a stage whose only weights are served tables has nothing for torch's state-dict helpers (they refuse it)
+    msd, osd = get_state_dict(model, optimizer, options=_OPTIONS) if _has_state(model) else ({}, {})
+    rows = {}
+    if tables:
+        # Sparse tables are no parameters of the model any more: each is saved whole over its dp group under
+        # the plain model's weight name (so any layout, or one process, loads it), its row state beside it.
+        state = tables.state_dict()
+        msd.update({k: v for k, v in state.items() if not k.startswith("state.")})
+        rows = {k: v for k, v in state.items() if k.startswith("state.")}
     if tp is not None:  # tensor-parallel shards as DTensors of their full shapes: DCP reshards on load
-        msd, osd = tp.to_dtensors(msd), tp.to_dtensors(osd)
-    # Sparse tables are not parameters of the model any more; they are saved whole, with their row state.
-    return {"model": msd, "optim": osd, **extra, **({"tables": tables.state_dict()} if tables else {})}
+        msd, osd, rows = tp.to_dtensors(msd), tp.to_dtensors(osd), tp.to_dtensors(rows)
+    return {"model": msd, "optim": osd, **extra, **({"tables": rows} if tables else {})}
+
+
+def _has_state(model) -> bool:
+    return any(True for _ in model.parameters()) or any(True for _ in model.buffers())
 
 
 def _rank_state(position: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -185,10 +196,15 @@ def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any], tabl
     _read(path, state)
     if tp is not None:
         state["model"], state["optim"] = tp.to_local(state["model"]), tp.to_local(state["optim"])
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=_OPTIONS)
+        if tables:
+            state["tables"] = tp.to_local(state["tables"])
+    served = {f"{n}.weight" for n in (tables.tables if tables else {})}
+    weights = {k: state["model"].pop(k) for k in served}
+    if _has_state(model):
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=_OPTIONS)
     if tables:
-        tables.load_state_dict(state["tables"])
+        tables.load_state_dict({**weights, **state["tables"]})
     r = _rank()
     torch.set_rng_state(state[f"rank{r}.rng"])
     pos, dp_size, global_batch = (int(v) for v in state[f"rank{r}.data"])

@@ -15,7 +15,8 @@ from ..config import TrainConfig
 
 def build_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer:
     """``torch.optim`` optimizer named by ``cfg.optimizer`` at the schedule's first lr."""
-    params = [p for p in params if p.requires_grad]
+    # a pipeline stage whose only weights are served tables has no dense parameter: an empty group, not an error
+    params = [p for p in params if p.requires_grad] or [{"params": []}]
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adagrad":

@@ -51,7 +51,7 @@ class StepTail:
         # every parameter gets a gradient (zeros if unused) so all replicas all-reduce the same flat buffer
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         size = torch.distributed.get_world_size(self.dp_group)
-        if size > 1:
+        if size > 1 and grads:  # a stage of served tables only has nothing dense to average
             flat = _flatten_dense_tensors(grads)
             comm.all_reduce(flat, "dp.dense", group=self.dp_group)
             flat /= size
@@ -59,22 +59,23 @@ class StepTail:
         for p, g in zip(self.params, grads):
             p.grad = g
 
-    def squared_norm(self, global_norm: bool = True) -> torch.Tensor:
+    def squared_norm(self, global_norm: bool = True, upto: int | None = None) -> torch.Tensor:
         if self.dp_group is not None:
             self._sync_dp()
         sq = self.tp.finish_backward().reshape(1) if self.tp is not None else _local_sq(self.params)
         if self.tables:
             with comm.guard("exchange of sparse row gradients", "sparse"):
-                sq = sq + self.tables.reduce()
+                sq = sq + self.tables.reduce(upto)
         if global_norm and self.norm_group is not None:
             t0 = time.perf_counter()
             comm.all_reduce(sq, "meta", group=self.norm_group)
             self.waited += time.perf_counter() - t0
         return sq
 
-    def __call__(self, lr: float, global_norm: bool = True) -> float:
-        """Finish the step at learning rate ``lr``; returns the gradient norm before clipping."""
-        norm = float(self.squared_norm(global_norm).sqrt())
+    def __call__(self, lr: float, global_norm: bool = True, upto: int | None = None) -> float:
+        """Finish the step at learning rate ``lr``; returns the gradient norm before clipping. ``upto``: the
+        last mini-batch whose table rows this update takes (an asynchronous pipeline has later ones in flight)."""
+        norm = float(self.squared_norm(global_norm, upto).sqrt())
         scale = 1.0
         if self.cfg.clip > 0:
             scale = min(1.0, self.cfg.clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s rule
