@@ -185,7 +185,9 @@ def test_table_bytes_under_tensor_parallel_alltoall(world4):
 
 
 def check_async(schedule, steps):
-    cfg = _cfg("lstm", "pp2-dp2", "ps", schedule, "sgd", extra=("train.warmup=0", "train.lr=0.2", "train.momentum=0.9"))
+    # the Transformer: its first stage holds dense blocks and the input table, both read ahead of their update
+    cfg = _cfg("transformer", "pp2-dp2", "ps", schedule, "sgd",
+               extra=("train.warmup=0", "train.lr=0.2", "train.momentum=0.9"))
     par, _, loader, mesh = _compose(cfg)
     losses = [par.engine.step(*loader.next_batch(), step).loss for step in range(steps)]
     par.engine.drain(steps)
