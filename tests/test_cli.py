@@ -69,22 +69,26 @@ def test_data_errors(capsys, tmp_path):
 
 def test_checkpoint_errors(capsys, tmp_path):
     out = tmp_path / "run"
-    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY], "no complete checkpoint")
-    r = tessel("train", "--steps", "2", "--out", str(out), *TINY, cwd=tmp_path)
+    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY], "no intact checkpoint")
+    r = tessel("train", "--steps", "4", "--ckpt-every", "2", "--out", str(out), *TINY, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY, "--model.dim", "8"],
                    "another model", "dim")
-    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY, "--nproc", "1"], "2 ranks")
-    ckpt = out / "checkpoints" / "step-00000002"
-    (ckpt / ".metadata").write_bytes(b"garbage")
-    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY], "corrupt")
-    # a damaged shard is found by the workers; the job still ends with one clear line and exit 2
-    r = tessel("train", "--steps", "2", "--out", str(out), *TINY, cwd=tmp_path)
-    for shard in ckpt.glob("*.distcp"):
-        shard.write_bytes(shard.read_bytes()[:40])
-    r = tessel("train", "--resume", "--steps", "4", "--out", str(out), *TINY, cwd=tmp_path)
-    assert r.returncode == 2, r.stderr
-    assert "tessel: error: checkpoint" in r.stderr and "corrupt" in r.stderr
+    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY, "--tp", "2"], "may change dp and the tp mode, not pp or tp")
+    # a damaged file in the newest checkpoint: found before anything is read, and the older one is used
+    ckpt = out / "checkpoints"
+    shard = ckpt / "step-00000004" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:40])
+    r = tessel("train", "--resume", "--steps", "6", "--out", str(out), *TINY, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (f"tessel: checkpoint '{ckpt / 'step-00000004'}' skipped (renamed to *.damaged): file __1_0.distcp has 40 "
+            "bytes" in r.stdout and "tessel: resuming from step 2" in r.stdout), r.stdout
+    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-00000002", "step-00000004.damaged", "step-00000006"]
+    # none intact: one line naming each and why
+    (ckpt / "step-00000006" / ".metadata").write_bytes(b"garbage")
+    (ckpt / "step-00000002" / "tessel.json").write_text("{}")
+    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY], "no intact checkpoint",
+                   "step-00000006: file .metadata has 7 bytes", "step-00000002: its tessel.json records no file")
 
 
 def _load(path: Path, tmp: Path) -> dict:

@@ -299,12 +299,27 @@ def test_loader_state_dict_resumes_exactly(tmp_path):
         assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
 
 
+def test_loader_resumes_under_another_dp_without_skipping_or_repeating():
+    """A job re-formed from dp=3 to dp=2 after step 5: the ranks' batches of step 6 on are exactly the same
+    global batches, split in two instead of three."""
+    corpus = ZipfCorpus(vocab_size=100, seq_len=4)
+    three = [ShardedLoader(corpus, global_batch=12, dp_rank=r, dp_size=3) for r in range(3)]
+    for loader in three:
+        for _ in range(5):
+            next(loader)
+    want = [torch.cat([next(loader)[0] for loader in three]) for _ in range(3)]
+    two = [ShardedLoader(corpus, global_batch=12, dp_rank=r, dp_size=2) for r in range(2)]
+    for loader in two:
+        loader.load_state_dict({"position": 5, "dp_size": 3, "global_batch": 12})
+    got = [torch.cat([next(loader)[0] for loader in two]) for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+
+
 def test_loader_rejects_mismatched_state_and_bad_batch():
     corpus = ZipfCorpus(vocab_size=100, seq_len=4)
     loader = ShardedLoader(corpus, global_batch=32, dp_rank=0, dp_size=4)
-    saved = {"position": 5, "dp_size": 2, "global_batch": 32}
-    message = "data position was saved with dp=2, global batch 32; this run has dp=4, global batch 32"
-    with pytest.raises(DataError, match=message):
+    saved = {"position": 5, "dp_size": 2, "global_batch": 16}
+    with pytest.raises(DataError, match="data position was saved with global batch 16; this run has 32"):
         loader.load_state_dict(saved)
     assert loader.position == 0
     with pytest.raises(DataError, match="global batch 10 is not divisible by dp=4; use a multiple of 4"):

@@ -4,6 +4,7 @@
     tessel train --nproc 4 --model lstm_lm --steps 100
     tessel train --config run.toml --train.lr 1e-3 --resume
     tessel train --print-config               # the resolved config as TOML
+    tessel train --max-restarts 2 --ckpt-every 10   # a dead worker: every worker restarts and resumes
     torchrun --nnodes 2 --nproc-per-node 1 ... -m tessel train --config run.toml   # several nodes
 
 Every ``section.key`` of the config is a flag (``--train.steps 10``); the short flags below are aliases.
@@ -21,7 +22,7 @@ import time
 from .bench import cli as bench_cli
 from .cluster import cli as cluster_cli
 from .config import Config, all_keys, load_config
-from .errors import CommError, ConfigError, TesselError
+from .errors import CommError, ConfigError, Preempted, TesselError
 
 # short flag -> config key (flags that take a value)
 ALIASES = {
@@ -51,6 +52,9 @@ def _train_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML and exit")
+    p.add_argument("--max-restarts", type=_restarts, default=0, metavar="N",
+                   help="restart every worker up to N times after one dies or stalls; they continue from the "
+                        "newest intact checkpoint (default 0)")
     p.add_argument("--verbose", action="store_true", help="keep torch's launcher logs")
     short = p.add_argument_group("short flags (aliases of config keys)")
     for flag, key in ALIASES.items():
@@ -59,6 +63,16 @@ def _train_parser(sub) -> argparse.ArgumentParser:
     for key, typ, default in all_keys():
         full.add_argument(f"--{key}", dest=f"key:{key}", metavar=typ.__name__.upper(), help=f"default {default!r}")
     return p
+
+
+def _restarts(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a count; give an integer >= 0")
+    return n
 
 
 def parser() -> argparse.ArgumentParser:
@@ -134,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         preflight(cfg)
         from .cluster.launch import launch
 
-        return launch(argv, cfg.nproc, verbose=ns.verbose)
+        return launch(argv, cfg.nproc, verbose=ns.verbose, max_restarts=ns.max_restarts)
     except TesselError as e:
         return _leave_worker(_fail(f"tessel: error: {e}", 2))
     except CommError as e:
         return _leave_worker(_fail(f"tessel: {e}", 1))
+    except Preempted as e:
+        return _leave_worker(_fail(f"tessel: {e}", 143))
     except KeyboardInterrupt:
         print("tessel: interrupted", file=sys.stderr)
         return 130

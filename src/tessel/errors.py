@@ -31,3 +31,11 @@ class CommError(RuntimeError):
     Not a TesselError: the input was fine, the job was not. The CLI still prints it as one line,
     naming the rank, the collective and the channel, and exits with code 1.
     """
+
+
+class Preempted(RuntimeError):
+    """A worker got SIGTERM: every rank stopped after the same step and saved a checkpoint.
+
+    Not a TesselError either; the CLI prints it as one line and exits with 143 (128 + SIGTERM), so an elastic
+    agent with restarts left starts the workers again and they continue from that checkpoint.
+    """

@@ -93,6 +93,17 @@ def init_distributed(backend: str = "auto", timeout: float = 30.0) -> None:
     backend = default_backend() if backend == "auto" else backend
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if restart and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torch's elastic agent keeps one TCPStore across restarts and the last attempt's addresses are still in
+        # it, so a restarted group connects to dead peers (pytorch/pytorch#135712); keys under this attempt's
+        # prefix are fresh. tessel's launcher sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which avoids it too.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=timeout))
+        dist.init_process_group(backend=backend, store=dist.PrefixStore(f"tessel-attempt-{restart}", store),
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                                timeout=timedelta(seconds=timeout))
+        return
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
 
 

@@ -215,13 +215,13 @@ def problems(plan: ParallelPlan, cfg) -> list[str]:
 
 
 def saved_plan(meta: dict, plan: ParallelPlan, path) -> ParallelPlan:
-    """The plan a checkpoint was saved under, which a resumed run must match: per-rank RNG and data state are
-    keyed by rank, so the world, the degrees and the grid must be the same."""
-    if meta.get("world_size") != plan.world:
-        raise CheckpointError(f"checkpoint '{path}' was saved by {meta.get('world_size')} ranks and holds per-rank "
-                              f"RNG and data state; resume it with {meta.get('world_size')} ranks, not {plan.world}")
+    """The plan a checkpoint was saved under, which a resumed run must match in the pp and tp degrees. The tp mode
+    and grid may differ (DCP reshards the shards), and so may dp (a job re-formed on fewer or more hosts): data
+    positions count global batches, and dp replicas share one RNG stream (same seed everywhere)."""
     saved = ParallelPlan.from_dict(meta["plan"]) if "plan" in meta else plan
-    if (saved.dp, saved.pp) != (plan.dp, plan.pp):  # tp shards are resharded by DCP; data state is per dp rank
-        raise CheckpointError(f"checkpoint '{path}' was saved under {saved.describe()}; resume it under the same "
-                              "degrees and grid, or start a new run from its weights with --checkpoint.init_from")
+    if (saved.pp, saved.tp) != (plan.pp, plan.tp):
+        raise CheckpointError(f"checkpoint '{path}' was saved under {saved.describe()}; a resumed run may change dp "
+                              f"and the tp mode, not pp or tp, and this one is {plan.describe()}: resume with "
+                              f"pp={saved.pp} and tp={saved.tp}, or start a new run from its weights with "
+                              "--checkpoint.init_from")
     return saved

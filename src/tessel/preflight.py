@@ -7,14 +7,13 @@ of every worker into one line and exit code 2.
 from __future__ import annotations
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
 
 from .config import Config
-from .errors import CheckpointError
 from .parallelize import check_model
 from .plan import ParallelPlan, saved_plan
 from .train import checkpoint
 from .train.build import build, build_data, model_identity
+from .train.resume import find_start
 
 
 def preflight(cfg: Config, world_size: int | None = None) -> ParallelPlan:
@@ -26,20 +25,12 @@ def preflight(cfg: Config, world_size: int | None = None) -> ParallelPlan:
     with torch.device("meta"):  # checks the model's arguments without allocating its weights
         model = build(cfg, vocab)
     check_model(model, plan, cfg)
+    identity = model_identity(cfg, vocab)
     if cfg.checkpoint.init_from:
         path = checkpoint.latest(cfg.checkpoint.init_from) or cfg.checkpoint.init_from
-        checkpoint.check_compatible(path, checkpoint.read_meta(path), model_identity(cfg, vocab), weights_only=True)
-    if cfg.checkpoint.resume:
-        path = checkpoint.latest(cfg.checkpoint_dir)
-        if path is None:
-            raise CheckpointError(f"--resume: no complete checkpoint in '{cfg.checkpoint_dir}'; "
-                                  "train without --resume first")
-        meta = checkpoint.read_meta(path)
-        checkpoint.check_compatible(path, meta, model_identity(cfg, vocab))
-        saved_plan(meta, plan, path)
-        try:
-            FileSystemReader(str(path)).read_metadata()
-        except Exception as e:
-            raise CheckpointError(f"checkpoint '{path}' is corrupt: its .metadata cannot be read "
-                                  f"({type(e).__name__})") from None
+        checkpoint.inspect(path, identity, weights_only=True)
+    if cfg.checkpoint.resume:  # the newest intact checkpoint (damaged ones are skipped, and said so, in rank 0)
+        start = find_start(cfg.checkpoint_dir, resume=True, restarted=False)
+        _, meta = checkpoint.inspect(start.path, identity, verify=False)
+        saved_plan(meta, plan, start.path)
     return plan

@@ -3,6 +3,11 @@
 Run it on several local workers with ``tessel train --nproc 2`` or under torchrun on several nodes::
 
     torchrun --nproc-per-node 8 -m tessel train --dp 2 --pp 2 --tp 2 --tp-mode 1d --steps 50
+    torchrun --nproc-per-node 4 --max-restarts 3 -m tessel train --ckpt-every 10   # restarted workers resume
+
+After an elastic restart the workers continue from this run's newest intact checkpoint
+(:mod:`tessel.train.resume`); SIGTERM stops every rank after the same step with a checkpoint
+(:mod:`tessel.train.preempt`).
 
 The loop knows no parallel axis: :func:`tessel.parallelize.parallelize` turns the plan into one object
 whose engine steps, whose module and optimizer are checkpointed, and whose summary describes the axes.
@@ -10,7 +15,9 @@ whose engine steps, whose module and optimizer are checkpointed, and whose summa
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,14 +26,17 @@ import torch.distributed as dist
 from . import comm
 from .config import Config
 from .data import ShardedLoader
-from .errors import CheckpointError
+from .errors import CheckpointError, Preempted
 from .mesh import build_mesh, init_distributed
 from .parallelize import Parallelized, parallelize
 from .plan import ParallelPlan, saved_plan
 from .train import checkpoint
 from .train.build import DTYPES, build, build_data, model_identity
+from .train.integrity import set_aside
 from .train.memory import model_state_bytes, peak_memory_bytes, table_memory_bytes
 from .train.metrics import MetricsLogger
+from .train.preempt import StopOnSignal
+from .train.resume import Start, find_start, restart_count
 
 
 def _first_batches(loader: ShardedLoader, n: int, model: torch.nn.Module) -> list[tuple]:
@@ -37,17 +47,33 @@ def _first_batches(loader: ShardedLoader, n: int, model: torch.nn.Module) -> lis
     return [tuple(t.to(dtype) if t.is_floating_point() else t for t in peek.next_batch()) for _ in range(n)]
 
 
-def _resume_point(cfg: Config, plan: ParallelPlan):
-    """(checkpoint to resume from or None, the plan with its saved stage cut and tables)."""
-    if not cfg.checkpoint.resume:
-        return None, plan
-    path = checkpoint.latest(cfg.checkpoint_dir)
-    if path is None:
-        raise CheckpointError(f"--resume: no complete checkpoint in '{cfg.checkpoint_dir}'; train without --resume "
-                              "first")
-    saved = saved_plan(checkpoint.read_meta(path), plan, path)
+def _find_start(cfg: Config) -> Start:
+    """Rank 0 reads and hashes the checkpoints once; every rank gets its answer."""
+    answer = None
+    if dist.get_rank() == 0:
+        try:
+            if cfg.checkpoint.enabled or cfg.checkpoint.resume:
+                answer = vars(find_start(cfg.checkpoint_dir, cfg.checkpoint.resume, restart_count() > 0))
+                for path, _ in answer["skipped"]:
+                    set_aside(Path(path))
+            else:
+                answer = vars(Start(None, ""))
+        except CheckpointError as e:
+            answer = {"error": str(e)}
+    answer = comm.all_gather_object(answer, "meta")[0]
+    if "error" in answer:
+        raise CheckpointError(answer["error"])
+    return Start(**answer)
+
+
+def _resume_point(cfg: Config, plan: ParallelPlan) -> tuple[Start, ParallelPlan]:
+    """(where to start, the plan with the checkpoint's stage cut and tables if it resumes one)."""
+    start = _find_start(cfg)
+    if start.path is None:
+        return start, plan
+    saved = saved_plan(checkpoint.read_meta(start.path), plan, start.path)
     # a resumed run keeps the stage bounds and table strategies it was saved with, whatever profile says now
-    return path, plan.with_(bounds=saved.bounds, tables=saved.tables)
+    return start, plan.with_(bounds=saved.bounds, tables=saved.tables)
 
 
 def _build(cfg: Config, mesh, plan: ParallelPlan):
@@ -61,14 +87,41 @@ def _build(cfg: Config, mesh, plan: ParallelPlan):
     if dist.get_backend() == "nccl":
         model = model.cuda()
     identity = model_identity(cfg, vocab)
-    if cfg.checkpoint.init_from and not cfg.checkpoint.resume:
+    start, plan = _resume_point(cfg, plan)
+    if cfg.checkpoint.init_from and start.path is None:
         # into the plain model, before any parallelism: the source may have any world size or layout
         source = checkpoint.latest(cfg.checkpoint.init_from) or cfg.checkpoint.init_from  # a run's folder or a step
         checkpoint.load_weights(source, model, identity)
     loader = ShardedLoader(dataset, cfg.train.global_batch, mesh.get_local_rank("dp"), plan.dp, seed=cfg.train.seed)
-    resume_from, plan = _resume_point(cfg, plan)
     batches = _first_batches(loader, max(1, cfg.sparse.sample_batches), model)
-    return parallelize(model, plan, mesh, cfg, batches), loader, identity, resume_from
+    return parallelize(model, plan, mesh, cfg, batches), loader, identity, start
+
+
+def _source_rank(rank: int, plan: ParallelPlan, path: str) -> int:
+    """The saving rank at this rank's (pp, tp) place with dp index 0: dp replicas share one RNG stream and data
+    position, so a job re-formed with another dp takes its state from there (ranks are pp-major, tp-minor)."""
+    saved_dp = checkpoint.read_meta(path)["plan"]["dp"]
+    if saved_dp == plan.dp:
+        return rank
+    pp_index, tp_index = rank // (plan.dp * plan.tp), rank % plan.tp
+    return (pp_index * saved_dp) * plan.tp + tp_index
+
+
+def _say_start(begin: Start, step: int) -> None:
+    for line in begin.notes():
+        print(line, flush=True)
+    if restart_count() or begin.skipped:
+        where = f"step {step} ('{begin.path}')" if begin.path else "step 0 (no checkpoint of this run yet)"
+        print(f"tessel: restart {restart_count()}: continuing from {where}" if restart_count()
+              else f"tessel: resuming from {where}", flush=True)
+
+
+def _stop(rank: int, step: int, cfg: Config) -> None:
+    message = (f"stopped by SIGTERM after step {step}; its checkpoint is in '{cfg.checkpoint_dir}' (a restart or "
+               "--resume continues from it)")
+    if rank == 0 and restart_count() < int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0):
+        print(f"tessel: {message}", flush=True)  # the agent restarts us without a word; say why
+    raise Preempted(message)
 
 
 def _summary(cfg: Config, par: Parallelized, logger: MetricsLogger, run_bytes: dict, per_step: int,
@@ -104,15 +157,19 @@ def run(cfg: Config) -> dict[str, Any]:
     plan = ParallelPlan.from_config(cfg, dist.get_world_size()).check(cfg)
     mesh = build_mesh(plan.dims, cfg.parallel.timeout, plan.mesh_axes)
     dp_group = mesh.get_group("dp")
-    par, loader, identity, resume_from = _build(cfg, mesh, plan)
+    par, loader, identity, begin = _build(cfg, mesh, plan)
     if rank == 0:
         print(par.describe(), flush=True)
-    meta = {**identity, "plan": par.plan.to_dict()}
+    meta = {**identity, "plan": par.plan.to_dict(), "run": begin.run}
 
     start = 0
-    if resume_from is not None:
-        start, data_state = checkpoint.load(resume_from, par.module, par.optimizer, identity, par.tables, par.shards)
+    if begin.path is not None:
+        start, data_state = checkpoint.load(begin.path, par.module, par.optimizer, identity, par.tables, par.shards,
+                                            verify=False,  # rank 0 has just checked every file
+                                            source_rank=_source_rank(rank, plan, begin.path))
         loader.load_state_dict(data_state)
+    if rank == 0:
+        _say_start(begin, start)
 
     unit = "samples" if cfg.model.name == "classifier" else "tokens"
     per_step = cfg.train.global_batch * (1 if unit == "samples" else cfg.data.seq_len)
@@ -120,10 +177,11 @@ def run(cfg: Config) -> dict[str, Any]:
     log_rank = dist.get_process_group_ranks(mesh.get_group("pp"))[-1] if rank == 0 else None
     log_rank = comm.all_gather_object(log_rank, "meta")[0]
     logger = MetricsLogger(cfg.metrics.out, cfg.train.steps, start, cfg.metrics.progress, cfg.metrics.log_every,
-                           cfg.metrics.tensorboard, enabled=rank == log_rank, resume=cfg.checkpoint.resume)
+                           cfg.metrics.tensorboard, enabled=rank == log_rank, resume=begin.path is not None)
     run_bytes: dict[str, dict[str, int]] = {}
     engine, tables = par.engine, par.tables if par.tables and par.tables.choices else None
     comm.counter.end_step()  # set-up traffic (dp.init) is not part of any step
+    stop = StopOnSignal() if cfg.checkpoint.enabled else None
     for step in range(start, cfg.train.steps):
         t0 = time.perf_counter()
         if engine.needs_batch:
@@ -145,11 +203,15 @@ def run(cfg: Config) -> dict[str, Any]:
             record["sparse_busy"], record["sparse_waited"] = tables.timing()
         logger.log_step(record)
         done = step + 1 == cfg.train.steps
-        every = cfg.checkpoint.every
-        if cfg.checkpoint.enabled and ((every and (step + 1) % every == 0) or done):
+        every, stopping = cfg.checkpoint.every, stop is not None and stop.requested() and not done
+        if cfg.checkpoint.enabled and ((every and (step + 1) % every == 0) or done or stopping):
             engine.drain(step + 1)  # a checkpoint holds no half-trained mini-batch
             checkpoint.save(cfg.checkpoint_dir, step + 1, par.module, par.optimizer, loader.state_dict(), meta,
                             cfg.checkpoint.keep, par.tables, par.shards)
+        if stopping:
+            _stop(rank, step + 1, cfg)
+    if stop is not None:
+        stop.close()
 
     engine.drain(cfg.train.steps)  # the final weights hold every mini-batch's update
     summary = _summary(cfg, par, logger, run_bytes, per_step, unit)

@@ -350,29 +350,37 @@ class EmulatedCluster:
                           for i, (n, a) in enumerate(zip(self.host_names, self.addresses))],
                 "leftovers": leftovers(self.prefix)}
 
-    def torchrun_commands(self, module_args: list[str], port: int = 29400, run_id: str | None = None) -> list:
+    def torchrun_commands(self, module_args: list[str], port: int = 29400, run_id: str | None = None,
+                          max_restarts: int = 0, min_hosts: int | None = None) -> list:
         """One torchrun node per host (one worker each), with rendezvous on host 0; pass them to ``run``.
 
         Across namespaces, torch cannot guess which node holds the store or which address is its own,
         so host 0 gets ``is_host=1``, the others ``is_host=0``, and every node its ``--local-addr``.
+        ``max_restarts``: torchrun's restarts after a failure; ``min_hosts``: the job may re-form on as few
+        hosts as this after one is lost (``--nnodes MIN:MAX``).
 
         >>> EmulatedCluster(2, prefix="doc").torchrun_commands(["-m", "tessel", "train"])[1][-9:]
         ['--local-addr', '10.77.0.2', '--rdzv-conf', 'is_host=0', '--max-restarts', '0', '-m', 'tessel', 'train']
         """
         run_id = run_id or f"tessel-{uuid.uuid4().hex[:8]}"
-        return [[sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.hosts), "--nproc-per-node", "1",
+        nodes = f"{min_hosts}:{self.hosts}" if min_hosts else str(self.hosts)
+        return [[sys.executable, "-m", "torch.distributed.run", "--nnodes", nodes, "--nproc-per-node", "1",
                  "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.addresses[0]}:{port}", "--rdzv-id", run_id,
-                 "--local-addr", addr, "--rdzv-conf", f"is_host={int(i == 0)}", "--max-restarts", "0", *module_args]
+                 "--local-addr", addr, "--rdzv-conf", f"is_host={int(i == 0)}", "--max-restarts", str(max_restarts),
+                 *module_args]
                 for i, addr in enumerate(self.addresses)]
 
     def run(self, commands: list[list[str]], env: dict | None = None, timeout: float | None = None,
-            cwd: str | None = None, capture: bool = True, check: bool = True) -> list[HostResult]:
+            cwd: str | None = None, capture: bool = True, check: bool = True,
+            keep_going: bool = False) -> list[HostResult]:
         """Run ``commands[i]`` on host i, all at once, and wait for all; one result per host.
 
         Each runs in its host's namespace and cgroup with OMP_NUM_THREADS=1, GLOO_SOCKET_IFNAME=eth0 and,
         on shaped links, TESSEL_LINK_MBIT.
         When one fails (or ``timeout`` passes) the others are stopped; with ``check`` that raises HostFailed
-        naming the host. ``capture=False`` lets output through instead of returning it.
+        naming the host. ``keep_going``: a failed host does not stop the others (an elastic job that re-forms
+        without it); ``check`` then raises only if the last host to end failed. ``capture=False`` lets output
+        through instead of returning it.
 
         >>> with EmulatedCluster(2, prefix="doc") as c:
         ...     [r.returncode for r in c.run([["true"], ["sh", "-c", "exit 3"]], check=False)]
@@ -382,7 +390,9 @@ class EmulatedCluster:
             raise ClusterError(f"cluster '{self.prefix}' is not up; call up() or use it as a context manager")
         if len(commands) != self.hosts:
             raise ClusterError(f"got {len(commands)} commands for {self.hosts} hosts; give one per host")
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", **(env or {})}
+        # one rendezvous store per restart round: torch's shared one keeps the dead round's addresses (#135712)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
+               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {})}
         if self.rate_bits:  # what tessel's cost model (--sparse auto) takes as the link rate
             env.setdefault("TESSEL_LINK_MBIT", f"{self.rate_bits / 1e6:g}")
         # The shell joins the host's cgroup before exec'ing into the namespace, so every descendant is counted.
@@ -402,7 +412,8 @@ class EmulatedCluster:
                     for i, p in enumerate(procs):
                         if ends[i] is None and p.poll() is not None:
                             ends[i] = time.monotonic() - start
-                            if p.returncode != 0 and failed is None:
+                            if p.returncode != 0 and failed is None and not (keep_going and any(
+                                    e is None for e in ends)):
                                 failed = i
                 if timeout is not None and time.monotonic() - start > timeout and failed is None:
                     failed = next(i for i, e in enumerate(ends) if e is None)

@@ -3,7 +3,8 @@
 ``tessel train --nproc N`` re-runs the same command line in N workers under a single-node c10d
 rendezvous, exactly as ``torchrun --standalone --nproc-per-node N -m tessel train ...`` would; a worker
 knows it is one by the variables torchrun sets. If any worker dies or fails, the agent stops the
-others and we print one line per failed rank instead of torch's report.
+others and we print one line per failed rank instead of torch's report; with ``max_restarts`` it first
+starts every worker again, up to that many times, and they continue from the newest intact checkpoint.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import sys
 import uuid
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -29,25 +31,30 @@ def describe(rank: int, failure) -> str:
             how = f"was killed by {signal.Signals(-failure.exitcode).name}"
         except ValueError:
             how = f"was killed by signal {-failure.exitcode}"
+    elif failure.exitcode == 143:
+        how = "stopped on SIGTERM after saving a checkpoint"
     else:
         how = f"exited with code {failure.exitcode}"
     return f"tessel: rank {rank} (pid {failure.pid}) {how}; the job was stopped"
 
 
-def launch(args: list[str], nproc: int, verbose: bool = False) -> int:
+def launch(args: list[str], nproc: int, verbose: bool = False, max_restarts: int = 0) -> int:
     """Run ``python -m tessel <args>`` in ``nproc`` local workers; the job's exit code."""
     if not verbose:
         # The agent logs a multi-screen report on failure; describe() says the same in one line.
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     threads = max(1, (os.cpu_count() or 1) // nproc)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    # one rendezvous store per restart: torch's shared one still holds the dead attempt's addresses (#135712)
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"tessel-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.2,
-        # Grace period before SIGKILL when the launcher is interrupted. When a worker fails, torch 2.13's
-        # process context closes the others with its own fixed 30 s grace instead, which a rank that ignores
-        # SIGTERM (SIGSTOPped, stuck in the kernel) uses up in full.
-        shutdown_timeout=5,
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts, monitor_interval=0.2,
+        # Grace period before SIGKILL when the launcher is stopped: the workers save a checkpoint after their
+        # current step (tessel.train.preempt). When a worker fails, torch 2.13's process context closes the
+        # others with its own fixed 30 s grace instead, which a rank that cannot take SIGTERM (SIGSTOPped,
+        # stuck in the kernel) uses up in full.
+        shutdown_timeout=30,
     )
     try:
         elastic_launch(config, sys.executable)("-m", "tessel", *args)
@@ -63,4 +70,7 @@ def launch(args: list[str], nproc: int, verbose: bool = False) -> int:
         # Exit 2 means "bad input" (a worker raised TesselError); ranks the agent stopped in
         # consequence show up as signals and do not change that.
         return 2 if any(f.exitcode == 2 for f in e.failures.values()) else 1
+    except SignalException as e:  # the launcher itself was told to stop; the workers saved and stopped
+        print(f"tessel: stopped by {signal.Signals(e.sigval).name}; continue with --resume", file=sys.stderr)
+        return 128 + int(e.sigval)
     return 0

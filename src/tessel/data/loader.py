@@ -123,16 +123,18 @@ class ShardedLoader:
         return {"position": self.position, "dp_size": self.dp_size, "global_batch": self.global_batch}
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from :meth:`state_dict`; the saved dp size and global batch must match this run."""
+        """Resume from :meth:`state_dict`. The global batch must match this run's; the dp size may differ (a job
+        re-formed on fewer hosts): a position counts global batches, which every dp size splits without
+        skipping or repeating a sample."""
         missing = [k for k in ("position", "dp_size", "global_batch") if k not in state]
         if missing:
             raise DataError(
                 f"data state lacks {', '.join(missing)}; give a dict from ShardedLoader.state_dict()"
             )
-        if state["dp_size"] != self.dp_size or state["global_batch"] != self.global_batch:
+        if state["global_batch"] != self.global_batch:
             raise DataError(
-                f"data position was saved with dp={state['dp_size']}, global batch {state['global_batch']}; "
-                f"this run has dp={self.dp_size}, global batch {self.global_batch}"
+                f"data position was saved with global batch {state['global_batch']}; this run has "
+                f"{self.global_batch}; resume with --batch {state['global_batch']}"
             )
         self.position = _int("position", state["position"], 0)
 

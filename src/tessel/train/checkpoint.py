@@ -7,14 +7,16 @@ Layout of ``dir``::
     latest              name of the newest complete checkpoint, replaced atomically
 
 A save writes into ``*.tmp`` and is renamed only after every rank has finished, so a crash during a
-save leaves the previous checkpoint loadable. Besides model and optimizer, each rank stores its RNG
-state and data position under its own key, which is what makes resume bit-identical. Loading never
-unpickles arbitrary objects: non-tensor entries are read with ``torch.load(weights_only=True)``.
+save leaves the previous checkpoint loadable; tessel.json, written last, holds the size and SHA-256 of every
+file, and nothing is loaded before they are checked (:mod:`tessel.train.integrity`): a damaged checkpoint is
+skipped for the newest intact one. Besides model and optimizer, each rank stores its RNG state and data
+position under its own key, which is what makes resume bit-identical. Loading runs no code from the files:
+DCP's pickled ``.metadata`` is read admitting only DCP's own classes, other entries with
+``torch.load(weights_only=True)`` (:mod:`tessel.train.safe_load`).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -25,7 +27,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -36,42 +37,19 @@ from torch.distributed.checkpoint.state_dict import (
 
 from .. import comm
 from ..errors import CheckpointError
+from .integrity import META, checkpoints, newest_intact, problem, seal
+from .safe_load import SafeLoadPlanner, SafeReader, read_metadata
 
 LATEST = "latest"
-META = "tessel.json"
-
-
-class _SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's default planner unpickles non-tensor entries with weights_only=False; we refuse to."""
-
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        from torch.distributed.checkpoint._traverse import set_element
-
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
 
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _is_complete(path: Path) -> bool:
-    return path.is_dir() and (path / ".metadata").is_file() and (path / META).is_file()
-
-
 def latest(dir: str | Path) -> Path | None:
-    """The newest complete checkpoint in ``dir``, or None."""
-    dir = Path(dir)
-    pointer = dir / LATEST
-    if pointer.is_file():
-        cand = dir / pointer.read_text().strip()
-        if _is_complete(cand):
-            return cand
-    done = sorted(p for p in dir.glob("step-*") if not p.name.endswith(".tmp") and _is_complete(p))
-    return done[-1] if done else None
+    """The newest intact checkpoint in ``dir`` (every file as it was written), or None."""
+    return newest_intact(dir)[0]
 
 
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -98,8 +76,8 @@ def _has_state(model) -> bool:
     return any(True for _ in model.parameters()) or any(True for _ in model.buffers())
 
 
-def _rank_state(position: torch.Tensor) -> dict[str, torch.Tensor]:
-    r = _rank()
+def _rank_state(position: torch.Tensor, r: int | None = None) -> dict[str, torch.Tensor]:
+    r = _rank() if r is None else r
     return {f"rank{r}.rng": torch.get_rng_state(), f"rank{r}.data": position}
 
 
@@ -131,15 +109,27 @@ def save(dir: str | Path, step: int, model, optimizer, data_state: dict[str, int
     _barrier()
     if _rank() == 0:
         world = dist.get_world_size() if dist.is_initialized() else 1
-        _write_atomic(tmp / META, json.dumps({**meta, "step": step, "world_size": world}, indent=1))
+        # tessel.json last: it seals the sums of the files above, so it exists only for a finished save
+        _write_atomic(tmp / META, json.dumps(seal({**meta, "step": step, "world_size": world}, tmp), indent=1))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        _write_atomic(dir / LATEST, final.name)
-        done = sorted(p for p in dir.glob("step-*") if not p.name.endswith(".tmp") and _is_complete(p))
-        for old in done[:-keep]:
+        _write_atomic(dir / LATEST, final.name)  # for people and scripts; loading goes by the checksums
+        for old in _same_run(dir, meta.get("run"))[keep:]:
             shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return final
+
+
+def _same_run(dir: Path, run: str | None) -> list[Path]:
+    """This run's checkpoints, newest first: an earlier run's in the same folder are not ours to prune."""
+    out = []
+    for path in checkpoints(dir):
+        try:
+            if json.loads((path / META).read_text()).get("run") == run:
+                out.append(path)
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
@@ -166,33 +156,41 @@ def check_compatible(path: Path, meta: dict[str, Any], expected: dict[str, Any],
                               "resume with the model it was saved with or start a new run")
 
 
-def _open(path: str | Path, expected_meta: dict[str, Any], weights_only: bool = False) -> tuple[Path, dict[str, Any]]:
+def inspect(path: str | Path, expected_meta: dict[str, Any], weights_only: bool = False,
+            verify: bool = True) -> tuple[Path, dict[str, Any]]:
+    """(path, its tessel.json) once the checkpoint is found intact, safe to unpickle and from this model."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
-    if not (path / ".metadata").is_file():
-        raise CheckpointError(f"checkpoint '{path}' is incomplete or corrupt: its .metadata file is missing")
+    why = problem(path) if verify else None  # before anything of it is read
+    if why:
+        raise CheckpointError(f"checkpoint '{path}' is damaged: {why}")
     meta = read_meta(path)
     check_compatible(path, meta, expected_meta, weights_only)
+    read_metadata(path)  # refuses a crafted .metadata with its own line before DCP wraps the error per rank
     return path, meta
 
 
 def _read(path: Path, state: dict[str, Any]) -> None:
     try:
-        dcp.load(state, checkpoint_id=str(path), planner=_SafeLoadPlanner())
+        dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
     except (Exception, CheckpointException) as e:  # DCP's own type derives from BaseException
         raise CheckpointError(f"checkpoint '{path}' is corrupt or unreadable ({_root_cause(e)})") from None
 
 
 def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any], tables=None,
-         tp=None) -> tuple[int, dict[str, int]]:
+         tp=None, verify: bool = True, source_rank: int | None = None) -> tuple[int, dict[str, int]]:
     """Load ``path`` into model and optimizer in place; restore this rank's RNG.
 
-    Returns (step, data_state). Raises CheckpointError if the checkpoint is missing, corrupt, or
-    from another model.
+    ``source_rank``: the saving rank whose RNG and data state this rank takes (default: its own rank); a job
+    re-formed with another dp takes them from the rank at its own pipeline and tensor-parallel place.
+
+    Returns (step, data_state). Raises CheckpointError if the checkpoint is missing, damaged (its checksums
+    are redone unless ``verify=False``, for a caller that has just done so), or from another model.
     """
-    path, meta = _open(path, expected_meta)
-    state = _app_state(model, optimizer, _rank_state(torch.zeros(3, dtype=torch.int64)), tables, tp)
+    path, meta = inspect(path, expected_meta, verify=verify)
+    r = _rank() if source_rank is None else source_rank
+    state = _app_state(model, optimizer, _rank_state(torch.zeros(3, dtype=torch.int64), r), tables, tp)
     _read(path, state)
     if tp is not None:
         state["model"], state["optim"] = tp.to_local(state["model"]), tp.to_local(state["optim"])
@@ -205,7 +203,6 @@ def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any], tabl
                        options=_OPTIONS)
     if tables:
         tables.load_state_dict({**weights, **state["tables"]})
-    r = _rank()
     torch.set_rng_state(state[f"rank{r}.rng"])
     pos, dp_size, global_batch = (int(v) for v in state[f"rank{r}.data"])
     return int(meta["step"]), {"position": pos, "dp_size": dp_size, "global_batch": global_batch}
@@ -217,7 +214,7 @@ def load_weights(path: str | Path, model, expected_meta: dict[str, Any], tp=None
 
         load_weights("runs/3d/checkpoints/step-00000020", plain_model, identity)   # into one process
     """
-    path, meta = _open(path, expected_meta, weights_only=True)
+    path, meta = inspect(path, expected_meta, weights_only=True)
     msd = get_model_state_dict(model, options=_OPTIONS)
     state = {"model": tp.to_dtensors(msd) if tp is not None else msd}
     _read(path, state)

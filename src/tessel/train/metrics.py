@@ -7,6 +7,7 @@ gathered before they get here).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -22,6 +23,21 @@ def human_bytes(n: float) -> str:
     return f"{n:.2f} GiB"
 
 
+def _keep_steps_upto(path: Path, step: int) -> None:
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by the crash that led to this resume
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+
+
 class MetricsLogger:
     """Collects step records; ``log_step`` each step, ``close`` once at the end (returns the summary)."""
 
@@ -34,6 +50,8 @@ class MetricsLogger:
         if not enabled:
             return
         self.out.mkdir(parents=True, exist_ok=True)
+        if resume:  # steps after the checkpoint are trained again: their earlier records go
+            _keep_steps_upto(self.out / "metrics.jsonl", start_step)
         self.jsonl = open(self.out / "metrics.jsonl", "a" if resume else "w")
         mode = progress if progress != "auto" else ("bar" if sys.stderr.isatty() else "log")
         if mode == "bar":
