@@ -74,7 +74,8 @@ def test_checkpoint_errors(capsys, tmp_path):
     assert r.returncode == 0, r.stderr
     one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY, "--model.dim", "8"],
                    "another model", "dim")
-    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY, "--tp", "2"], "may change dp and the tp mode, not pp or tp")
+    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY, "--tp", "2"],
+                   "may change dp and the tp mode, not pp or tp")
     # a damaged file in the newest checkpoint: found before anything is read, and the older one is used
     ckpt = out / "checkpoints"
     shard = ckpt / "step-00000004" / "__1_0.distcp"
