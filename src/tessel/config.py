@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -277,6 +278,8 @@ def validate(cfg: Config) -> Config:
             dotted, value = f"{sec.name}.{f.name}", getattr(section, f.name)
             if dotted in CHOICES and value not in CHOICES[dotted]:
                 raise ConfigError(f"config key '{dotted}' is '{value}'; valid: {', '.join(CHOICES[dotted])}")
+            if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
+                raise ConfigError(f"config key '{dotted}' is {value}; it must be a finite number")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 low = MINIMUM.get(dotted, 0)
                 if value < low:

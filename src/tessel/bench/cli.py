@@ -45,6 +45,31 @@ def _subset(name: str, given: str | None, valid: dict) -> dict:
     return {k: valid[k] for k in keys}
 
 
+def _check_paths(out: Path, doc: str | None) -> None:
+    """Before any run: the results folder can be made and written, and --doc's folder exists."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out '{out}' is a file; give a folder for results.json, report.md and plots")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out '{out}' cannot be created ({e.strerror or type(e).__name__}); give a folder "
+                          "you may write in") from None
+    if doc and not Path(doc).parent.is_dir():
+        raise ConfigError(f"--doc '{doc}': folder '{Path(doc).parent}' does not exist; give a Markdown file in an "
+                          "existing folder, e.g. docs/benchmarks.md")
+
+
+def _read_results(saved: Path) -> dict:
+    try:
+        prev = json.loads(saved.read_text())
+        if not isinstance(prev, dict) or not isinstance(prev.get("runs"), list):
+            raise ValueError("no list of runs")
+        return prev
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{saved} is not a results file tessel wrote ({str(e)[:80]}); move it away or run "
+                          "without --append / --report-only") from None
+
+
 def main(ns, argv: list[str]) -> int:
     from .report import write
     from .runner import run_scenario
@@ -74,9 +99,9 @@ def main(ns, argv: list[str]) -> int:
     if ns.repeats < 1:
         raise ConfigError("--repeats must be >= 1")
     out = Path(ns.out or f"bench/{scn.name}")
-    out.mkdir(parents=True, exist_ok=True)
+    _check_paths(out, ns.doc)
     saved = out / "results.json"
-    prev = json.loads(saved.read_text()) if (ns.append or ns.report_only) and saved.is_file() else None
+    prev = _read_results(saved) if (ns.append or ns.report_only) and saved.is_file() else None
     if ns.report_only and prev is None:
         from .runner import records_from_runs
 

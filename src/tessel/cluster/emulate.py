@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -249,8 +250,8 @@ class EmulatedCluster:
         self.hosts, self.rate, self.delay, self.prefix = hosts, rate and str(rate), str(delay), prefix
         self.rate_bits, self.delay_s = rate and parse_rate(rate), parse_delay(delay)
         self.cpus = float(cpus) if cpus is not None else (os.cpu_count() or 1) / hosts
-        if not self.cpus * PERIOD_US >= 1000:  # the kernel's smallest quota is 1 ms per period
-            raise ClusterError(f"cpus must be at least 0.01 per host, not {cpus!r}")
+        if not self.cpus * PERIOD_US >= 1000 or not math.isfinite(self.cpus):  # the smallest quota is 1 ms a period
+            raise ClusterError(f"cpus must be a finite number of at least 0.01 per host, not {cpus!r}")
         self.is_up = False
         self._old_handlers: dict = {}
 
