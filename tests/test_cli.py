@@ -20,7 +20,7 @@ TINY = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--voc
         "--batch", "8", "--metrics.progress", "log"]
 
 
-def tessel(*args, cwd, timeout=120, env=None):
+def tessel(*args, cwd, timeout=300, env=None):
     return subprocess.run([sys.executable, "-m", "tessel", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
 
