@@ -2,56 +2,95 @@
 
 Every float key refuses NaN and infinity (a NaN passes every ``<`` check, so ``--train.clip nan`` used to turn
 clipping off silently); the rest are what the config alone cannot know: the torch build, the file system,
-the environment, the machine's memory.
+the environment, the machine's memory. Leading ``NAME=value`` items of a case are environment variables, as
+in a shell. Nothing may be launched: workers, benchmark runs and cluster hosts fail the test if reached.
 """
 
 import pytest
+import torch
 
 from tessel.cli import main
 
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="nccl is valid where CUDA is")
+
+
+def case(line: str, needle: str, marks=()):
+    """A command line as typed after ``tessel`` (``{file}``, ``{folder}``, ``{corrupt}``: scratch paths) and a part
+    of the one line it must print."""
+    return pytest.param(line.split(), needle, marks=marks, id=line)
+
+
 CASES = [
-    (["train", "--lr", "nan"], "'train.lr' is nan; it must be a finite number"),
-    (["train", "--parallel.timeout", "nan"], "'parallel.timeout' is nan"),
-    (["train", "--parallel.timeout", "inf"], "'parallel.timeout' is inf"),
-    (["train", "--train.clip", "nan"], "'train.clip' is nan"),
-    (["train", "--train.momentum", "nan"], "'train.momentum' is nan"),
-    (["train", "--sparse.max_touched", "nan"], "'sparse.max_touched' is nan"),
-    (["train", "--sparse.link_mbit=-inf"], "'sparse.link_mbit' is -inf"),
-    (["train", "--model.dropout", "nan"], "'model.dropout' is nan"),
-    (["train", "--parallel.backend", "nccl"], "needs CUDA GPUs"),
-    (["train", "--out", "{file}/sub"], "cannot be written"),
-    (["train", "--model", "classifier", "--model.classes", "1e11"], "needs more memory than this machine has"),
-    (["train", "--sparse.tables", "nosuch=ps"], "'nosuch', which is not a table of this model"),
-    (["train", "--model", "resnet"], "model.name"),
-    (["train", "--nproc", "3", "--dp", "2"], "world size 3"),
-    (["train", "--max-restarts", "-1"], "give an integer >= 0"),
-    (["bench", "ddp", "--out", "{file}"], "is a file"),
-    (["bench", "ddp", "--report-only", "--out", "{folder}", "--doc", "{folder}/missing/bench.md"],
-     "does not exist"),
-    (["bench", "ddp", "--report-only", "--out", "{corrupt}"], "is not a results file tessel wrote"),
-    (["cluster", "up", "--hosts", "2", "--cpus", "inf"], "cpus must be a finite number"),
-    (["cluster", "up", "--hosts", "2", "--cpus", "nan"], "cpus must be a finite number"),
+    case("train --lr nan", "config key 'train.lr' is nan; it must be a finite number >= 0"),
+    case("train --parallel.timeout nan", "'parallel.timeout' is nan; it must be a finite number >= 1"),
+    case("train --parallel.timeout inf", "'parallel.timeout' is inf"),
+    case("train --timeout 1e300", "'parallel.timeout' is 1e+300; it must be from 1 to 604800"),
+    case("train --train.clip nan", "'train.clip' is nan"),
+    case("train --train.momentum nan", "'train.momentum' is nan"),
+    case("train --sparse.max_touched nan", "'sparse.max_touched' is nan"),
+    case("train --sparse.link_mbit=-inf", "'sparse.link_mbit' is -inf"),
+    case("train --model.dropout nan", "'model.dropout' is nan"),
+    case("train --seed 1e30", "'train.seed' is 1000000000000000019884624838656; it must be from 0 to"),
+    case("train --parallel.backend nccl", "needs CUDA GPUs and a CUDA build of torch; this one has none; "
+         "valid here: auto, gloo", marks=NO_CUDA),
+    case("train --out {file}/sub", "metrics.out '{file}/sub' cannot be written (Not a directory)"),
+    case("train --ckpt-dir {file}/ckpt", "checkpoint.dir '{file}/ckpt' cannot be written"),
+    case("TESSEL_LINK_MBIT=fast train", "TESSEL_LINK_MBIT is 'fast'; it must be a positive finite number of Mbit/s"),
+    case("TESSEL_LINK_MBIT=0 train", "TESSEL_LINK_MBIT is '0'"),
+    case("train --model classifier --model.classes 1e11",
+         "GiB to generate the class means), more than this machine's"),
+    case("train --sparse.tables nosuch=ps", "'nosuch', which is not a table of this model; tables: tok_emb"),
+    case("train --model resnet", "config key 'model.name' is 'resnet'; valid: transformer_lm"),
+    case("train --nproc 3 --dp 2", "do not match the world size 3"),
+    case("train --dp 3", "global batch 32 is not divisible by dp=3"),
+    case("train --nosuch 1", "unknown option(s) --nosuch 1"),
+    case("train --max-restarts -1", "give an integer >= 0"),
+    case("bench ddp --out {file}", "--out '{file}' is a file"),
+    case("bench ddp --out {file}/sub", "--out '{file}/sub' cannot be created (Not a directory)"),
+    case("bench ddp --append --out {corrupt}", "results.json is not a results file tessel wrote"),
+    case("bench ddp --report-only --out {corrupt}", "results.json is not a results file tessel wrote"),
+    case("bench ddp --doc {folder}/missing/bench.md", "folder '{folder}/missing' does not exist"),
+    case("bench ddp --doc {folder}", "it is a folder"),
+    case("bench ddp --rates 1e400", "rate '1e400' is not understood"),
+    case("cluster up --hosts 2 --cpus inf", "cpus must be a finite number of at least 0.01 per host"),
+    case("cluster up --hosts 2 --cpus nan", "not nan"),
+    case("cluster up --hosts 2 --cpus 0", "not 0.0"),
+    case("cluster up --hosts 2 --cpus -1", "not -1.0"),
+    case("cluster up --hosts 2 --rate 1e400", "rate '1e400' is not understood"),
 ]
 
 
-@pytest.mark.parametrize("argv,needle", CASES, ids=[" ".join(a[:3]) for a, _ in CASES])
-def test_one_line_and_exit_2(argv, needle, capsys, tmp_path, monkeypatch):
+def _unreachable(*args, **kwargs):
+    raise AssertionError("bad input got past the checks")
+
+
+@pytest.fixture
+def place(tmp_path, monkeypatch):
+    """A scratch folder as the working directory, with nothing launchable: workers, bench runs, cluster hosts."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TESSEL_LINK_MBIT", raising=False)
+    for target in ("tessel.cluster.launch.launch", "tessel.bench.runner.run_scenario",
+                   "tessel.cluster.emulate.check_machine"):
+        monkeypatch.setattr(target, _unreachable)
     (tmp_path / "file").write_text("x")
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / "results.json").write_text("{not json")
-    paths = {"file": tmp_path / "file", "folder": tmp_path, "corrupt": tmp_path / "corrupt"}
-    argv = [a.format(**paths) for a in argv]
+    return {"file": tmp_path / "file", "folder": tmp_path, "corrupt": tmp_path / "corrupt"}
+
+
+@pytest.mark.parametrize("argv,needle", CASES)
+def test_one_line_and_exit_2(argv, needle, place, capsys, monkeypatch):
+    argv = [a.format(**place) for a in argv]
+    while "=" in argv[0]:
+        name, value = argv.pop(0).split("=", 1)
+        monkeypatch.setenv(name, value)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("tessel: error: "), err
-    assert needle in err, err
+    assert needle.format(**place) in err, err
 
 
-def test_link_rate_from_the_environment(capsys, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TESSEL_LINK_MBIT", "fast")
-    assert main(["train"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == ("tessel: error: TESSEL_LINK_MBIT is 'fast'; it must be a positive number of Mbit/s, e.g. 200, "
-                   "or unset (the rate is then measured)")
+def test_a_refused_job_leaves_no_folders(place, capsys):
+    # preflight makes the output folders to prove they can be written; a refusal must not leave them behind
+    assert main(["train", "--sparse.tables", "nosuch=ps"]) == 2
+    assert not (place["folder"] / "runs").exists()

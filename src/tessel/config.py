@@ -217,6 +217,20 @@ MINIMUM: dict[str, float] = {
 }
 
 
+# Upper bounds where a larger value would fail inside every worker: torch.manual_seed takes 64 bits, and a
+# timeout near 1e14 s overflows timedelta (a week is already as good as none).
+MAXIMUM: dict[str, int] = {"train.seed": 2**64 - 1, "parallel.timeout": 7 * 24 * 3600}
+
+
+def _check_number(dotted: str, value: float) -> None:
+    low, high = MINIMUM.get(dotted, 0), MAXIMUM.get(dotted)
+    if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
+        raise ConfigError(f"config key '{dotted}' is {value}; it must be a finite number >= {low:g}")
+    if value < low or (high is not None and value > high):
+        valid = f">= {low:g}" if high is None else f"from {low:g} to {high}"
+        raise ConfigError(f"config key '{dotted}' is {value}; it must be {valid}")
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -278,12 +292,8 @@ def validate(cfg: Config) -> Config:
             dotted, value = f"{sec.name}.{f.name}", getattr(section, f.name)
             if dotted in CHOICES and value not in CHOICES[dotted]:
                 raise ConfigError(f"config key '{dotted}' is '{value}'; valid: {', '.join(CHOICES[dotted])}")
-            if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
-                raise ConfigError(f"config key '{dotted}' is {value}; it must be a finite number")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                low = MINIMUM.get(dotted, 0)
-                if value < low:
-                    raise ConfigError(f"config key '{dotted}' is {value}; it must be >= {low:g}")
+                _check_number(dotted, value)
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"config key 'model.dropout' is {cfg.model.dropout}; it must be in [0, 1)")
     if cfg.data_source == "text" and not cfg.data.path:

@@ -6,7 +6,7 @@ of every worker into one line and exit code 2.
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -18,30 +18,31 @@ from .config import Config
 from .errors import ConfigError
 from .parallelize import check_model
 from .plan import ParallelPlan, saved_plan
+from .sparse.cost import env_link_mbit
 from .train import checkpoint
-from .train.build import build, build_data, model_identity
+from .train.build import DTYPES, build, build_data, model_identity
 from .train.resume import find_start
+
+# Peak bytes per class-mean element while GaussianClassification generates them (measured with tracemalloc: uint64
+# hashes and float64 uniforms and normals, 4 bytes of which are kept).
+MEANS_PEAK_BYTES = 40
 
 
 def _check_machine(cfg: Config) -> None:
-    """What the config cannot know alone: the backend this torch build has, an output folder it may write, the
-    link rate the emulated cluster passes in the environment."""
+    """What the config cannot know alone: the backend this torch build has, the link rate the emulated cluster
+    passes in the environment, output folders it may write."""
     if cfg.parallel.backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
         raise ConfigError("parallel.backend 'nccl' needs CUDA GPUs and a CUDA build of torch; this one has none; "
                           "valid here: auto, gloo")
+    env_link_mbit()
     _check_writable(Path(cfg.metrics.out), "metrics.out")
-    rate = os.environ.get("TESSEL_LINK_MBIT")
-    if rate:
-        try:
-            ok = math.isfinite(float(rate)) and float(rate) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ConfigError(f"TESSEL_LINK_MBIT is '{rate}'; it must be a positive number of Mbit/s, e.g. 200, "
-                              "or unset (the rate is then measured)")
+    if cfg.checkpoint.enabled:
+        _check_writable(cfg.checkpoint_dir, "checkpoint.dir")
 
 
 def _check_writable(folder: Path, key: str) -> None:
+    """Make ``folder`` and a file in it as the run will, then remove what this made: a refused job leaves nothing."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
@@ -49,6 +50,31 @@ def _check_writable(folder: Path, key: str) -> None:
     except OSError as e:
         raise ConfigError(f"{key} '{folder}' cannot be written ({e.strerror or type(e).__name__}); "
                           "give a folder you may create files in") from None
+    finally:
+        for p in made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def _check_memory(cfg: Config, model: torch.nn.Module) -> None:
+    """Refuse sizes this machine cannot hold before anything is allocated (a MemoryError, or the OOM killer once
+    pages are touched, would come later): every local worker builds the whole model on the CPU, and the classifier's
+    data generates classes x in_features means through float64 temporaries."""
+    params = list(model.named_parameters())
+    weights = sum(p.numel() for _, p in params) * DTYPES[cfg.train.dtype].itemsize
+    means = cfg.model.classes * cfg.model.in_features * MEANS_PEAK_BYTES if cfg.data_source == "gaussian" else 0
+    need, have = cfg.nproc * (weights + means), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need <= have:
+        return
+    name, big = max(params, key=lambda item: item[1].numel())
+    data = f" + {_gib(means)} to generate the class means" if means else ""
+    raise ConfigError(f"model '{cfg.model.name}' needs about {_gib(need)}: {cfg.nproc} workers x ({_gib(weights)} "
+                      f"of weights{data}), more than this machine's {_gib(have)}; the largest tensor is {name} "
+                      f"{' x '.join(map(str, big.shape))}: make model.* or data.* smaller")
 
 
 def preflight(cfg: Config, world_size: int | None = None) -> ParallelPlan:
@@ -56,14 +82,15 @@ def preflight(cfg: Config, world_size: int | None = None) -> ParallelPlan:
     the checkpoint to start or resume from; returns the plan."""
     plan = ParallelPlan.from_config(cfg, world_size or cfg.nproc).check(cfg)
     _check_machine(cfg)
-    try:
-        dataset = build_data(cfg)  # tokenizes and caches text files once, before the workers read them
-        vocab = getattr(dataset, "vocab_size", 0)
-        with torch.device("meta"):  # checks the model's arguments without allocating its weights
-            model = build(cfg, vocab)
-    except MemoryError as e:  # numpy's is one too
-        raise ConfigError(f"model '{cfg.model.name}' with these sizes needs more memory than this machine has "
-                          f"({str(e).splitlines()[0][:120]}); make model.* or data.* smaller") from None
+    # Text is tokenized and cached once here, before the workers read it; the classifier's data (classes x
+    # in_features means) is made only after the memory check.
+    dataset = None if cfg.data_source == "gaussian" else build_data(cfg)
+    vocab = getattr(dataset, "vocab_size", 0)
+    with torch.device("meta"):  # checks the model's arguments without allocating its weights
+        model = build(cfg, vocab)
+    _check_memory(cfg, model)
+    if dataset is None:
+        build_data(cfg)
     check_model(model, plan, cfg)
     identity = model_identity(cfg, vocab)
     if cfg.checkpoint.init_from:

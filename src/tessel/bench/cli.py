@@ -47,6 +47,10 @@ def _subset(name: str, given: str | None, valid: dict) -> dict:
 
 def _check_paths(out: Path, doc: str | None) -> None:
     """Before any run: the results folder can be made and written, and --doc's folder exists."""
+    page = Path(doc) if doc else None
+    if page and (page.is_dir() or not page.parent.is_dir()):  # found now, not after the whole benchmark has run
+        why = "it is a folder" if page.is_dir() else f"folder '{page.parent}' does not exist"
+        raise ConfigError(f"--doc '{doc}': {why}; give a Markdown file in an existing folder, e.g. docs/benchmarks.md")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out '{out}' is a file; give a folder for results.json, report.md and plots")
     try:
@@ -54,9 +58,6 @@ def _check_paths(out: Path, doc: str | None) -> None:
     except OSError as e:
         raise ConfigError(f"--out '{out}' cannot be created ({e.strerror or type(e).__name__}); give a folder "
                           "you may write in") from None
-    if doc and not Path(doc).parent.is_dir():
-        raise ConfigError(f"--doc '{doc}': folder '{Path(doc).parent}' does not exist; give a Markdown file in an "
-                          "existing folder, e.g. docs/benchmarks.md")
 
 
 def _read_results(saved: Path) -> dict:

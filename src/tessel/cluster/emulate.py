@@ -75,7 +75,7 @@ def parse_rate(text: str) -> float:
     (200000000.0, 1000000000.0, 500000.0, 1000000.0)
     """
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?(?:e\d+)?)\s*([a-z]*)\s*", str(text).lower())
-    if not m or m.group(2) not in _UNITS or float(m.group(1)) <= 0:
+    if not m or m.group(2) not in _UNITS or not 0 < float(m.group(1)) < math.inf:  # 1e400 reads as inf
         # "mbps" means megabytes/s to tc; accepting it would silently give 8x the intended rate.
         raise ClusterError(f"rate {text!r} is not understood; use {_RATE_FORMS}")
     return float(m.group(1)) * _UNITS[m.group(2)]

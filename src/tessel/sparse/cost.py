@@ -26,6 +26,7 @@ job's own group at start-up (:func:`probe`) unless the rate is given.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -35,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from ..errors import ConfigError
 from .rowopt import RowOptimizer
 
 ID_BYTES = 8
@@ -117,6 +119,22 @@ def choose(est: dict[str, Estimate], allowed: tuple[str, ...]) -> str:
     return min((o for o in est if o.split("/")[0] in allowed), key=lambda o: est[o].time)
 
 
+def env_link_mbit() -> float:
+    """TESSEL_LINK_MBIT in Mbit/s, 0 when unset; preflight calls it too, so a bad value stops the job in one line
+    before any worker starts (and, under plain torchrun, in the workers)."""
+    text = os.environ.get("TESSEL_LINK_MBIT", "")
+    if not text:
+        return 0.0
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not (math.isfinite(rate) and rate > 0):
+        raise ConfigError(f"TESSEL_LINK_MBIT is '{text}'; it must be a positive finite number of Mbit/s, e.g. 200, "
+                          "or unset (the rate is then measured)")
+    return rate
+
+
 def probe(group, rate_mbit: float, dtype=torch.float32, dim: int = 64) -> Link:
     """Latency per collective, link rate and row-update cost, measured on ``group`` (the same on every rank).
 
@@ -132,8 +150,8 @@ def probe(group, rate_mbit: float, dtype=torch.float32, dim: int = 64) -> Link:
         lat.append(time.perf_counter() - t0)
     latency = statistics.median(lat)
     source = "given"
-    if rate_mbit <= 0 and os.environ.get("TESSEL_LINK_MBIT"):
-        rate_mbit, source = float(os.environ["TESSEL_LINK_MBIT"]), "TESSEL_LINK_MBIT"
+    if rate_mbit <= 0 and env_link_mbit() > 0:
+        rate_mbit, source = env_link_mbit(), "TESSEL_LINK_MBIT"
     if rate_mbit > 0:
         rate = rate_mbit * 1e6 / 8
     else:
