@@ -4,13 +4,21 @@ Local processes only (no namespaces), so CI always runs these; tests/test_chaos.
 emulated cluster with stalls and a whole host lost.
 """
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
-from test_cli import TINY, _assert_identical, _load, _workers
+import pytest
+import torch
+
+from tessel.config import load_config
+from tessel.errors import PlanError
+from tessel.trainer import _plan
+from test_cli import TINY, _assert_identical, _load, _workers, tessel
 
 STEPS, EVERY = 40, 4
 ARGS = [*TINY, "--steps", str(STEPS), "--ckpt-every", str(EVERY), "--checkpoint.keep", "3", "--optimizer", "adam"]
@@ -35,8 +43,6 @@ def _run_with_fault(tmp_path, name, at_step, rank, sig, *extra):
 
 
 def _steps_logged(out) -> list[int]:
-    import json
-
     return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -45,8 +51,6 @@ def test_killed_or_stopped_worker_restarts_and_ends_bit_identical(tmp_path):
     without --resume; after SIGTERM to one worker, every rank stops after the same step with a checkpoint there
     (off the every-N cadence) and the restart goes on from exactly that step. Both end with the weights and
     optimizer state of an uninterrupted run, and every step's record once in metrics.jsonl."""
-    from test_cli import tessel
-
     r = tessel("train", *ARGS, "--out", str(tmp_path / "full"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     last = f"checkpoints/step-{STEPS:08d}"
@@ -86,3 +90,57 @@ def test_sigterm_on_one_rank_stops_every_rank_after_the_same_step(world2):
     (a, restored_a), (b, restored_b) = world2.run(check_stop_agreement)
     assert a == b == [False, False, False, True, True, True]
     assert restored_a and restored_b
+
+
+def test_job_reformed_on_fewer_then_more_ranks_continues_the_trajectory(tmp_path):
+    """A 2-rank fp64 run with ps-served tables (lazy Adam row state on 2 shards), its step-3 checkpoint resumed on
+    one rank to step 6, and that one's step 6 resumed on 2 ranks again: DCP reshards model, optimizer and tables
+    each time; the one rank reads the global batch of 8 as 2 micro-batches of the saved 4 samples (both drawing the
+    step's one set of sampled-softmax candidates, as 2 dp ranks do), and every step's loss and the final weights,
+    tables and row state match the uninterrupted 2-rank run within 1e-9."""
+    args = [*TINY, "--model", "lstm_lm", "--model.softmax", "sampled", "--model.num_sampled", "32", "--optimizer",
+            "adam", "--sparse", "ps", "--dtype", "float64", "--steps", "9", "--ckpt-every", "3", "--checkpoint.keep",
+            "5"]
+
+    def run(name, nproc, start_from=None):
+        out = tmp_path / name
+        if start_from is not None:
+            (out / "checkpoints").mkdir(parents=True)
+            shutil.copytree(start_from, out / "checkpoints" / start_from.name)
+        resume = ["--resume"] if start_from is not None else []
+        r = tessel("train", *args, *resume, "--nproc", str(nproc), "--out", str(out), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        return out, r.stdout + r.stderr
+
+    full, _ = run("full", 2)
+    one, log = run("one", 1, full / "checkpoints" / "step-00000003")
+    assert "dp 2 -> 1 with the global batch kept: 2 micro-batches per rank" in log, log
+    two, log = run("two", 2, one / "checkpoints" / "step-00000006")
+    assert "micro-batches per rank" not in log  # 4 samples per rank again: one micro-batch, as saved at first
+    loss = {d.name: {r["step"]: r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())}
+            for d in (full, one, two)}
+    resumed = {**loss["one"], **loss["two"]}
+    assert sorted(resumed) == list(range(4, 10)), loss
+    assert max(abs(resumed[s] - loss["full"][s]) for s in resumed) < 1e-9, loss
+    want, got = (_load(d / "checkpoints" / "step-00000009", tmp_path) for d in (full, two))
+    for part in ("model", "tables"):
+        assert set(want[part]) == set(got[part])
+        for name, w in want[part].items():
+            if torch.is_tensor(w):
+                torch.testing.assert_close(got[part][name], w, rtol=0, atol=1e-9, msg=f"{part} {name}")
+
+
+def test_a_layout_that_cannot_shrink_says_so_in_one_line(monkeypatch):
+    """A restarted job whose world re-formed too small for its pp x tp (3 hosts of 2 ranks, pp=3 x tp=2, one host
+    lost: world 4) is refused with one line naming the re-formed world and what to change; a first start keeps
+    the plain reason."""
+    cfg = load_config(None, ["model.name=transformer_lm", "parallel.pp=3", "parallel.tp=2", "train.micro_batches=3",
+                             "train.global_batch=12"])
+    assert _plan(cfg, 6).dp == 1
+    with pytest.raises(PlanError) as first:
+        _plan(cfg, 4)
+    assert "re-formed" not in str(first.value)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    with pytest.raises(PlanError, match="re-formed on 4 ranks after restart 2.*not divisible by pp=3 x tp=2") as e:
+        _plan(cfg, 4)
+    assert "\n" not in str(e.value)

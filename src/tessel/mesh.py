@@ -69,15 +69,6 @@ class ParallelDims:
             dp = world_size // (pp * tp)
         return cls(dp=dp, pp=pp, tp=tp, world_size=world_size)
 
-    def check_batch(self, global_batch: int, micro_batches: int) -> None:
-        """A global batch must split evenly into dp shards of micro_batches micro-batches."""
-        if global_batch % (self.dp * micro_batches):
-            unit = self.dp * micro_batches
-            raise PlanError(
-                f"global batch {global_batch} is not divisible by dp={self.dp} x micro_batches="
-                f"{micro_batches} = {unit}; use a multiple of {unit}, e.g. {max(unit, global_batch // unit * unit)}"
-            )
-
     def __str__(self) -> str:
         return f"dp={self.dp} pp={self.pp} tp={self.tp} (world {self.world_size})"
 

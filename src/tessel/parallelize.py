@@ -19,7 +19,7 @@ which axes are on. Run it inside a torchrun worker, e.g.::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -221,6 +221,12 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, cfg: Config,
     return Parallelized(root, optimizer, engine, plan, cfg, tables, shards, stages)
 
 
+def _train(cfg: Config, plan: ParallelPlan):
+    """The train settings the engines step by, with the plan's micro-batches (a re-formed job may change them,
+    see :func:`tessel.plan.regrouped`)."""
+    return replace(cfg.train, micro_batches=plan.micro_batches)
+
+
 def _engine(root, chain: Chain | None, plan: ParallelPlan, cfg: Config, dp_group, tp, tables):
     """One stage holding the whole model: DDP syncs gradients during backward."""
     model = Runner(root, chain) if chain is not None and plan.tp_mode != "torch-1d" else root
@@ -229,7 +235,7 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, cfg: Config, dp_group
         model = apply_ddp(model, dp_group, cfg.parallel.bucket_mb, ddp_comm)
     optimizer = build_optimizer(model.parameters(), cfg.train)
     params = [p for p in model.parameters() if p.requires_grad]
-    return Engine(model, StepTail(params, optimizer, cfg.train, tp=tp, tables=tables), tables), optimizer
+    return Engine(model, StepTail(params, optimizer, _train(cfg, plan), tp=tp, tables=tables), tables), optimizer
 
 
 def _stage_engine(root, chain: Chain, plan: ParallelPlan, cfg: Config, mesh, stages, lo: int, hi: int, tp,
@@ -241,7 +247,8 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, cfg: Config, mesh, sta
         replicate_from_first(runner, dp_group)
     optimizer = build_optimizer(runner.parameters(), cfg.train)
     params = [p for p in runner.parameters() if p.requires_grad]
-    tail = StepTail(params, optimizer, cfg.train, dp_group=dp_group, tp=tp, tables=tables, norm_group=pp_group)
+    tail = StepTail(params, optimizer, _train(cfg, plan), dp_group=dp_group, tp=tp, tables=tables,
+                    norm_group=pp_group)
     micro = batch[0].shape[0] // plan.micro_batches
     stage = pipeline.Stage(runner, mesh.get_local_rank("pp"), plan.pp, dist.get_process_group_ranks(pp_group),
                            stages, micro, DTYPES[cfg.train.dtype], pp_group)

@@ -225,3 +225,21 @@ def saved_plan(meta: dict, plan: ParallelPlan, path) -> ParallelPlan:
                               f"pp={saved.pp} and tp={saved.tp}, or start a new run from its weights with "
                               "--checkpoint.init_from")
     return saved
+
+
+def regrouped(plan: ParallelPlan, saved: ParallelPlan, global_batch: int) -> ParallelPlan:
+    """``plan`` for a job re-formed with another dp than ``saved``'s: the global batch stays, so each rank's share
+    grows (or shrinks); the fewest micro-batches, at least ``plan``'s, that keep every micro-batch no larger than
+    the saved run's keep its activation memory (3 hosts -> 2, batch 12: 4 samples per rank -> 6, as 2 x 3).
+
+        >>> regrouped(ParallelPlan(dp=2), ParallelPlan(dp=3), 12).micro_batches
+        2
+        >>> regrouped(ParallelPlan(dp=4), ParallelPlan(dp=2, micro_batches=2), 16).micro_batches
+        1
+    """
+    if saved.dp == plan.dp or global_batch % plan.dp or global_batch % (saved.dp * saved.micro_batches):
+        return plan  # unchanged, or a batch the plan's own check will refuse with its reason
+    size, local = global_batch // (saved.dp * saved.micro_batches), global_batch // plan.dp
+    # local itself divides local: one sample per micro-batch always fits
+    m = next(m for m in range(plan.micro_batches, local + 1) if local % m == 0 and local // m <= size)
+    return plan.with_(micro_batches=m)

@@ -26,10 +26,10 @@ import torch.distributed as dist
 from . import comm
 from .config import Config
 from .data import ShardedLoader
-from .errors import CheckpointError, Preempted
+from .errors import CheckpointError, PlanError, Preempted
 from .mesh import build_mesh, init_distributed
 from .parallelize import Parallelized, parallelize
-from .plan import ParallelPlan, saved_plan
+from .plan import ParallelPlan, regrouped, saved_plan
 from .train import checkpoint
 from .train.build import DTYPES, build, build_data, model_identity
 from .train.integrity import set_aside
@@ -73,7 +73,24 @@ def _resume_point(cfg: Config, plan: ParallelPlan) -> tuple[Start, ParallelPlan]
         return start, plan
     saved = saved_plan(checkpoint.read_meta(start.path), plan, start.path)
     # a resumed run keeps the stage bounds and table strategies it was saved with, whatever profile says now
-    return start, plan.with_(bounds=saved.bounds, tables=saved.tables)
+    resumed = regrouped(plan, saved, cfg.train.global_batch).with_(bounds=saved.bounds, tables=saved.tables)
+    if resumed.micro_batches != plan.micro_batches and dist.get_rank() == 0:
+        print(f"tessel: dp {saved.dp} -> {plan.dp} with the global batch kept: {resumed.micro_batches} micro-batches "
+              "per rank keep each micro-batch no larger than the checkpoint's", flush=True)
+    return start, resumed.check(cfg)
+
+
+def _plan(cfg: Config, world: int) -> ParallelPlan:
+    """The config's plan on ``world`` ranks. After an elastic restart the world may have re-formed smaller (a
+    host lost under ``torchrun --nnodes MIN:MAX``); a layout that no longer fits is said so, as one line."""
+    try:
+        return ParallelPlan.from_config(cfg, world).check(cfg)
+    except PlanError as e:
+        if not restart_count():
+            raise
+        raise PlanError(f"the job re-formed on {world} ranks after restart {restart_count()}, where its layout "
+                        f"cannot run: {e}. Leave --dp unset so dp follows the world, and give torchrun --nnodes a "
+                        "minimum at which pp x tp still fits") from None
 
 
 def _build(cfg: Config, mesh, plan: ParallelPlan):
@@ -154,7 +171,7 @@ def run(cfg: Config) -> dict[str, Any]:
     """Train as one rank of the world torchrun started; returns the run summary (same on every rank)."""
     init_distributed(cfg.parallel.backend, cfg.parallel.timeout)
     rank = dist.get_rank()
-    plan = ParallelPlan.from_config(cfg, dist.get_world_size()).check(cfg)
+    plan = _plan(cfg, dist.get_world_size())
     mesh = build_mesh(plan.dims, cfg.parallel.timeout, plan.mesh_axes)
     dp_group = mesh.get_group("dp")
     par, loader, identity, begin = _build(cfg, mesh, plan)

@@ -33,6 +33,7 @@ from torch.func import functional_call
 
 from .. import comm
 from ..chain import Chain
+from ..train.draws import SameDraws
 from ..train.engine import StepResult
 from ..train.optim import lr_at
 from ..train.tail import StepTail
@@ -76,6 +77,7 @@ class PipelineEngine:
         # (wall clock, process CPU, busy) at each step's start, and at the last step's end
         self._marks: list[tuple[float, float, float]] = []
         self._end: tuple[float, float, float] | None = None
+        self.draws = SameDraws(self.cfg.micro_batches, any(p.is_cuda for p in self.params.values()))
         self._torch = _torch_schedule(stage, chain, schedule, self.cfg.micro_batches) if schedule in TORCH else None
 
     # -- one forward / backward --------------------------------------------------------------------------
@@ -89,6 +91,7 @@ class PipelineEngine:
         kept = leaves = None
         if self.tables:
             self.tables.tag(i // self.cfg.micro_batches)  # the mini-batch its rows' gradients belong to
+        self.draws.before(i)  # a mini-batch's micro-batches draw alike (sampled candidates, dropout)
         if self.weights is None:
             out = st.runner(x)
         else:

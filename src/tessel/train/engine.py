@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import comm
+from .draws import SameDraws
 from .memory import SavedBytes
 from .optim import lr_at
 from .tail import StepTail
@@ -44,6 +45,7 @@ class Engine:
         self.params = tail.params
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
         self.activation_bytes = None
+        self.draws = SameDraws(self.cfg.micro_batches, self.device.type == "cuda")
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """Move a batch tensor to the model's device; float features take the model's dtype."""
@@ -70,6 +72,7 @@ class Engine:
         total = 0.0
         for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
             # DDP's gradient all-reduce runs inside backward; a dead peer surfaces here.
+            self.draws.before(i)
             with self._no_sync(i == m - 1), comm.guard("all_reduce of gradients", "dp.dense"):
                 if self.activation_bytes is None:
                     with SavedBytes(self.params) as saved:
