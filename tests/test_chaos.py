@@ -47,6 +47,8 @@ def test_killed_stalled_and_lost_host_run_ends_as_uninterrupted(tmp_path):
     # a fault between a step's record and its checkpoint's save loses that step too, hence <= 5
     assert all(r["recover_s"] is not None and 0 <= r["recomputed"] <= 5 for r in report), report
     assert "restart 3: continuing from step" in logs and "world 2" in logs, logs[-3000:]
+    # 12 samples: 4 per rank on 3 hosts, 6 on 2, read as 2 micro-batches of 3
+    assert "dp 3 -> 2 with the global batch kept: 2 micro-batches per rank" in logs, logs[-3000:]
 
     ref, results, _ = _train(tmp_path, "uninterrupted")
     assert [r.returncode for r in results] == [0, 0, 0]
