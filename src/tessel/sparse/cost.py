@@ -150,8 +150,8 @@ def probe(group, rate_mbit: float, dtype=torch.float32, dim: int = 64) -> Link:
         lat.append(time.perf_counter() - t0)
     latency = statistics.median(lat)
     source = "given"
-    if rate_mbit <= 0 and env_link_mbit() > 0:
-        rate_mbit, source = env_link_mbit(), "TESSEL_LINK_MBIT"
+    if rate_mbit <= 0 and (from_env := env_link_mbit()) > 0:
+        rate_mbit, source = from_env, "TESSEL_LINK_MBIT"
     if rate_mbit > 0:
         rate = rate_mbit * 1e6 / 8
     else:
