@@ -4,6 +4,7 @@ Public API::
 
     from tessel import Config, load_config, ParallelPlan, ParallelDims, build_mesh, parallelize, apply_ddp
     from tessel import Chain, Layer, register_model, comm, sparse
+    from tessel import prepare, clip_grad_norm_          # your own loop: see tessel.prepare
 """
 
 from . import comm, sparse
@@ -13,11 +14,13 @@ from .errors import CheckpointError, CommError, ConfigError, DataError, PlanErro
 from .mesh import ParallelDims, build_mesh, init_distributed
 from .parallelize import Parallelized, apply_ddp, parallelize
 from .plan import ParallelPlan, TableChoice
+from .prepare import clip_grad_norm_, load, prepare, save
 from .registry import register_model
 
 __all__ = [
     "Chain", "CheckpointError", "CommError", "Config", "ConfigError", "DataError", "Layer", "ParallelDims",
     "ParallelPlan", "Parallelized", "PlanError", "Runner", "TableChoice", "TesselError", "apply_ddp", "build_mesh",
-    "comm", "init_distributed", "load_config", "parallelize", "register_model", "sparse",
+    "clip_grad_norm_", "comm", "init_distributed", "load", "load_config", "parallelize", "prepare",
+    "register_model", "save", "sparse",
 ]
 __version__ = "0.1.0"

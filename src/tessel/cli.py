@@ -5,6 +5,7 @@
     tessel train --config run.toml --train.lr 1e-3 --resume
     tessel train --print-config               # the resolved config as TOML
     tessel train --max-restarts 2 --ckpt-every 10   # a dead worker: every worker restarts and resumes
+    tessel run --nproc 2 examples/prepare_loop.py ps  # your own script (tessel.prepare) on 2 workers
     torchrun --nnodes 2 --nproc-per-node 1 ... -m tessel train --config run.toml   # several nodes
 
 Every ``section.key`` of the config is a flag (``--train.steps 10``); the short flags below are aliases.
@@ -65,6 +66,34 @@ def _train_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _run_parser(sub) -> None:
+    p = sub.add_parser("run", help="run your own script (tessel.prepare) on local workers, as torchrun would")
+    p.add_argument("--nproc", type=_count, default=2, help="worker processes (default 2)")
+    p.add_argument("--max-restarts", type=_restarts, default=0, metavar="N", help="restart every worker up to N "
+                   "times after one dies (the script resumes itself, e.g. with tessel.load)")
+    p.add_argument("--verbose", action="store_true", help="keep torch's launcher logs")
+    p.add_argument("script", help="the Python script every worker runs")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+
+
+def _run(ns: argparse.Namespace) -> int:
+    if not os.path.isfile(ns.script):
+        raise ConfigError(f"script '{ns.script}' is not a file; give the path of the Python script to run")
+    from .cluster.launch import launch
+
+    return launch(ns.args, ns.nproc, verbose=ns.verbose, max_restarts=ns.max_restarts, program=(ns.script,))
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a process count; give an integer >= 1")
+    return n
+
+
 def _restarts(text: str) -> int:
     try:
         n = int(text)
@@ -79,6 +108,7 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tessel", description="Train one PyTorch model across many workers.")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     _train_parser(sub)
+    _run_parser(sub)
     cluster_cli.add_parser(sub)
     bench_cli.add_parser(sub)
     return p
@@ -128,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             return cluster_cli.main(ns)
         if ns.verb == "bench":
             return bench_cli.main(ns, argv)
+        if ns.verb == "run":
+            return _run(ns)
         cfg = config_from_args(ns)
         if ns.print_config:
             print(cfg.to_toml())

@@ -1,7 +1,8 @@
 """Start local worker processes with torch's elastic launcher (the API behind torchrun).
 
 ``tessel train --nproc N`` re-runs the same command line in N workers under a single-node c10d
-rendezvous, exactly as ``torchrun --standalone --nproc-per-node N -m tessel train ...`` would; a worker
+rendezvous, exactly as ``torchrun --standalone --nproc-per-node N -m tessel train ...`` would (``tessel run
+script.py`` starts a script the same way, as ``torchrun ... script.py`` would); a worker
 knows it is one by the variables torchrun sets. If any worker dies or fails, the agent stops the
 others and we print one line per failed rank instead of torch's report; with ``max_restarts`` it first
 starts every worker again, up to that many times, and they continue from the newest intact checkpoint.
@@ -38,8 +39,10 @@ def describe(rank: int, failure) -> str:
     return f"tessel: rank {rank} (pid {failure.pid}) {how}; the job was stopped"
 
 
-def launch(args: list[str], nproc: int, verbose: bool = False, max_restarts: int = 0) -> int:
-    """Run ``python -m tessel <args>`` in ``nproc`` local workers; the job's exit code."""
+def launch(args: list[str], nproc: int, verbose: bool = False, max_restarts: int = 0,
+           program: tuple[str, ...] = ("-m", "tessel")) -> int:
+    """Run ``python <program> <args>`` (default ``python -m tessel <args>``) in ``nproc`` local workers; the
+    job's exit code."""
     if not verbose:
         # The agent logs a multi-screen report on failure; describe() says the same in one line.
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
@@ -57,7 +60,7 @@ def launch(args: list[str], nproc: int, verbose: bool = False, max_restarts: int
         shutdown_timeout=30,
     )
     try:
-        elastic_launch(config, sys.executable)("-m", "tessel", *args)
+        elastic_launch(config, sys.executable)(*program, *args)
     except ChildFailedError as e:
         failures = sorted(e.failures.items())
         # Workers report their error through torchelastic's error file; say each distinct one once.

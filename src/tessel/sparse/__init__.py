@@ -210,7 +210,7 @@ def check_overrides(names: list[str], overrides: dict[str, str]) -> None:
             raise PlanError(f"table '{name}': strategy '{s}' is unknown; valid: {', '.join(STRATEGIES)}")
 
 
-def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimizer: str = "adagrad",
+def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimizer: str | RowOptimizer = "adagrad",
           lr: float = 0.1, momentum: float = 0.0, group=None, overrides: dict[str, str] | None = None,
           max_touched: float = 0.5, partitions: int = 0, hosts: int | None = None,
           timeout: float = 30.0, split: str = "auto", schedule: bool = True, link_mbit: float = 0.0,
@@ -225,7 +225,8 @@ def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimize
                  partitions, hosts, timeout, split, schedule, link_mbit, fixed, weight_decay)
 
 
-def serve(model: nn.Module, found: Survey, strategy: str = "ps", optimizer: str = "adagrad", lr: float = 0.1,
+def serve(model: nn.Module, found: Survey, strategy: str = "ps", optimizer: str | RowOptimizer = "adagrad",
+          lr: float = 0.1,
           momentum: float = 0.0, group=None, overrides: dict[str, str] | None = None, max_touched: float = 0.5,
           partitions: int = 0, hosts: int | None = None, timeout: float = 30.0, split: str = "auto",
           schedule: bool = True, link_mbit: float = 0.0, fixed: dict[str, list[str]] | None = None,
@@ -233,7 +234,8 @@ def serve(model: nn.Module, found: Survey, strategy: str = "ps", optimizer: str 
     """Replace the surveyed tables of ``model`` (or those named in ``only``: a pipeline stage's) in place.
 
     ``overrides`` maps table names to strategies. ``optimizer`` (sgd | adagrad | adam | adamw, lazy: see
-    :mod:`tessel.sparse.rowopt`) updates the rows of the replaced tables, with ``weight_decay`` on the rows
+    :mod:`tessel.sparse.rowopt`; or a RowOptimizer, used as it is: ``momentum``/``weight_decay`` are then not read)
+    updates the rows of the replaced tables, with ``weight_decay`` on the rows
     a step touches. ``hosts``: see :func:`host_groups` (``ps`` aggregates each host's rows before they cross
     its link). ``split``/``schedule``: how ``alltoall`` tables are split and whether their traffic is
     scheduled; ``link_mbit``: the link rate for ``auto`` (0: measured). ``fixed``: name -> [strategy,
@@ -293,7 +295,8 @@ def serve(model: nn.Module, found: Survey, strategy: str = "ps", optimizer: str 
                 c.strategy, c.split, c.why = strategy_, split_, c.why + "; as the first tensor-parallel shard chose"
             if strategy_ in ("ps", "alltoall") and c.info.name not in counts:
                 counts[c.info.name] = global_counts(c.info, group)
-    opt = RowOptimizer(optimizer, lr, momentum=momentum, weight_decay=weight_decay)
+    opt = optimizer if isinstance(optimizer, RowOptimizer) else RowOptimizer(optimizer, lr, momentum=momentum,
+                                                                             weight_decay=weight_decay)
     tables, clock, routes, row_plans = {}, Clock(), {}, []
     for choice in choices:
         info = choice.info

@@ -1,0 +1,347 @@
+"""``tessel.prepare``: a user's own single-process loop, data-parallel with sparse tables, three lines changed.
+
+In a script started by ``torchrun --nproc-per-node N script.py``::
+
+    model, optimizer, loader = tessel.prepare(model, optimizer, loader)   # plan="auto"
+    for x, y in loader:
+        loss = model(x, y); loss.backward(); optimizer.step(); optimizer.zero_grad()
+
+``loader`` yields global batches (a tensor or a tuple/list of tensors, batch first; every rank's loader the
+same ones in the same order); the returned loader yields this rank's contiguous slice of each, so a mean loss
+over the slice, averaged by DDP, is the single-process mean over the global batch. ``prepare`` measures the
+model's tables (``nn.Embedding``/``nn.EmbeddingBag``) on the loader's first batches, serves each by ``plan``
+(``auto``: the cost model of :mod:`tessel.sparse.cost` per table; a strategy for all; or {table: strategy}),
+wraps the rest in DDP, and hides each step's table work in the returned objects:
+
+- ``model(...)``: starts the next batch's rows on their way (scheduled ``alltoall``; the loader is peeked);
+- ``optimizer.step()``: row gradients to their owners, rows updated with the optimizer's own LR (schedulers
+  work), then the dense step; ``zero_grad`` as usual;
+- ``tessel.clip_grad_norm_(model, max_norm)``: torch's rule over dense and row gradients together.
+
+Rows are updated by a row optimizer mirroring the user's: SGD without momentum and Adagrad equal torch's
+dense update exactly (a zero-gradient row does not move); torch's momentum SGD, Adam and AdamW move rows
+whose gradient is zero, which only a lazy row update approximates, so they need ``lazy=True``
+(:mod:`tessel.sparse.rowopt`). Every rank must run the same forwards (table lookups are collective).
+Launched without torchrun (one process), ``prepare`` changes nothing and returns working equivalents.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import sparse
+from .errors import TesselError
+from .mesh import ParallelDims, build_mesh, init_distributed
+from .parallelize import apply_ddp
+from .sparse.rowopt import RowOptimizer
+
+__all__ = ["prepare", "clip_grad_norm_", "save", "load", "PreparedModel", "PreparedOptimizer", "PreparedLoader"]
+
+
+def _world(expected: int | None, timeout: float):
+    """(dp group or None, rank, size): joins torchrun's world when launched by it."""
+    if not dist.is_initialized() and "WORLD_SIZE" in os.environ:
+        init_distributed(timeout=timeout)
+    size = dist.get_world_size() if dist.is_initialized() else 1
+    if expected is not None and expected != size:
+        raise TesselError(f"prepare expected {expected} ranks but runs on {size}; launch the script with "
+                          f"'torchrun --nproc-per-node {expected} script.py' (or drop world=)")
+    if size == 1:
+        return None, 0, 1
+    mesh = build_mesh(ParallelDims.resolve(size), timeout=timeout)
+    return mesh.get_group("dp"), dist.get_rank(), size
+
+
+def _slice(batch: Any, rank: int, size: int) -> Any:
+    """This rank's contiguous part of a global batch: a tensor or a tuple/list of tensors, batch first."""
+    parts = batch if isinstance(batch, (tuple, list)) else (batch,)
+    if not parts or not all(torch.is_tensor(t) and t.dim() >= 1 for t in parts):
+        kinds = ", ".join(type(t).__name__ for t in parts) or "nothing"
+        raise TesselError(f"the loader yields {type(batch).__name__} of {kinds}; prepare shards a tensor or a "
+                          "tuple/list of tensors with the batch as their first dimension")
+    n = parts[0].shape[0]
+    if any(t.shape[0] != n for t in parts) or n % size:
+        raise TesselError(f"a batch of sizes {[t.shape[0] for t in parts]} cannot be split over {size} ranks; "
+                          f"every tensor of a batch needs the same first dimension, a multiple of {size}")
+    k = n // size
+    mine = [t[rank * k:(rank + 1) * k] for t in parts]
+    return mine[0] if torch.is_tensor(batch) else type(batch)(mine)
+
+
+def _first(batch):
+    return batch if batch is None or torch.is_tensor(batch) else batch[0]
+
+
+class PreparedLoader:
+    """This rank's slices of the user's loader's batches, one batch peeked ahead (the model prefetches its
+    rows), with a resumable position: ``state_dict()['position']`` batches of the current pass are skipped
+    by the next ``iter()`` after ``load_state_dict`` (the user's loader must repeat its order)."""
+
+    def __init__(self, loader, rank: int, size: int) -> None:
+        self.loader, self.rank, self.size = loader, rank, size
+        self.position, self.skip, self.steps = 0, 0, 0  # batches of this pass, to skip, of all passes
+        self.current = self.next_inputs = None  # first tensors of the batch just yielded and of the next one
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        it = iter(self.loader)
+        for _ in range(self.skip):
+            next(it)
+        self.position, self.skip = self.skip, 0
+        ahead = next(it, None)
+        while ahead is not None:
+            batch, ahead = _slice(ahead, self.rank, self.size), next(it, None)
+            nxt = None if ahead is None else _slice(ahead, self.rank, self.size)
+            self.current, self.next_inputs = _first(batch), _first(nxt)
+            self.position += 1
+            self.steps += 1
+            yield batch
+
+    def samples(self, k: int) -> list[tuple]:
+        """This rank's slices of the first ``k`` batches, as model argument tuples (the global RNG is kept:
+        a shuffling DataLoader draws its order from it)."""
+        with torch.random.fork_rng(devices=[]):
+            got = [_slice(b, self.rank, self.size) for b in itertools.islice(iter(self.loader), k)]
+        if not got:
+            raise TesselError("the loader yielded no batch; prepare measures the tables on its first batches")
+        return [b if isinstance(b, (tuple, list)) else (b,) for b in got]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position, "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.skip, self.steps = int(state["position"]), int(state["steps"])
+
+
+class PreparedModel(nn.Module):
+    """The user's model with its tables served and the rest in DDP; call it as before."""
+
+    def __init__(self, module: nn.Module, tables: sparse.SparseTables, loader: PreparedLoader) -> None:
+        super().__init__()
+        self.module, self.tables, self.loader = module, tables, loader
+        self.reduced: torch.Tensor | None = None  # the rows' squared norm once clipping reduced them
+        self.scale = 1.0
+
+    def forward(self, *args, **kwargs):
+        if self.tables and torch.is_grad_enabled() and args and torch.is_tensor(args[0]):
+            # the next batch's rows start travelling, when this forward takes the batch the loader just gave
+            cur = self.loader.current
+            ours = cur is not None and args[0].shape == cur.shape and torch.equal(args[0].cpu(), cur.cpu())
+            self.tables.begin_step(args[0], self.loader.next_inputs if ours else None)
+        out = self.module(*args, **kwargs)
+        if self.tables:
+            self.tables.final_backward(True)  # one forward per step: its backward completes the gradients
+        return out
+
+    def finish_rows(self) -> torch.Tensor:
+        """Row gradients to their owners (once per step); their global squared norm."""
+        if self.reduced is None:
+            self.reduced = self.tables.reduce() if self.tables else torch.zeros((), dtype=torch.float64)
+        return self.reduced
+
+
+def _row_kind(opt: torch.optim.Optimizer, group: dict, lazy: bool) -> tuple[str, dict]:
+    """The row optimizer mirroring ``opt``'s group holding the tables, or TesselError with the reason."""
+    kind = {torch.optim.SGD: "sgd", torch.optim.Adagrad: "adagrad", torch.optim.Adam: "adam",
+            torch.optim.AdamW: "adamw"}.get(type(opt))
+    if kind is None:
+        raise TesselError(f"{type(opt).__name__} cannot update table rows; tessel mirrors SGD, Adagrad, Adam "
+                          "and AdamW for them (or pass plan='dense')")
+    unsupported = [k for k, bad in (("nesterov", group.get("nesterov")), ("dampening", group.get("dampening")),
+                                    ("lr_decay", group.get("lr_decay")), ("amsgrad", group.get("amsgrad")),
+                                    ("maximize", group.get("maximize"))) if bad]
+    if unsupported:
+        raise TesselError(f"{type(opt).__name__} with {', '.join(unsupported)} cannot update table rows; set "
+                          f"{'/'.join(unsupported)} off or pass plan='dense'")
+    not_exact = kind in ("adam", "adamw") or group.get("momentum", 0) or group.get("weight_decay", 0)
+    if not_exact and not lazy:
+        raise TesselError(f"{type(opt).__name__} with its settings moves rows whose gradient is zero (momentum, "
+                          "moments or weight decay); served rows move only when touched: pass lazy=True to "
+                          "accept lazy row updates, or use SGD without momentum or Adagrad for exact ones")
+    extra = {"momentum": group.get("momentum", 0.0), "weight_decay": group.get("weight_decay", 0.0),
+             "eps": group.get("eps"), "initial_accumulator": group.get("initial_accumulator_value", 0.0)}
+    if "betas" in group:
+        extra["betas"] = group["betas"]
+    return kind, extra
+
+
+class PreparedOptimizer(torch.optim.Optimizer):
+    """The user's optimizer over the dense parameters; ``step`` first updates the served tables' rows."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: PreparedModel, table_group: int) -> None:
+        # No super().__init__: this object proxies ``optimizer`` (param_groups, state) so LR schedulers work.
+        self.optimizer, self.model, self.table_group = optimizer, model, table_group
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise TesselError("optimizer.step(closure) is not supported after prepare; call step() after backward")
+        m = self.model
+        if m.tables:
+            m.finish_rows()
+            m.tables.step(self.optimizer.param_groups[self.table_group]["lr"], m.scale)
+        m.reduced, m.scale = None, 1.0
+        self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+def clip_grad_norm_(model: PreparedModel, max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ over the dense gradients and the served tables' row gradients (all
+    ranks' rows: their squared norm comes back summed); call between backward and ``optimizer.step()``."""
+    if not isinstance(model, PreparedModel):
+        raise TesselError("tessel.clip_grad_norm_ takes the model tessel.prepare returned")
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    sq = sum((g.double().pow(2).sum() for g in grads), torch.zeros((), dtype=torch.float64))
+    norm = (sq + model.finish_rows()).sqrt()
+    coef = min(1.0, max_norm / (float(norm) + 1e-6))  # torch's rule
+    for g in grads:
+        g.mul_(coef)
+    model.scale = coef
+    return norm
+
+
+def _plan(plan, names: list[str], tied: dict[str, list[str]]) -> tuple[str, dict[str, str]]:
+    """(strategy for all tables, per-table overrides) from ``plan``; tied tables refused by name."""
+    if isinstance(plan, str):
+        strategy, overrides = plan, {}
+    elif isinstance(plan, dict):
+        strategy, overrides = "auto", {str(k): str(v) for k, v in plan.items()}
+    else:
+        raise TesselError(f"plan {plan!r} is neither a strategy nor {{table: strategy}}; strategies: "
+                          f"{', '.join(sparse.STRATEGIES)}")
+    if strategy not in sparse.STRATEGIES:
+        raise TesselError(f"plan '{strategy}' is unknown; valid: {', '.join(sparse.STRATEGIES)}")
+    named = names if strategy not in ("auto", "dense") else list(overrides)
+    if not names and strategy not in ("auto", "dense"):
+        raise TesselError(f"plan '{strategy}' serves tables, and the model has no nn.Embedding or nn.EmbeddingBag; "
+                          "use plan='auto' or 'dense' (plain DDP)")
+    for name in named:
+        if tied.get(name) and overrides.get(name, strategy) != "dense":
+            raise TesselError(f"table '{name}' shares its weight with {', '.join(tied[name])} (tied), so every row "
+                              "gets a gradient and it cannot be served by rows; give it 'dense'")
+    return strategy, overrides
+
+
+def _table_groups(model: nn.Module, optimizer: torch.optim.Optimizer, found) -> list[int]:
+    """Indices of the optimizer's param groups holding the tables ([0] if none do); they must agree."""
+    ids = {id(model.get_submodule(i.name).weight) for i in found}
+    groups = [k for k, g in enumerate(optimizer.param_groups) if any(id(p) in ids for p in g["params"])] or [0]
+    settings = [{k: v for k, v in optimizer.param_groups[k].items() if k != "params"} for k in groups]
+    if any(s != settings[0] for s in settings):  # one row optimizer serves every table
+        raise TesselError(f"the tables sit in optimizer param groups {groups} with different settings; put them "
+                          "in one group (or groups with equal settings) so one row optimizer can mirror it")
+    return groups
+
+
+def _drop_served(optimizer: torch.optim.Optimizer, before: list[nn.Parameter], model: nn.Module) -> None:
+    """Take the served tables' weights (no longer the model's parameters) out of the optimizer's groups and
+    state: the rows live with their owners now, and a full copy here would undo the memory saved."""
+    gone = {id(p) for p in before} - {id(p) for p in model.parameters()}
+    for grp in optimizer.param_groups:
+        grp["params"] = [p for p in grp["params"] if id(p) not in gone]
+    for p in [p for p in optimizer.state if id(p) in gone]:
+        del optimizer.state[p]
+
+
+def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: str | dict = "auto", *,
+            samples: int = 2, lazy: bool = False, world: int | None = None, link_mbit: float = 0.0,
+            timeout: float = 60.0, verbose: bool = True) -> tuple[PreparedModel, PreparedOptimizer, PreparedLoader]:
+    """(model, optimizer, loader) distributed over torchrun's ranks; see the module docstring.
+
+    ``samples``: batches measured to decide the tables; ``lazy``: accept lazy row updates for momentum SGD,
+    Adam, AdamW or weight decay; ``world``: the rank count the script expects (TesselError if launched with
+    another); ``link_mbit``: the link rate ``auto`` assumes (0: probed). Call it on every rank, after the
+    model is built with the same weights everywhere (rank 0's are broadcast anyway)."""
+    group, rank, size = _world(world, timeout)
+    prepared_loader = PreparedLoader(loader, rank, size)
+    found = sparse.find_tables(model)
+    strategy, overrides = _plan(plan, [i.name for i in found], {i.name: i.shared_with for i in found})
+    groups = _table_groups(model, optimizer, found)
+    tables = sparse.SparseTables([], {}, group, 0.0)
+    if size > 1 and found and (strategy != "dense" or any(v != "dense" for v in overrides.values())):
+        g = optimizer.param_groups[groups[0]]
+        kind, extra = _row_kind(optimizer, g, lazy)
+        before = list(model.parameters())
+        tables = sparse.shard(model, prepared_loader.samples(samples), strategy=strategy,
+                              optimizer=RowOptimizer(kind, g["lr"], **extra), lr=g["lr"], group=group,
+                              overrides=overrides, max_touched=1.0, timeout=timeout, link_mbit=link_mbit)
+        _drop_served(optimizer, before, model)
+        if verbose and rank == 0:
+            print(tables.describe())
+    module = apply_ddp(model, group) if size > 1 else model
+    prepared = PreparedModel(module, tables, prepared_loader)
+    return prepared, PreparedOptimizer(optimizer, prepared, groups[0]), prepared_loader
+
+
+def _plain(model: PreparedModel) -> nn.Module:
+    m = model.module
+    return m.module if isinstance(m, torch.nn.parallel.DistributedDataParallel) else m
+
+
+def _identity(model: PreparedModel) -> dict[str, Any]:
+    """What a checkpoint must match: the model's class and every tensor's name and shape (tables whole)."""
+    plain = _plain(model)
+    shapes = {n: "x".join(map(str, t.shape)) for n, t in plain.state_dict().items()}
+    for name, t in (model.tables.tables if model.tables else {}).items():
+        shapes[f"{name}.weight"] = f"{t.num_embeddings}x{t.embedding_dim}"
+    return {"model": {"class": type(plain).__name__, **shapes}}
+
+
+def save(dir: str | Path, model: PreparedModel, optimizer: PreparedOptimizer, loader: PreparedLoader,
+         keep: int = 2) -> Path:
+    """Checkpoint what ``prepare`` returned into ``dir/step-N`` (N: batches trained), atomically and sealed
+    as ``tessel train``'s are (:mod:`tessel.train.checkpoint`): model, optimizer, tables whole with their row
+    state, each rank's RNG and loader position. Every rank calls it; returns the checkpoint's folder."""
+    from .train import checkpoint  # DCP takes most of a second to import: only when saving
+
+    data = {"position": loader.position, "dp_size": loader.size, "global_batch": 0}  # batch size: the loader's
+    return checkpoint.save(dir, loader.steps, _plain(model), optimizer.optimizer, data,
+                           {**_identity(model), "run": "prepare"}, keep=keep, tables=model.tables or None)
+
+
+def load(dir: str | Path, model: PreparedModel, optimizer: PreparedOptimizer, loader: PreparedLoader) -> int | None:
+    """Restore the newest intact checkpoint in ``dir`` (or ``dir`` itself, one checkpoint) into what
+    ``prepare`` returned, checksums checked before anything is read; returns its step, or None if ``dir``
+    holds none. The next ``iter(loader)`` continues where the saved pass stopped; bit-identical with
+    the same ranks. An LR scheduler's state is the caller's to save and restore."""
+    from .train import checkpoint
+
+    path = Path(dir) if (Path(dir) / checkpoint.META).exists() else checkpoint.latest(dir)
+    if path is None:
+        return None
+    step, data = checkpoint.load(path, _plain(model), optimizer.optimizer, _identity(model),
+                                 tables=model.tables or None)
+    if data["dp_size"] != loader.size:
+        raise TesselError(f"checkpoint '{path}' was saved on {data['dp_size']} ranks and this run has "
+                          f"{loader.size}; a prepared loop resumes on as many ranks as it saved with")
+    loader.load_state_dict({"position": data["position"], "steps": step})
+    return step
