@@ -30,8 +30,10 @@ def worker(plan: str, steps: int, out: str) -> None:
     import tessel
     from tessel.data import ShardedLoader
     from tessel.train.build import build, build_data
+    from tessel.train.optim import lr_at
 
-    cfg = tessel.load_config(None, ["model.name=lstm_lm", "model.softmax=sampled", "data.vocab_size=200000"])
+    cfg = tessel.load_config(None, ["model.name=lstm_lm", "model.softmax=sampled", "data.vocab_size=200000",
+                                    "train.lr=0.05", f"train.steps={steps}"])
     data = build_data(cfg)
     torch.manual_seed(cfg.train.seed)
     model = build(cfg, data.vocab_size)
@@ -39,6 +41,7 @@ def worker(plan: str, steps: int, out: str) -> None:
     whole = ShardedLoader(data, 32, 0, 1)  # the global batches, in tessel train's order
     batches = [whole.next_batch() for _ in range(steps)]
     model, optimizer, loader = tessel.prepare(model, optimizer, batches, plan=plan)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, cfg.train) / cfg.train.lr)  # train's
     times, t0 = [], time.perf_counter()
     for x, y in loader:
         loss = model(x, y)
@@ -46,6 +49,7 @@ def worker(plan: str, steps: int, out: str) -> None:
         tessel.clip_grad_norm_(model, 1.0)
         optimizer.step()
         optimizer.zero_grad()
+        schedule.step()
         t1 = time.perf_counter()
         times.append(t1 - t0)
         t0 = t1

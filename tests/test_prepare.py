@@ -75,7 +75,8 @@ def check_parity(cases):
         ref, ref_opt, ref_sched = _setup(opt_name)
         ref_losses = _loop(ref, ref_opt, ref_sched, _batches(), _torch_clip)
         model, opt, sched = _setup(opt_name)
-        model, opt, loader = tessel.prepare(model, opt, _batches(), plan=plan, link_mbit=1000, verbose=False)
+        # at 10 Mbit/s the cost model serves these small tables by rows (at 1 Gbit/s it keeps them dense)
+        model, opt, loader = tessel.prepare(model, opt, _batches(), plan=plan, link_mbit=10, verbose=False)
         losses = _loop(model, opt, sched, loader, tessel.clip_grad_norm_)
         want = dict(ref.named_parameters())
         got = _full(model)
@@ -88,6 +89,8 @@ def check_parity(cases):
         assert torch.allclose(mean / p, torch.stack(ref_losses), atol=1e-10, rtol=0), (plan, opt_name)
         if plan in ("ps", "alltoall"):
             assert set(model.tables.strategies().values()) == {plan}
+        if plan == "auto":
+            assert model.tables.strategies(), "auto served no table: the case would test plain DDP only"
         assert loader.state_dict() == {"position": STEPS, "steps": STEPS}
         assert [len(g["params"]) for g in opt.param_groups] == [6 - len(model.tables.tables)]  # served: gone
     return r
