@@ -92,7 +92,7 @@ def check_parity(cases):
             assert set(model.tables.strategies().values()) == {plan}
         if plan == "auto":
             assert model.tables.strategies(), "auto served no table: the case would test plain DDP only"
-        assert loader.state_dict() == {"position": STEPS, "steps": STEPS}
+        assert loader.state_dict() == {"position": 0, "steps": STEPS}  # the pass is over
         assert [len(g["params"]) for g in opt.param_groups] == [6 - len(model.tables.tables)]  # served: gone
     return r
 
@@ -130,6 +130,7 @@ def test_loader_slices_and_resumes_its_position():
     resumed.load_state_dict(state)
     assert [t.tolist() for t in resumed] == [[24, 25, 26, 27], [34, 35, 36, 37]]
     assert [t.tolist() for t in resumed][0] == [4, 5, 6, 7]  # the next pass starts from the top
+    assert resumed.state_dict() == {"position": 0, "steps": 8}  # between passes: resume at the next start
 
 
 def test_bad_input_is_one_line_each():

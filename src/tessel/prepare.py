@@ -95,7 +95,7 @@ class PreparedLoader:
     def __iter__(self):
         it = iter(self.loader)
         for _ in range(self.skip):
-            next(it)
+            next(it, None)
         self.position, self.skip = self.skip, 0
         ahead = next(it, None)
         while ahead is not None:
@@ -105,6 +105,7 @@ class PreparedLoader:
             self.position += 1
             self.steps += 1
             yield batch
+        self.position = 0  # the pass is over: a checkpoint taken now resumes at the next pass's start
 
     def samples(self, k: int) -> list[tuple]:
         """This rank's slices of the first ``k`` batches, as model argument tuples (the global RNG is kept:
