@@ -41,6 +41,7 @@ from .errors import TesselError
 from .mesh import ParallelDims, build_mesh, init_distributed
 from .parallelize import apply_ddp
 from .sparse.rowopt import RowOptimizer
+from .train.tail import local_sq
 
 __all__ = ["prepare", "clip_grad_norm_", "save", "load", "PreparedModel", "PreparedOptimizer", "PreparedLoader"]
 
@@ -135,8 +136,8 @@ class PreparedModel(nn.Module):
     def forward(self, *args, **kwargs):
         if self.tables and torch.is_grad_enabled() and args and torch.is_tensor(args[0]):
             # the next batch's rows start travelling, when this forward takes the batch the loader just gave
-            cur = self.loader.current
-            ours = cur is not None and args[0].shape == cur.shape and torch.equal(args[0].cpu(), cur.cpu())
+            # (the same tensor object: a copy, e.g. moved to a device, just fetches its own rows in time)
+            ours = args[0] is self.loader.current
             self.tables.begin_step(args[0], self.loader.next_inputs if ours else None)
         out = self.module(*args, **kwargs)
         if self.tables:
@@ -220,12 +221,12 @@ def clip_grad_norm_(model: PreparedModel, max_norm: float) -> torch.Tensor:
     ranks' rows: their squared norm comes back summed); call between backward and ``optimizer.step()``."""
     if not isinstance(model, PreparedModel):
         raise TesselError("tessel.clip_grad_norm_ takes the model tessel.prepare returned")
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    sq = sum((g.double().pow(2).sum() for g in grads), torch.zeros((), dtype=torch.float64))
-    norm = (sq + model.finish_rows()).sqrt()
+    params = list(model.parameters())
+    norm = (local_sq(params) + model.finish_rows()).sqrt().reshape(())  # a scalar, as torch's
     coef = min(1.0, max_norm / (float(norm) + 1e-6))  # torch's rule
-    for g in grads:
-        g.mul_(coef)
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(coef)
     model.scale = coef
     return norm
 

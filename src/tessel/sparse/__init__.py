@@ -226,10 +226,9 @@ def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimize
 
 
 def serve(model: nn.Module, found: Survey, strategy: str = "ps", optimizer: str | RowOptimizer = "adagrad",
-          lr: float = 0.1,
-          momentum: float = 0.0, group=None, overrides: dict[str, str] | None = None, max_touched: float = 0.5,
-          partitions: int = 0, hosts: int | None = None, timeout: float = 30.0, split: str = "auto",
-          schedule: bool = True, link_mbit: float = 0.0, fixed: dict[str, list[str]] | None = None,
+          lr: float = 0.1, momentum: float = 0.0, group=None, overrides: dict[str, str] | None = None,
+          max_touched: float = 0.5, partitions: int = 0, hosts: int | None = None, timeout: float = 30.0,
+          split: str = "auto", schedule: bool = True, link_mbit: float = 0.0, fixed: dict[str, list[str]] | None = None,
           weight_decay: float = 0.0, only: list[str] | None = None, agree=None) -> SparseTables:
     """Replace the surveyed tables of ``model`` (or those named in ``only``: a pipeline stage's) in place.
 

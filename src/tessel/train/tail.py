@@ -27,7 +27,8 @@ from ..config import TrainConfig
 from .optim import set_lr
 
 
-def _local_sq(params: list[torch.nn.Parameter]) -> torch.Tensor:
+def local_sq(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """This rank's squared norm of ``params``' gradients, in fp64 (sparse gradients by their values)."""
     sq = torch.zeros(1, dtype=torch.float64)
     for p in params:
         if p.grad is not None:
@@ -62,7 +63,7 @@ class StepTail:
     def squared_norm(self, global_norm: bool = True, upto: int | None = None) -> torch.Tensor:
         if self.dp_group is not None:
             self._sync_dp()
-        sq = self.tp.finish_backward().reshape(1) if self.tp is not None else _local_sq(self.params)
+        sq = self.tp.finish_backward().reshape(1) if self.tp is not None else local_sq(self.params)
         if self.tables:
             with comm.guard("exchange of sparse row gradients", "sparse"):
                 sq = sq + self.tables.reduce(upto)
