@@ -8,10 +8,11 @@ for that mini-batch, whose gradients are added to the real parameters' ``.grad``
   updates it in place, so the backward reads the newer weights (no stashing, the classic inconsistency).
 - ``stash`` (``async-stash``, PipeDream): a copy taken at the forward; the backward uses it. Costs one
   copy of the stage's weights per weight version in flight.
-- ``predict`` (``async-predict``, SpecTrain): Ŵ = W − s·η·v, with v the optimizer's smoothed update
-  direction (SGD's momentum buffer; Adam's m̂/(√v̂+ε), plus the decoupled decay for AdamW) and s the
-  number of updates the stage will make before this micro-batch's own update (N − k − 1 with one update
-  per mini-batch, as in the paper; see ``schedules.ahead``).
+- ``predict`` (``async-predict``, SpecTrain): Ŵ = W − (η₁ + … + η_s)·v, with v the optimizer's smoothed update
+  direction (SGD's momentum buffer; Adam's m̂/(√v̂+ε), plus the decoupled decay for AdamW), s the number of
+  updates the stage will make before this micro-batch's own update (N − k − 1 with one update per
+  mini-batch, as in the paper; see ``schedules.ahead``) and η₁ … η_s those updates' own LRs (the paper's
+  s·η with a constant LR; under warm-up or decay each update's LR is its mini-batch's, see ``lr_of``).
   - ``v1`` (the paper's version, default): the forward uses s + ⌊k/2⌋; the backward uses weights
     predicted again at backward time with ⌊k/2⌋. The forward's Ŵ is not kept: saved-tensor hooks
     replace it in the graph by a token and rebuild the backward's weights when autograd asks, so no
@@ -33,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 
@@ -112,7 +114,7 @@ class StageWeights:
     slots; with ``micro`` micro-batches per update that is ⌊k/2⌋ // micro updates."""
 
     def __init__(self, params: dict[str, torch.nn.Parameter], optimizer, mode: str, stage: int, stages: int,
-                 variant: str = "v1", micro: int = 1) -> None:
+                 variant: str = "v1", micro: int = 1, lr_of: Callable[[int], float] | None = None) -> None:
         if mode not in MODES:
             raise PlanError(f"weight mode '{mode}' is invalid; valid: {', '.join(MODES)}")
         if variant not in VARIANTS:
@@ -122,18 +124,33 @@ class StageWeights:
         self.params, self.optimizer, self.mode, self.variant = params, optimizer, mode, variant
         self.extra = (stage // 2) // micro if variant == "v1" else 0
         self.updates = 0  # bumped by the engine after every optimizer step: names the weight version
+        # update index (0: the engine's first) -> the LR it applies; None: the optimizer's current LR for all
+        self.lr_of = lr_of
+        self.made = 0  # predicted weight sets made: v2 names the copy its graph keeps by this count
+        self.log: list | None = None  # a list: ("F" | "B", updates done, s, shift) per prediction (tests)
         self._stash: tuple[int, dict[str, torch.Tensor]] | None = None
 
-    def _predicted(self, name: str, base: torch.Tensor, s: int) -> torch.Tensor:
-        p = self.params[name]
-        v = direction(self.optimizer, p)
-        lr = self.optimizer.param_groups[0]["lr"]
-        # always a new tensor, even when s or v is zero, so hooks can tell it from the live weight
-        return torch.add(base, v, alpha=-s * lr) if v is not None and s else base * 1
+    def shift(self, s: int) -> float:
+        """How far along the update direction the weights ``s`` updates from now are: the sum of those
+        updates' LRs (under warm-up or decay each differs, and none need be the current one)."""
+        if self.lr_of is None:
+            return s * self.optimizer.param_groups[0]["lr"]
+        return sum(self.lr_of(self.updates + t) for t in range(s))
+
+    def _predict(self, kind: str, s: int) -> float:
+        shift = self.shift(s)
+        if self.log is not None:
+            self.log.append((kind, self.updates, s, shift))
+        return shift
+
+    def _predicted(self, name: str, base: torch.Tensor, shift: float) -> torch.Tensor:
+        v = direction(self.optimizer, self.params[name])
+        # always a new tensor, even when the shift or v is zero, so hooks can tell it from the live weight
+        return torch.add(base, v, alpha=-shift) if v is not None and shift else base * 1
 
     def _backward_weight(self, name: str) -> torch.Tensor:
         live = self.params[name].detach()
-        return self._predicted(name, live, self.extra) if self.extra else live
+        return self._predicted(name, live, self._predict("B", self.extra)) if self.extra else live
 
     def make(self, ahead: int):
         """Weights for one micro-batch whose own update comes ``ahead`` updates from now.
@@ -150,8 +167,10 @@ class StageWeights:
         leaves = {n: p.data.requires_grad_(True) for n, p in self.params.items()}
         if self.mode == "stale" or (ahead + self.extra == 0 and self.variant == "v1"):
             return leaves, leaves, contextlib.nullcontext(), None
-        weights = {n: self._predicted(n, leaf, ahead + self.extra) for n, leaf in leaves.items()}
+        shift = self._predict("F", ahead + self.extra)
+        weights = {n: self._predicted(n, leaf, shift) for n, leaf in leaves.items()}
         if self.variant == "v2":
-            return weights, leaves, contextlib.nullcontext(), ("v2", id(weights))
+            self.made += 1
+            return weights, leaves, contextlib.nullcontext(), ("v2", self.made)
         hooks = _RebuildSaved(weights, self._backward_weight)
         return weights, leaves, hooks.context(), None

@@ -64,8 +64,14 @@ class PipelineEngine:
             tables.lookahead(False)
         self.optimizer, self.cfg, self.schedule = tail.optimizer, tail.cfg, schedule
         self.params = dict((n, p) for n, p in stage.runner.named_parameters() if p.requires_grad)
+        # the LR of the mini-batch of a step (a caller with its own schedule replaces it, see tessel.prepare)
+        self.lr_of = lambda step: lr_at(step, self.cfg)
+        self.first_step: int | None = None  # the step this engine started at (a resumed run's is not 0)
+        self.base = 0  # the step whose mini-batch entered first since the pipeline was last empty (async)
+        # the stage's u-th update belongs to mini-batch first_step + u: every one is applied, in order
         self.weights = (StageWeights(self.params, self.optimizer, _MODE[schedule], stage.index, stage.stages,
-                                     variant, self.cfg.micro_batches) if schedule in ASYNC else None)
+                                     variant, self.cfg.micro_batches,
+                                     lambda u: self.lr_of(self.first_step + u)) if schedule in ASYNC else None)
         self.fed = 0  # micro-batches that have entered this stage since the pipeline was last empty (async)
         self.last_backward = -1  # the micro-batch whose backward ends a flushed step (-1: every one may be)
         self.inflight: dict[int, tuple] = {}
@@ -194,7 +200,8 @@ class PipelineEngine:
         # middle stages get no batch (they do not read one); the first uses inputs, the last targets
         xs = inputs.chunk(m) if inputs is not None else [None] * m
         ys = targets.chunk(m) if targets is not None else [None] * m
-        lr = lr_at(step, self.cfg)
+        lr = self.lr_of(step)
+        self.first_step = step if self.first_step is None else self.first_step
         losses: list[float] = []
         norm = 0.0
         with comm.guard(f"pipeline {self.schedule} step (stage {self.stage.index})", "pp"):
@@ -209,11 +216,12 @@ class PipelineEngine:
                 losses = [sum(losses)] if self.stage.last else []
             else:
                 first, norms = self.fed, [norm]
+                self.base = step if first == 0 else self.base
 
                 def backward(i: int, r) -> None:
                     self._backward(i, r)
-                    if (i + 1) % m == 0:  # the last micro-batch of its step
-                        norms.append(self._update(lr, global_norm=False, upto=i // m))
+                    if (i + 1) % m == 0:  # the last micro-batch of its mini-batch: at that mini-batch's LR
+                        norms.append(self._update(self.lr_of(self.base + i // m), global_norm=False, upto=i // m))
 
                 self._run(async_ops(self.stage.index, self.stage.stages, first, m),
                           lambda i, r: losses.append(self._forward(i, xs[i - first], ys[i - first], 1.0 / m, r)),
@@ -227,12 +235,12 @@ class PipelineEngine:
         """Finish every mini-batch still in flight and apply its update (asynchronous schedules only)."""
         if self.schedule not in ASYNC:
             return
-        lr = lr_at(max(0, step - 1), self.cfg)
+        m = self.cfg.micro_batches
         with comm.guard(f"pipeline drain (stage {self.stage.index})", "pp"):
             def backward(i: int, r) -> None:
                 self._backward(i, r)
-                if (i + 1) % self.cfg.micro_batches == 0:
-                    self._update(lr, global_norm=False, upto=i // self.cfg.micro_batches)
+                if (i + 1) % m == 0:
+                    self._update(self.lr_of(self.base + i // m), global_norm=False, upto=i // m)
 
             self._run(drain_ops(self.stage.index, self.stage.stages, self.fed), None, backward)
             self.stage.flush_sends()

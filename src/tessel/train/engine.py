@@ -46,6 +46,8 @@ class Engine:
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
         self.activation_bytes = None
         self.draws = SameDraws(self.cfg.micro_batches, self.device.type == "cuda")
+        # the LR of a step (a caller with its own schedule replaces it, see tessel.prepare)
+        self.lr_of = lambda step: lr_at(step, self.cfg)
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """Move a batch tensor to the model's device; float features take the model's dtype."""
@@ -84,7 +86,7 @@ class Engine:
                     self.tables.final_backward(i == m - 1)
                 loss.backward()
             total += float(loss.detach())
-        lr = lr_at(step, self.cfg)
+        lr = self.lr_of(step)
         norm = self.tail(lr)
         return StepResult(loss=total, grad_norm=norm, lr=lr)
 
