@@ -7,6 +7,12 @@ all-reduces the whole tables). Step times: the median of each run's steps after 
 median over repeats, and each ratio's 95% interval from the per-repeat ratios (a t interval on their logs).
 
     sudo python examples/prepare_bench.py --hosts 4 --rate 1gbit --steps 20 --repeats 3 --out runs/prepare-bench
+
+With ``--pp 2`` the jobs are ``tessel train --pp 2`` and the loop prepared with ``ParallelPlan(dp=hosts/2, pp=2)``
+(``model.step``), both with 2 micro-batches, flushed 1F1B and the tables served inside their stages; the
+LSTM LM's two pipeline layers leave one cut, so both run the same stages. No DDP job then.
+
+    sudo python examples/prepare_bench.py --hosts 4 --rate 1gbit --pp 2 --out runs/prepare-bench-pp
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -23,7 +30,7 @@ MODEL = ["--model", "lstm_lm", "--model.softmax", "sampled", "--data.vocab_size"
          "--optimizer", "adagrad", "--lr", "0.05"]
 
 
-def worker(plan: str, steps: int, out: str) -> None:
+def worker(plan: str, steps: int, out: str, pp: int = 1) -> None:
     """One rank of the prepared loop: tessel's LSTM LM and data, an optimizer and loop written as a user would."""
     import torch
 
@@ -40,15 +47,23 @@ def worker(plan: str, steps: int, out: str) -> None:
     optimizer = torch.optim.Adagrad(model.parameters(), lr=0.05)
     whole = ShardedLoader(data, 32, 0, 1)  # the global batches, in tessel train's order
     batches = [whole.next_batch() for _ in range(steps)]
-    model, optimizer, loader = tessel.prepare(model, optimizer, batches, plan=plan)
+    if pp > 1:  # tessel train's pipeline: 2 micro-batches, flushed 1F1B, every table served by ``plan``
+        tables = tuple(tessel.TableChoice(t.name, plan) for t in tessel.sparse.find_tables(model))
+        dims = tessel.ParallelPlan(dp=int(os.environ["WORLD_SIZE"]) // pp, pp=pp, micro_batches=2, tables=tables)
+        model, optimizer, loader = tessel.prepare(model, optimizer, batches, plan=dims, max_norm=1.0)
+    else:
+        model, optimizer, loader = tessel.prepare(model, optimizer, batches, plan=plan)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, cfg.train) / cfg.train.lr)  # train's
     times, t0 = [], time.perf_counter()
     for x, y in loader:
-        loss = model(x, y)
-        loss.backward()
-        tessel.clip_grad_norm_(model, 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
+        if pp > 1:
+            loss = model.step(x, y)
+        else:
+            loss = model(x, y)
+            loss.backward()
+            tessel.clip_grad_norm_(model, 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
         schedule.step()
         t1 = time.perf_counter()
         times.append(t1 - t0)
@@ -76,14 +91,18 @@ def main(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     me = str(Path(__file__).resolve())
+    pp = ["--pp", str(args.pp), "--micro-batches", "2"] if args.pp > 1 else []
     jobs = {
-        "tessel train": lambda d: ["-m", "tessel", "train", *MODEL, "--sparse", args.plan, "--steps", str(args.steps),
-                                   "--metrics.progress", "log", "--metrics.plot", "false", "--checkpoint.enabled",
-                                   "false", "--out", str(d)],
-        "prepare": lambda d: [me, "--worker", "--plan", args.plan, "--steps", str(args.steps), "--out", str(d)],
+        "tessel train": lambda d: ["-m", "tessel", "train", *MODEL, *pp, "--sparse", args.plan, "--steps",
+                                   str(args.steps), "--metrics.progress", "log", "--metrics.plot", "false",
+                                   "--checkpoint.enabled", "false", "--out", str(d)],
+        "prepare": lambda d: [me, "--worker", "--plan", args.plan, "--pp", str(args.pp), "--steps", str(args.steps),
+                              "--out", str(d)],
         "prepare, plan=dense (DDP)": lambda d: [me, "--worker", "--plan", "dense", "--steps", str(args.steps),
                                                 "--out", str(d)],
     }
+    if args.pp > 1:  # a pipeline has no plain-DDP twin here
+        del jobs["prepare, plan=dense (DDP)"]
     times = {j: [] for j in jobs}
     with EmulatedCluster(args.hosts, args.rate) as c:
         for r in range(args.repeats):
@@ -93,7 +112,8 @@ def main(args) -> None:
                 result = json.loads(((d / "summary.json") if d.is_dir() else d).read_text())
                 times[name].append(result["median_step_time"])
                 print(f"repeat {r} {name:<28} {result['median_step_time'] * 1000:8.1f} ms/step", flush=True)
-    lines = [f"{args.hosts} emulated hosts at {args.rate}, LSTM LM 200K words (sampled softmax), batch 32, "
+    axes = f"dp={args.hosts // args.pp} x pp={args.pp} (2 micro-batches, 1f1b), " if args.pp > 1 else ""
+    lines = [f"{args.hosts} emulated hosts at {args.rate}, {axes}LSTM LM 200K words (sampled softmax), batch 32, "
              f"Adagrad, tables '{args.plan}'; {args.steps} steps per run (median after 3), {args.repeats} repeats "
              "in alternating order; ratio: per-repeat pairs, 95% t interval", "",
              "| job | median ms/step | min-max | its time / prepare's (95% CI) |", "|---|---|---|---|"]
@@ -116,7 +136,8 @@ if __name__ == "__main__":
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (then tessel train vs model.step only)")
     p.add_argument("--out", default="runs/prepare-bench")
     a = p.parse_args()
-    worker(a.plan, a.steps, a.out) if a.worker else main(a)
+    worker(a.plan, a.steps, a.out, a.pp) if a.worker else main(a)
     sys.exit(0)

@@ -13,8 +13,10 @@ from torch import nn
 
 import tessel
 from tessel import TesselError
-from tessel.prepare import PreparedLoader, _plan, _row_kind, _slice, _table_groups
+from tessel.data.prepared import PreparedLoader, slice_batch
+from tessel.prepare import _plan, _table_groups
 from tessel.sparse import find_tables
+from tessel.sparse.rowopt import mirror
 
 STEPS, BATCH, CLIP = 5, 8, 0.05
 
@@ -93,6 +95,9 @@ def check_parity(cases):
         if plan == "auto":
             assert model.tables.strategies(), "auto served no table: the case would test plain DDP only"
         assert loader.state_dict() == {"position": 0, "steps": STEPS}  # the pass is over
+        with torch.no_grad():  # an evaluation forward between steps: this rank's slice, the trained weights
+            mine = slice_batch(_batches()[0], r, p)
+            assert torch.allclose(model(*mine), ref(*mine), atol=1e-10, rtol=0), (plan, opt_name)
         assert [len(g["params"]) for g in opt.param_groups] == [6 - len(model.tables.tables)]  # served: gone
     return r
 
@@ -136,15 +141,15 @@ def test_loader_slices_and_resumes_its_position():
 def test_bad_input_is_one_line_each():
     m = Plain()
     cases = [
-        (lambda: _slice({"x": torch.zeros(4)}, 0, 2), "the loader yields dict"),
-        (lambda: _slice((torch.zeros(4), torch.zeros(3)), 0, 2), "cannot be split over 2 ranks"),
-        (lambda: _slice(torch.zeros(5), 0, 2), "a multiple of 2"),
-        (lambda: _row_kind(torch.optim.RMSprop([torch.zeros(1, requires_grad=True)]), {}, False),
+        (lambda: slice_batch({"x": torch.zeros(4)}, 0, 2), "the loader yields dict"),
+        (lambda: slice_batch((torch.zeros(4), torch.zeros(3)), 0, 2), "cannot be split over 2 ranks"),
+        (lambda: slice_batch(torch.zeros(5), 0, 2), "a multiple of 2"),
+        (lambda: mirror(torch.optim.RMSprop([torch.zeros(1, requires_grad=True)]), {}, False),
          "RMSprop cannot update table rows"),
-        (lambda: _row_kind(torch.optim.Adam([torch.zeros(1, requires_grad=True)]), {}, False), "pass lazy=True"),
-        (lambda: _row_kind(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1), {"momentum": 0.9}, False),
+        (lambda: mirror(torch.optim.Adam([torch.zeros(1, requires_grad=True)]), {}, False), "pass lazy=True"),
+        (lambda: mirror(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1), {"momentum": 0.9}, False),
          "pass lazy=True"),
-        (lambda: _row_kind(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1), {"nesterov": True}, True),
+        (lambda: mirror(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1), {"nesterov": True}, True),
          "with nesterov cannot"),
         (lambda: _plan("ps", [], {}), "the model has no nn.Embedding"),
         (lambda: _plan("rows", ["words"], {}), "plan 'rows' is unknown; valid:"),
@@ -160,7 +165,7 @@ def test_bad_input_is_one_line_each():
         with pytest.raises(TesselError) as e:
             fn()
         assert text in str(e.value) and "\n" not in str(e.value), str(e.value)
-    assert _row_kind(torch.optim.Adam([torch.zeros(1, requires_grad=True)]), {"betas": (0.9, 0.99)}, True)[0] == "adam"
+    assert mirror(torch.optim.Adam([torch.zeros(1, requires_grad=True)]), {"betas": (0.9, 0.99)}, True).kind == "adam"
 
 
 def check_resume(tmp, plan):
@@ -183,7 +188,13 @@ def check_resume(tmp, plan):
     assert tessel.load(tmp, model, opt, loader) is None  # nothing saved yet
     train(model, opt, loader, stop=3)
     model, opt, _ = _setup("adagrad")
-    model, opt, loader = tessel.prepare(model, opt, _batches(), plan=plan, link_mbit=1000, verbose=False)
+    model, opt, loader = tessel.prepare(model, opt, _batches(), plan="allgather", link_mbit=1000, verbose=False)
+    with pytest.raises(TesselError, match="was saved under plan: dp=2, pp=1, tp=1, 1 micro-batch, tables "):
+        tessel.load(tmp, model, opt, loader)  # tables served otherwise than saved: refused, with the way out
+    model, opt, _ = _setup("adagrad")
+    # auto would decide afresh; resume= serves each table as the checkpoint did
+    model, opt, loader = tessel.prepare(model, opt, _batches(), plan="auto", link_mbit=1000, verbose=False,
+                                        resume=tmp)
     assert tessel.load(tmp, model, opt, loader) == 3
     resumed = train(model, opt, loader)
     assert loader.steps == STEPS

@@ -19,6 +19,7 @@ which axes are on. Run it inside a torchrun worker, e.g.::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,7 +32,7 @@ from .chain import Chain, Runner, chain_of
 from .choices import TORCH_SCHEDULES
 from .config import Config, sparse_overrides
 from .plan import ParallelPlan, TableChoice
-from .sparse.rowopt import row_kind
+from .sparse.rowopt import RowOptimizer, row_kind
 from .tensor.cost import step_formula
 from .train.build import DTYPES
 from .train.engine import Engine
@@ -126,13 +127,13 @@ class Parallelized:
 
 
 def apply_sparse(root: torch.nn.Module, found: sparse.Survey, plan: ParallelPlan, cfg: Config, group,
-                 only: list[str] | None = None, share: float = 1.0, agree=None):
+                 only: list[str] | None = None, share: float = 1.0, agree=None, rows: RowOptimizer | None = None):
     """Serve the surveyed tables this rank holds (``only``: a stage's) over ``group`` (its dp group), in place,
     before the stage's data-parallel sync (which must not see them); a plan that already names its tables (a
-    resumed run's) keeps them. ``share``: the stage's part of the step's compute. Returns (tables, the plan
-    with this rank's tables decided)."""
+    resumed run's) keeps them. ``share``: the stage's part of the step's compute; ``rows``: the row optimizer
+    (default: the one ``cfg`` names). Returns (tables, the plan with this rank's tables decided)."""
     s = cfg.sparse
-    kind = row_kind(cfg.train.optimizer) if s.optimizer == "auto" else s.optimizer
+    kind = rows or (row_kind(cfg.train.optimizer) if s.optimizer == "auto" else s.optimizer)
     fixed = {t.name: [t.strategy, t.split] for t in plan.tables} or None
     found = sparse.Survey(found.infos, found.compute * share)
     tables = sparse.serve(root, found, s.strategy, kind, cfg.train.lr, cfg.train.momentum, group,
@@ -179,11 +180,14 @@ def _micro(batch: tuple, micro_batches: int) -> tuple:
     return x[:b], y[:b]
 
 
-def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, cfg: Config,
-                batches: list[tuple]) -> Parallelized:
+def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, cfg: Config, batches: list[tuple], *,
+                make_optimizer: Callable | None = None, rows: RowOptimizer | None = None) -> Parallelized:
     """Apply ``plan`` to the plain ``model`` (same seed, so the same weights, on every rank) on ``mesh``.
 
-    ``batches``: this rank's first batches (sparse tables measure them, the pipeline profiles the first)."""
+    ``batches``: this rank's first batches (sparse tables measure them, the pipeline profiles the first).
+    ``make_optimizer``: (this rank's dense parameters) -> optimizer, and ``rows``: the served tables' row
+    optimizer, for a caller mirroring its own optimizer (``tessel.prepare``); by default both follow ``cfg``."""
+    make_optimizer = make_optimizer or (lambda params: build_optimizer(params, cfg.train))
     dp_group = mesh.get_group("dp")
     # tables are measured on the whole plain model, the only one every rank can run
     found = sparse.survey(model, batches[:cfg.sparse.sample_batches])
@@ -207,7 +211,7 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, cfg: Config,
     # torch's own tensor parallelism and pipeline schedules (the peers) keep their tables dense
     if not (plan.tp > 1 and plan.tp_mode == "torch-1d") and not (plan.pp > 1 and plan.schedule in TORCH_SCHEDULES):
         only = _stage_tables(found, chain, lo, hi) if chain is not None else None
-        tables, plan = apply_sparse(root, found, plan, cfg, dp_group, only, share, _agree(mesh, plan))
+        tables, plan = apply_sparse(root, found, plan, cfg, dp_group, only, share, _agree(mesh, plan), rows)
         if plan.tp > 1 and tables:
             tables.shards_group = mesh.get_group("tp")
         if plan.pp > 1:  # each stage decided its own tables; the plan holds them all, first stage first
@@ -215,9 +219,10 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, cfg: Config,
                                           mesh.get_group("pp"))
             plan = plan.with_(tables=tuple(TableChoice(*t) for stage in mine for t in stage))
     if plan.pp > 1:
-        engine, optimizer = _stage_engine(root, chain, plan, cfg, mesh, stages, lo, hi, handle, batches[0], tables)
+        engine, optimizer = _stage_engine(root, chain, plan, cfg, mesh, stages, lo, hi, handle, batches[0], tables,
+                                          make_optimizer)
     else:
-        engine, optimizer = _engine(root, chain, plan, cfg, dp_group, handle, tables)
+        engine, optimizer = _engine(root, chain, plan, cfg, dp_group, handle, tables, make_optimizer)
     return Parallelized(root, optimizer, engine, plan, cfg, tables, shards, stages)
 
 
@@ -227,25 +232,25 @@ def _train(cfg: Config, plan: ParallelPlan):
     return replace(cfg.train, micro_batches=plan.micro_batches)
 
 
-def _engine(root, chain: Chain | None, plan: ParallelPlan, cfg: Config, dp_group, tp, tables):
+def _engine(root, chain: Chain | None, plan: ParallelPlan, cfg: Config, dp_group, tp, tables, make_optimizer):
     """One stage holding the whole model: DDP syncs gradients during backward."""
     model = Runner(root, chain) if chain is not None and plan.tp_mode != "torch-1d" else root
     if plan.dp > 1:
         ddp_comm = "torch" if cfg.sparse.strategy == "torch-sparse" else cfg.parallel.ddp_comm
         model = apply_ddp(model, dp_group, cfg.parallel.bucket_mb, ddp_comm)
-    optimizer = build_optimizer(model.parameters(), cfg.train)
+    optimizer = make_optimizer(model.parameters())
     params = [p for p in model.parameters() if p.requires_grad]
     return Engine(model, StepTail(params, optimizer, _train(cfg, plan), tp=tp, tables=tables), tables), optimizer
 
 
 def _stage_engine(root, chain: Chain, plan: ParallelPlan, cfg: Config, mesh, stages, lo: int, hi: int, tp,
-                  batch: tuple, tables):
+                  batch: tuple, tables, make_optimizer):
     """A pipeline stage: the step tail averages its gradients over its dp group and sums the norm over pp."""
     pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp")
     runner = Runner(root, chain, lo, hi)
     if plan.dp > 1:
         replicate_from_first(runner, dp_group)
-    optimizer = build_optimizer(runner.parameters(), cfg.train)
+    optimizer = make_optimizer(runner.parameters())
     params = [p for p in runner.parameters() if p.requires_grad]
     tail = StepTail(params, optimizer, _train(cfg, plan), dp_group=dp_group, tp=tp, tables=tables,
                     norm_group=pp_group)

@@ -23,11 +23,13 @@ dense update exactly (a zero-gradient row does not move); torch's momentum SGD, 
 whose gradient is zero, which only a lazy row update approximates, so they need ``lazy=True``
 (:mod:`tessel.sparse.rowopt`). Every rank must run the same forwards (table lookups are collective).
 Launched without torchrun (one process), ``prepare`` changes nothing and returns working equivalents.
+
+With a :class:`~tessel.plan.ParallelPlan` holding pp or tp, a registered model is cut into pipeline stages
+and made tensor-parallel, and the loop calls ``loss = model.step(x, y)`` instead (:mod:`tessel.prepare_axes`).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 from pathlib import Path
 from typing import Any
@@ -37,19 +39,27 @@ import torch.distributed as dist
 from torch import nn
 
 from . import sparse
+from .data.prepared import PreparedLoader
 from .errors import TesselError
 from .mesh import ParallelDims, build_mesh, init_distributed
 from .parallelize import apply_ddp
-from .sparse.rowopt import RowOptimizer
+from .plan import ParallelPlan, TableChoice
+from .prepare_axes import prepare_axes, saved_plan
+from .sparse.rowopt import mirror
 from .train.tail import local_sq
 
 __all__ = ["prepare", "clip_grad_norm_", "save", "load", "PreparedModel", "PreparedOptimizer", "PreparedLoader"]
 
 
-def _world(expected: int | None, timeout: float):
-    """(dp group or None, rank, size): joins torchrun's world when launched by it."""
+def _join(timeout: float) -> None:
+    """Join torchrun's world when launched by it (and not joined yet)."""
     if not dist.is_initialized() and "WORLD_SIZE" in os.environ:
         init_distributed(timeout=timeout)
+
+
+def _world(expected: int | None, timeout: float):
+    """(dp group or None, rank, size): joins torchrun's world when launched by it."""
+    _join(timeout)
     size = dist.get_world_size() if dist.is_initialized() else 1
     if expected is not None and expected != size:
         raise TesselError(f"prepare expected {expected} ranks but runs on {size}; launch the script with "
@@ -58,70 +68,6 @@ def _world(expected: int | None, timeout: float):
         return None, 0, 1
     mesh = build_mesh(ParallelDims.resolve(size), timeout=timeout)
     return mesh.get_group("dp"), dist.get_rank(), size
-
-
-def _slice(batch: Any, rank: int, size: int) -> Any:
-    """This rank's contiguous part of a global batch: a tensor or a tuple/list of tensors, batch first."""
-    parts = batch if isinstance(batch, (tuple, list)) else (batch,)
-    if not parts or not all(torch.is_tensor(t) and t.dim() >= 1 for t in parts):
-        kinds = ", ".join(type(t).__name__ for t in parts) or "nothing"
-        raise TesselError(f"the loader yields {type(batch).__name__} of {kinds}; prepare shards a tensor or a "
-                          "tuple/list of tensors with the batch as their first dimension")
-    n = parts[0].shape[0]
-    if any(t.shape[0] != n for t in parts) or n % size:
-        raise TesselError(f"a batch of sizes {[t.shape[0] for t in parts]} cannot be split over {size} ranks; "
-                          f"every tensor of a batch needs the same first dimension, a multiple of {size}")
-    k = n // size
-    mine = [t[rank * k:(rank + 1) * k] for t in parts]
-    return mine[0] if torch.is_tensor(batch) else type(batch)(mine)
-
-
-def _first(batch):
-    return batch if batch is None or torch.is_tensor(batch) else batch[0]
-
-
-class PreparedLoader:
-    """This rank's slices of the user's loader's batches, one batch peeked ahead (the model prefetches its
-    rows), with a resumable position: ``state_dict()['position']`` batches of the current pass are skipped
-    by the next ``iter()`` after ``load_state_dict`` (the user's loader must repeat its order)."""
-
-    def __init__(self, loader, rank: int, size: int) -> None:
-        self.loader, self.rank, self.size = loader, rank, size
-        self.position, self.skip, self.steps = 0, 0, 0  # batches of this pass, to skip, of all passes
-        self.current = self.next_inputs = None  # first tensors of the batch just yielded and of the next one
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self):
-        it = iter(self.loader)
-        for _ in range(self.skip):
-            next(it, None)
-        self.position, self.skip = self.skip, 0
-        ahead = next(it, None)
-        while ahead is not None:
-            batch, ahead = _slice(ahead, self.rank, self.size), next(it, None)
-            nxt = None if ahead is None else _slice(ahead, self.rank, self.size)
-            self.current, self.next_inputs = _first(batch), _first(nxt)
-            self.position += 1
-            self.steps += 1
-            yield batch
-        self.position = 0  # the pass is over: a checkpoint taken now resumes at the next pass's start
-
-    def samples(self, k: int) -> list[tuple]:
-        """This rank's slices of the first ``k`` batches, as model argument tuples (the global RNG is kept:
-        a shuffling DataLoader draws its order from it)."""
-        with torch.random.fork_rng(devices=[]):
-            got = [_slice(b, self.rank, self.size) for b in itertools.islice(iter(self.loader), k)]
-        if not got:
-            raise TesselError("the loader yielded no batch; prepare measures the tables on its first batches")
-        return [b if isinstance(b, (tuple, list)) else (b,) for b in got]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self.position, "steps": self.steps}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.skip, self.steps = int(state["position"]), int(state["steps"])
 
 
 class PreparedModel(nn.Module):
@@ -144,36 +90,22 @@ class PreparedModel(nn.Module):
             self.tables.final_backward(True)  # one forward per step: its backward completes the gradients
         return out
 
+    def drain(self) -> None:
+        """Nothing is in flight between the steps of a data-parallel loop."""
+
+    def checkpoint_parts(self, optimizer) -> dict[str, Any]:
+        """What a checkpoint holds and must match: the plain model, the user's optimizer, the tables, the plan."""
+        choices = self.tables.choices if self.tables else []
+        plan = ParallelPlan(dp=self.loader.size, tables=tuple(
+            TableChoice(c.info.name, c.strategy, c.split if c.strategy == "alltoall" else "") for c in choices))
+        return {"module": _plain(self), "optimizer": optimizer.optimizer, "tables": self.tables or None, "tp": None,
+                "identity": _identity(self), "plan": plan}
+
     def finish_rows(self) -> torch.Tensor:
         """Row gradients to their owners (once per step); their global squared norm."""
         if self.reduced is None:
             self.reduced = self.tables.reduce() if self.tables else torch.zeros((), dtype=torch.float64)
         return self.reduced
-
-
-def _row_kind(opt: torch.optim.Optimizer, group: dict, lazy: bool) -> tuple[str, dict]:
-    """The row optimizer mirroring ``opt``'s group holding the tables, or TesselError with the reason."""
-    kind = {torch.optim.SGD: "sgd", torch.optim.Adagrad: "adagrad", torch.optim.Adam: "adam",
-            torch.optim.AdamW: "adamw"}.get(type(opt))
-    if kind is None:
-        raise TesselError(f"{type(opt).__name__} cannot update table rows; tessel mirrors SGD, Adagrad, Adam "
-                          "and AdamW for them (or pass plan='dense')")
-    unsupported = [k for k, bad in (("nesterov", group.get("nesterov")), ("dampening", group.get("dampening")),
-                                    ("lr_decay", group.get("lr_decay")), ("amsgrad", group.get("amsgrad")),
-                                    ("maximize", group.get("maximize"))) if bad]
-    if unsupported:
-        raise TesselError(f"{type(opt).__name__} with {', '.join(unsupported)} cannot update table rows; set "
-                          f"{'/'.join(unsupported)} off or pass plan='dense'")
-    not_exact = kind in ("adam", "adamw") or group.get("momentum", 0) or group.get("weight_decay", 0)
-    if not_exact and not lazy:
-        raise TesselError(f"{type(opt).__name__} with its settings moves rows whose gradient is zero (momentum, "
-                          "moments or weight decay); served rows move only when touched: pass lazy=True to "
-                          "accept lazy row updates, or use SGD without momentum or Adagrad for exact ones")
-    extra = {"momentum": group.get("momentum", 0.0), "weight_decay": group.get("weight_decay", 0.0),
-             "eps": group.get("eps"), "initial_accumulator": group.get("initial_accumulator_value", 0.0)}
-    if "betas" in group:
-        extra["betas"] = group["betas"]
-    return kind, extra
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -274,15 +206,28 @@ def _drop_served(optimizer: torch.optim.Optimizer, before: list[nn.Parameter], m
         del optimizer.state[p]
 
 
-def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: str | dict = "auto", *,
+def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: str | dict | ParallelPlan = "auto", *,
             samples: int = 2, lazy: bool = False, world: int | None = None, link_mbit: float = 0.0,
-            timeout: float = 60.0, verbose: bool = True) -> tuple[PreparedModel, PreparedOptimizer, PreparedLoader]:
+            max_norm: float = 0.0, resume: str | Path | None = None, timeout: float = 60.0, verbose: bool = True):
     """(model, optimizer, loader) distributed over torchrun's ranks; see the module docstring.
 
-    ``samples``: batches measured to decide the tables; ``lazy``: accept lazy row updates for momentum SGD,
-    Adam, AdamW or weight decay; ``world``: the rank count the script expects (TesselError if launched with
-    another); ``link_mbit``: the link rate ``auto`` assumes (0: probed). Call it on every rank, after the
+    ``plan``: ``auto``, a table strategy, {table: strategy}, or a :class:`~tessel.plan.ParallelPlan` (with pp or
+    tp: :mod:`tessel.prepare_axes`, the loop calls ``model.step(x, y)``). ``samples``: batches measured to
+    decide the tables; ``lazy``: accept lazy row updates for momentum SGD, Adam, AdamW or weight decay;
+    ``world``: the rank count the script expects (TesselError if launched with another); ``link_mbit``: the
+    link rate ``auto`` assumes (0: probed); ``max_norm``: clipping inside ``model.step`` (pp/tp; otherwise
+    call ``tessel.clip_grad_norm_``); ``resume``: a checkpoint folder whose saved table choices and stage cut
+    this run keeps, so ``tessel.load`` finds every share where it was saved. Call it on every rank, after the
     model is built with the same weights everywhere (rank 0's are broadcast anyway)."""
+    if isinstance(plan, ParallelPlan):
+        if plan.pp > 1 or plan.tp > 1:
+            _join(timeout)
+            return prepare_axes(model, optimizer, loader, plan, samples=samples, lazy=lazy, max_norm=max_norm,
+                                timeout=timeout, resume=resume, verbose=verbose)
+        world, plan = plan.world, {t.name: t.strategy for t in plan.tables} or "auto"
+    if max_norm:
+        raise TesselError("max_norm clips inside model.step under pp or tp; in a data-parallel loop call "
+                          "tessel.clip_grad_norm_(model, max_norm) between backward and optimizer.step")
     group, rank, size = _world(world, timeout)
     prepared_loader = PreparedLoader(loader, rank, size)
     found = sparse.find_tables(model)
@@ -291,10 +236,11 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
     tables = sparse.SparseTables([], {}, group, 0.0)
     if size > 1 and found and (strategy != "dense" or any(v != "dense" for v in overrides.values())):
         g = optimizer.param_groups[groups[0]]
-        kind, extra = _row_kind(optimizer, g, lazy)
         before = list(model.parameters())
+        saved = saved_plan(resume)  # a resumed run serves each table as it was saved (auto may now choose otherwise)
+        fixed = {t.name: [t.strategy, t.split] for t in saved.tables} if saved else None
         tables = sparse.shard(model, prepared_loader.samples(samples), strategy=strategy,
-                              optimizer=RowOptimizer(kind, g["lr"], **extra), lr=g["lr"], group=group,
+                              optimizer=mirror(optimizer, g, lazy), lr=g["lr"], group=group, fixed=fixed,
                               overrides=overrides, max_touched=1.0, timeout=timeout, link_mbit=link_mbit)
         _drop_served(optimizer, before, model)
         if verbose and rank == 0:
@@ -318,30 +264,39 @@ def _identity(model: PreparedModel) -> dict[str, Any]:
     return {"model": {"class": type(plain).__name__, **shapes}}
 
 
-def save(dir: str | Path, model: PreparedModel, optimizer: PreparedOptimizer, loader: PreparedLoader,
-         keep: int = 2) -> Path:
+def save(dir: str | Path, model, optimizer, loader: PreparedLoader, keep: int = 2) -> Path:
     """Checkpoint what ``prepare`` returned into ``dir/step-N`` (N: batches trained), atomically and sealed
     as ``tessel train``'s are (:mod:`tessel.train.checkpoint`): model, optimizer, tables whole with their row
-    state, each rank's RNG and loader position. Every rank calls it; returns the checkpoint's folder."""
+    state, each rank's RNG and loader position, and the plan. Every rank calls it; returns the checkpoint's
+    folder. An asynchronous pipeline first applies the mini-batches still in flight."""
     from .train import checkpoint  # DCP takes most of a second to import: only when saving
 
+    model.drain()
+    parts = model.checkpoint_parts(optimizer)
     data = {"position": loader.position, "dp_size": loader.size, "global_batch": 0}  # batch size: the loader's
-    return checkpoint.save(dir, loader.steps, _plain(model), optimizer.optimizer, data,
-                           {**_identity(model), "run": "prepare"}, keep=keep, tables=model.tables or None)
+    meta = {**parts["identity"], "plan": parts["plan"].to_dict(), "run": "prepare"}
+    return checkpoint.save(dir, loader.steps, parts["module"], parts["optimizer"], data, meta, keep=keep,
+                           tables=parts["tables"], tp=parts["tp"])
 
 
-def load(dir: str | Path, model: PreparedModel, optimizer: PreparedOptimizer, loader: PreparedLoader) -> int | None:
+def load(dir: str | Path, model, optimizer, loader: PreparedLoader) -> int | None:
     """Restore the newest intact checkpoint in ``dir`` (or ``dir`` itself, one checkpoint) into what
     ``prepare`` returned, checksums checked before anything is read; returns its step, or None if ``dir``
     holds none. The next ``iter(loader)`` continues where the saved pass stopped; bit-identical with
-    the same ranks. An LR scheduler's state is the caller's to save and restore."""
+    the same ranks and plan (``prepare(..., resume=dir)`` keeps the saved one). An LR scheduler's state
+    is the caller's to save and restore."""
     from .train import checkpoint
 
     path = Path(dir) if (Path(dir) / checkpoint.META).exists() else checkpoint.latest(dir)
     if path is None:
         return None
-    step, data = checkpoint.load(path, _plain(model), optimizer.optimizer, _identity(model),
-                                 tables=model.tables or None)
+    parts = model.checkpoint_parts(optimizer)
+    saved = saved_plan(path)
+    if saved is not None and saved != parts["plan"]:
+        raise TesselError(f"checkpoint '{path}' was saved under {saved.describe()} and this run is "
+                          f"{parts['plan'].describe()}; prepare with resume='{dir}' (and as many ranks) to keep it")
+    step, data = checkpoint.load(path, parts["module"], parts["optimizer"], parts["identity"],
+                                 tables=parts["tables"], tp=parts["tp"])
     if data["dp_size"] != loader.size:
         raise TesselError(f"checkpoint '{path}' was saved on {data['dp_size']} ranks and this run has "
                           f"{loader.size}; a prepared loop resumes on as many ranks as it saved with")

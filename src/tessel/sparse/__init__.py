@@ -268,7 +268,7 @@ def serve(model: nn.Module, found: Survey, strategy: str = "ps", optimizer: str 
             c = Choice(info, "dense", "a tensor-parallel layer holds it, not as whole rows (1-D vocabulary "
                                       "shards are served)")
         if fixed and info.name in fixed:
-            c = Choice(info, fixed[info.name][0], "as saved in the checkpoint", fixed[info.name][1])
+            c = Choice(info, fixed[info.name][0], "fixed by the plan (given, or a checkpoint's)", fixed[info.name][1])
         if c is not None and c.strategy == "auto":
             c = None
         if c is None and not distributed:

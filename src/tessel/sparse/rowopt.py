@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, TesselError
 
 KINDS = ("sgd", "adagrad", "adam", "adamw")
 
@@ -79,3 +79,33 @@ class RowOptimizer:
             m[rows], v[rows] = m_rows, v_rows
             step_size = lr * (1 - b2 ** step) ** 0.5 / (1 - b1 ** step)
             table.index_add_(0, rows, m_rows / (v_rows.sqrt() + self.eps), alpha=-step_size)
+
+
+# torch's optimizers that a row optimizer can mirror, by the config's name for them
+TORCH_KINDS = {torch.optim.SGD: "sgd", torch.optim.Adagrad: "adagrad", torch.optim.Adam: "adam",
+               torch.optim.AdamW: "adamw"}
+
+
+def mirror(opt: torch.optim.Optimizer, group: dict, lazy: bool) -> RowOptimizer:
+    """The row optimizer mirroring ``opt``'s param group ``group`` (the one holding the tables), or TesselError
+    with the reason; ``lazy``: accept lazy updates where torch's would move rows whose gradient is zero."""
+    kind = TORCH_KINDS.get(type(opt))
+    if kind is None:
+        raise TesselError(f"{type(opt).__name__} cannot update table rows; tessel mirrors SGD, Adagrad, Adam "
+                          "and AdamW for them (or pass plan='dense')")
+    unsupported = [k for k, bad in (("nesterov", group.get("nesterov")), ("dampening", group.get("dampening")),
+                                    ("lr_decay", group.get("lr_decay")), ("amsgrad", group.get("amsgrad")),
+                                    ("maximize", group.get("maximize"))) if bad]
+    if unsupported:
+        raise TesselError(f"{type(opt).__name__} with {', '.join(unsupported)} cannot update table rows; set "
+                          f"{'/'.join(unsupported)} off or pass plan='dense'")
+    not_exact = kind in ("adam", "adamw") or group.get("momentum", 0) or group.get("weight_decay", 0)
+    if not_exact and not lazy:
+        raise TesselError(f"{type(opt).__name__} with its settings moves rows whose gradient is zero (momentum, "
+                          "moments or weight decay); served rows move only when touched: pass lazy=True to "
+                          "accept lazy row updates, or use SGD without momentum or Adagrad for exact ones")
+    extra = {"momentum": group.get("momentum", 0.0), "weight_decay": group.get("weight_decay", 0.0),
+             "eps": group.get("eps"), "initial_accumulator": group.get("initial_accumulator_value", 0.0)}
+    if "betas" in group:
+        extra["betas"] = group["betas"]
+    return RowOptimizer(kind, group.get("lr", 0.0), **extra)

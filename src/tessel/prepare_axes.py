@@ -1,0 +1,221 @@
+"""``tessel.prepare`` under a :class:`~tessel.plan.ParallelPlan`: pipeline and tensor parallelism in a user's loop.
+
+A pipeline interleaves the forwards and backwards of micro-batches across stages, and tensor parallelism
+sums partial gradients over its grid before the update, so with pp or tp in the plan the returned model
+runs the whole step. In a script started by ``tessel run --nproc 4 script.py``::
+
+    plan = tessel.ParallelPlan(dp=2, pp=2, micro_batches=2)
+    model, optimizer, loader = tessel.prepare(model, optimizer, loader, plan=plan)
+    for x, y in loader:
+        loss = model.step(x, y)      # forwards, backwards, gradient sync, clipping, update: the global mean loss
+        scheduler.step()             # the optimizer's LR when model.step is called is that step's
+
+The model's class is registered (``tessel.register_model(cls, chain=..., tensor=...)``: the chain cuts it
+into stages, the tensor function makes a stage's layers tensor-parallel) and ``model(x, y)`` is its mean
+loss. The plan goes through the composer, :func:`tessel.parallelize.parallelize`, exactly as ``tessel train``
+applies it; each rank's share of the weights gets the user's optimizer (same class and settings), the
+tables are served over each stage's dp group (the plan's ``tables``, else ``auto``) by the row optimizer
+mirroring it, and ``max_norm`` clips by the norm over every stage, shard and row.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import comm, pipeline, sparse
+from .chain import chain_of
+from .choices import TORCH_SCHEDULES
+from .config import Config
+from .data.prepared import PreparedLoader
+from .errors import TesselError
+from .mesh import build_mesh
+from .parallelize import parallelize
+from .plan import ParallelPlan
+from .registry import registered, spec_of
+from .sparse.rowopt import TORCH_KINDS, mirror
+from .train.build import DTYPES
+
+
+class SteppedModel(nn.Module):
+    """This rank's share of the model under pp/tp; ``step(x, y)`` trains one global batch's slice."""
+
+    def __init__(self, par, mesh, loader: PreparedLoader, lr_groups: list[dict], identity: dict) -> None:
+        super().__init__()
+        self.par, self.mesh, self.loader, self.lr_groups, self.identity = par, mesh, loader, lr_groups, identity
+        self.module = par.module  # registered, so .parameters() and .state_dict() are this rank's share
+        self.tables = par.tables
+        self.steps = 0  # steps taken by this object (the engine's step index)
+        # the optimizer's LR at each step's call (a scheduler's): that mini-batch's, also when an asynchronous
+        # pipeline applies its update a step later or predicts across it
+        self.lrs: list[float] = []
+        par.engine.lr_of = lambda step: self.lrs[min(step, len(self.lrs) - 1)]
+
+    def forward(self, *args, **kwargs):
+        raise TesselError("under pipeline or tensor parallelism the step is one call: loss = model.step(x, y) "
+                          "runs the forwards, backwards and update (no model(...), backward or optimizer.step)")
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One training step on this rank's slice (x, y); returns the global batch's mean loss on every rank."""
+        engine, plan = self.par.engine, self.par.plan
+        self.lrs.append(float(self.lr_groups[0]["lr"]))
+        ahead = self.loader.next_inputs if x is self.loader.current else None  # scheduled tables fetch its rows
+        result = engine.step(x, y, self.steps, ahead if self.tables and self.tables.choices else None)
+        self.steps += 1
+        loss = torch.tensor([result.loss], dtype=torch.float64)
+        comm.all_reduce(loss, "meta", group=self.mesh.get_group("dp"))  # each dp rank's slice mean -> their sum
+        if plan.pp > 1:  # only the last stage has a loss (the others' is 0)
+            comm.all_reduce(loss, "meta", group=self.mesh.get_group("pp"))
+        return loss[0] / plan.dp
+
+    def drain(self) -> None:
+        """Apply every mini-batch still in flight (asynchronous schedules); ``tessel.save`` calls it."""
+        self.par.engine.drain(self.steps)
+
+    def checkpoint_parts(self, optimizer) -> dict[str, Any]:
+        return {"module": self.par.module, "optimizer": self.par.optimizer, "tables": self.tables or None,
+                "tp": self.par.shards, "identity": self.identity, "plan": self.par.plan}
+
+
+class SteppedOptimizer(torch.optim.Optimizer):
+    """The user's optimizer as far as a loop still touches it: its ``param_groups`` carry the LR (schedulers
+    attached before or after ``prepare`` work); the state is the rank's own optimizer's, which model.step steps."""
+
+    def __init__(self, user: torch.optim.Optimizer, inner: torch.optim.Optimizer) -> None:
+        # No super().__init__: a proxy, as PreparedOptimizer is.
+        self.user, self.optimizer = user, inner
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+        self._opt_called = True  # torch's LR schedulers warn unless the optimizer stepped: model.step does
+
+    param_groups = property(lambda self: self.user.param_groups)
+    state = property(lambda self: self.optimizer.state)
+    defaults = property(lambda self: self.user.defaults)
+
+    def step(self, closure=None):
+        raise TesselError("under pipeline or tensor parallelism model.step(x, y) already updated the weights; "
+                          "drop optimizer.step() from the loop")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to do: model.step leaves no gradient behind."""
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+def _settings(optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's one set of constructor settings, rebuilt over each rank's share of the weights."""
+    groups = [{k: g[k] for k in optimizer.defaults if k in g} for g in optimizer.param_groups]
+    if any(g != groups[0] for g in groups):
+        raise TesselError(f"{type(optimizer).__name__} has {len(groups)} param groups with different settings; "
+                          "under pp or tp each rank's optimizer is rebuilt with one group: give all the same settings")
+    return groups[0]
+
+
+def _config(model: nn.Module, optimizer, plan: ParallelPlan, global_batch: int, max_norm: float, timeout: float,
+            serve: bool) -> Config:
+    """The config the composer reads, mirroring the user's optimizer (model.step gives the engine each step's LR)."""
+    cfg, settings = Config(), _settings(optimizer)
+    t = cfg.train
+    # another optimizer keeps its own name: the plan's checks then refuse what needs a known one (async-predict)
+    t.optimizer = TORCH_KINDS.get(type(optimizer), type(optimizer).__name__.lower())
+    t.lr, t.momentum, t.weight_decay = settings["lr"], settings.get("momentum", 0.0), settings.get("weight_decay", 0.0)
+    t.schedule, t.warmup, t.clip = "constant", 0, max_norm
+    t.global_batch, t.micro_batches = global_batch, plan.micro_batches
+    dtype = next(model.parameters()).dtype
+    t.dtype = next((name for name, d in DTYPES.items() if d == dtype), "float32")
+    cfg.parallel.timeout = timeout
+    # tables not served need no row optimizer: "sgd" names one that is never built
+    cfg.sparse.strategy, cfg.sparse.optimizer = ("auto", "auto") if serve else ("dense", "sgd")
+    return cfg
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose tensors are on the meta device (no memory): checks may change it freely."""
+    memo = {id(t): (nn.Parameter(torch.empty_like(t, device="meta"), t.requires_grad) if isinstance(t, nn.Parameter)
+                    else torch.empty_like(t, device="meta"))
+            for t in [*model.parameters(), *model.buffers()]}
+    return copy.deepcopy(model, memo)
+
+
+def _check(model: nn.Module, plan: ParallelPlan, cfg: Config, world: int) -> None:
+    """What the plan, the launch and the model allow, each a one-line TesselError, before any collective."""
+    if plan.world != world:
+        raise TesselError(f"the plan needs dp x pp x tp = {plan.dp} x {plan.pp} x {plan.tp} = {plan.world} ranks and "
+                          f"the script runs on {world}; start it with 'tessel run --nproc {plan.world} script.py'")
+    if plan.schedule in TORCH_SCHEDULES or plan.tp_mode == "torch-1d":
+        raise TesselError(f"plan {plan.describe()} names torch's own {plan.schedule if plan.pp > 1 else 'tp'}, the "
+                          "peer tessel benchmarks against; prepare runs tessel's schedules and tensor modes")
+    plan.check(cfg)
+    if plan.tp > 1 and spec_of(model).tensor is None:
+        raise TesselError(f"tp={plan.tp} needs a tensor-parallel plan registered for {type(model).__name__} "
+                          f"(tessel.register_model(cls, tensor=...); registered: {', '.join(registered())})")
+    chain = chain_of(model)  # PlanError naming how to register one
+    if plan.pp > 1:
+        pipeline.check_model(chain, plan.pp)
+    if plan.tp > 1:
+        from . import tensor
+
+        per_rank = cfg.train.global_batch // (plan.dp * plan.micro_batches)
+        meta = _meta_copy(model)
+        tensor.check_shapes(meta, chain_of(meta), tensor.GridSpec(plan.tp_mode, plan.tp_grid), per_rank)
+
+
+def saved_plan(resume: str | Path | None) -> ParallelPlan | None:
+    """The plan of the newest checkpoint in ``resume`` (or of ``resume`` itself), if there is one."""
+    if resume is None:
+        return None
+    from .train import checkpoint
+
+    path = Path(resume) if (Path(resume) / checkpoint.META).exists() else checkpoint.latest(resume)
+    if path is None:
+        return None
+    meta = checkpoint.read_meta(path)
+    return ParallelPlan.from_dict(meta["plan"]) if "plan" in meta else None
+
+
+def _resumed(plan: ParallelPlan, resume) -> ParallelPlan:
+    """``plan`` with a checkpoint's stage cut and table choices, so its shares load where they were saved."""
+    saved = saved_plan(resume)
+    if saved is None:
+        return plan
+    if saved.with_(bounds=(), tables=()) != plan.with_(bounds=(), tables=()):
+        raise TesselError(f"the checkpoint in '{resume}' was saved under {saved.describe()} and this run's is "
+                          f"{plan.describe()}; resume under the plan it was saved with")
+    return plan.with_(bounds=saved.bounds, tables=saved.tables)
+
+
+def prepare_axes(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: ParallelPlan, *, samples: int,
+                 lazy: bool, max_norm: float, timeout: float, resume, verbose: bool):
+    """(SteppedModel, SteppedOptimizer, PreparedLoader); see the module docstring."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    found = sparse.find_tables(model)
+    serve = plan.dp > 1 and bool(found) and (not plan.tables or any(t.strategy != "dense" for t in plan.tables))
+    probe = PreparedLoader(loader, 0, 1).samples(1)[0]
+    cfg = _config(model, optimizer, plan, probe[0].shape[0], max_norm, timeout, serve)
+    _check(model, plan, cfg, world)
+    plan = _resumed(plan, resume)
+    rows = mirror(optimizer, optimizer.param_groups[0], lazy) if serve else None
+    mesh = build_mesh(plan.dims, timeout, plan.mesh_axes)
+    prepared = PreparedLoader(loader, mesh.get_local_rank("dp"), plan.dp)
+    identity = {"model": {"class": type(model).__name__,
+                          **{n: "x".join(map(str, t.shape)) for n, t in model.state_dict().items()}}}
+    settings, cls = _settings(optimizer), type(optimizer)
+    par = parallelize(model, plan, mesh, cfg, prepared.samples(samples), rows=rows,
+                      make_optimizer=lambda params: cls([p for p in params if p.requires_grad] or [{"params": []}],
+                                                        **settings))
+    for group in optimizer.param_groups:  # the weights now live in each rank's own optimizer
+        group["params"] = []
+    optimizer.state.clear()
+    optimizer._opt_called = True  # torch's LR schedulers warn unless it stepped: model.step steps for it
+    if verbose and dist.get_rank() == 0:
+        print(par.describe(), flush=True)
+    stepped = SteppedModel(par, mesh, prepared, optimizer.param_groups, identity)
+    return stepped, SteppedOptimizer(optimizer, par.optimizer), prepared
