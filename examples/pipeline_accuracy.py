@@ -35,8 +35,8 @@ import torch.nn.functional as F
 TASKS = {
     # SGD with momentum, as in the paper; a noisy 10-class problem that is not solved in the budget
     "classifier": ["model.name=classifier", "model.in_features=64", "model.hidden=128", "model.layers=5",
-                   "model.classes=10", "train.optimizer=sgd", "train.lr=0.05", "train.momentum=0.9",
-                   "train.global_batch=32"],
+                   "model.classes=10", "data.separation=3", "train.optimizer=sgd", "train.lr=0.05",
+                   "train.momentum=0.9", "train.global_batch=32"],
     # AdamW, where extrapolating Adam's moments is the risky case
     "transformer_lm": ["model.name=transformer_lm", "model.dim=64", "model.layers=4", "model.heads=4",
                        "data.vocab_size=512", "data.seq_len=32", "train.optimizer=adamw", "train.lr=3e-3",

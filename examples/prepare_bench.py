@@ -101,7 +101,7 @@ def main(args) -> None:
         "prepare, plan=dense (DDP)": lambda d: [me, "--worker", "--plan", "dense", "--steps", str(args.steps),
                                                 "--out", str(d)],
     }
-    if args.pp > 1:  # a pipeline has no plain-DDP twin here
+    if args.pp > 1 or args.no_ddp:  # a pipeline has no plain-DDP twin here; --no-ddp: more repeats per minute
         del jobs["prepare, plan=dense (DDP)"]
     times = {j: [] for j in jobs}
     with EmulatedCluster(args.hosts, args.rate) as c:
@@ -137,6 +137,7 @@ if __name__ == "__main__":
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (then tessel train vs model.step only)")
+    p.add_argument("--no-ddp", action="store_true", help="leave out the plain-DDP job (20x slower per step)")
     p.add_argument("--out", default="runs/prepare-bench")
     a = p.parse_args()
     worker(a.plan, a.steps, a.out, a.pp) if a.worker else main(a)

@@ -30,6 +30,7 @@ CASES = [
     case("train --sparse.max_touched nan", "'sparse.max_touched' is nan"),
     case("train --sparse.link_mbit=-inf", "'sparse.link_mbit' is -inf"),
     case("train --model.dropout nan", "'model.dropout' is nan"),
+    case("train --model classifier --data.separation 0", "'data.separation' is 0.0; it must be >= 0.001"),
     case("train --seed 1e30", "'train.seed' is 1000000000000000019884624838656; it must be from 0 to"),
     case("train --parallel.backend nccl", "needs CUDA GPUs and a CUDA build of torch; this one has none; "
          "valid here: auto, gloo", marks=NO_CUDA),

@@ -343,3 +343,12 @@ def test_build_dataset_kinds(tmp_path):
         build_dataset("imagenet")
     with pytest.raises(DataError, match="needs a path"):
         build_dataset("text")
+
+
+def test_gaussian_separation_sets_the_class_means_norm_and_refuses_bad_values():
+    for sep in (3.0, 6.0):
+        norms = np.linalg.norm(GaussianClassification(in_features=1024, classes=50, separation=sep).means, axis=1)
+        assert abs(norms.mean() - sep) < 0.05 * sep, (sep, norms.mean())  # noise is 1 per feature, norm 32
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "6"):
+        with pytest.raises(DataError, match="gaussian separation .* is invalid; give a finite number > 0"):
+            GaussianClassification(in_features=4, classes=2, separation=bad)

@@ -59,6 +59,7 @@ class DataConfig:
     vocab_size: int = 8192
     seq_len: int = 64
     zipf_s: float = 1.1
+    separation: float = 6.0  # gaussian: norm of each class mean, against noise of 1 per feature
     cache_dir: str = ".tessel_cache"
 
 
@@ -213,7 +214,7 @@ MINIMUM: dict[str, float] = {
     "model.classes": 2, "data.vocab_size": 16, "data.seq_len": 2, "parallel.pp": 1,
     "parallel.timeout": 1, "train.steps": 1, "train.global_batch": 1,
     "train.micro_batches": 1, "train.lr": 0, "checkpoint.keep": 1, "metrics.log_every": 1,
-    "sparse.sample_batches": 1,
+    "sparse.sample_batches": 1, "data.separation": 1e-3,
 }
 
 

@@ -7,7 +7,7 @@ stream of local batches.
 
 import os
 
-from tessel.data.classify import GaussianClassification
+from tessel.data.classify import MEAN_NORM, GaussianClassification
 from tessel.data.loader import ShardedLoader
 from tessel.data.text import TextDataset, prepare_text
 from tessel.data.zipf import ZipfCorpus
@@ -38,6 +38,7 @@ def build_dataset(
     cache_dir: str | None = None,
     in_features: int = 1024,
     classes: int = 100,
+    separation: float = MEAN_NORM,
 ):
     """Build the dataset named by ``kind`` ("zipf", "text" or "gaussian") from config values.
 
@@ -56,5 +57,5 @@ def build_dataset(
         cache = prepare_text(path, vocab_size, cache_dir or os.path.expanduser(DEFAULT_CACHE_DIR))
         return TextDataset(cache, seq_len)
     if kind == "gaussian":
-        return GaussianClassification(in_features=in_features, classes=classes, seed=seed)
+        return GaussianClassification(in_features=in_features, classes=classes, seed=seed, separation=separation)
     raise DataError(f"unknown data kind {kind!r}; valid kinds: {', '.join(DATA_KINDS)}")

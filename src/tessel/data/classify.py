@@ -6,9 +6,12 @@ import torch
 from tessel.data._counter import as_indices, normal, seed_key, uniform
 from tessel.errors import DataError
 
-# Class means have norm about MEAN_NORM, so with noise=1 neighbouring classes overlap a little: a
-# linear model learns it quickly but does not hit 100% on the first steps.
-MEAN_NORM = 3.0
+# Class means have norm about MEAN_NORM against noise of 1 per feature (norm sqrt(in_features)). Learning
+# the means takes samples in proportion to in_features / norm**2: at `tessel train --model classifier`'s
+# defaults (1024 features, 100 classes, 2 x 2048 MLP, AdamW 3e-3, batch 32, 300 steps), norm 3 stayed at
+# chance (held-out accuracy 2.0%, loss 4.60); norm 6 takes held-out accuracy from 1% to 31% at step 100,
+# 64% at 200 and 75% at 300 (loss 4.61 -> 0.94): it clearly learns and is not solved; norm 8 reached 97%.
+MEAN_NORM = 6.0
 
 _SALT_MEAN = np.uint64(11)
 _SALT_LABEL = np.uint64(12)
@@ -22,7 +25,8 @@ def _positive_int(name: str, value) -> int:
 
 
 class GaussianClassification:
-    """Infinite classification data: sample ``i`` is ``mean[label_i] + noise * N(0, I)``.
+    """Infinite classification data: sample ``i`` is ``mean[label_i] + noise * N(0, I)``, each class mean of
+    norm about ``separation``.
 
     Each class has a fixed random mean vector derived from ``seed``; the label and the noise of
     sample ``i`` are pure functions of ``(seed, i)``, so any slice of a batch can be generated on
@@ -36,17 +40,22 @@ class GaussianClassification:
 
     num_samples = None
 
-    def __init__(self, in_features: int = 1024, classes: int = 100, seed: int = 0, noise: float = 1.0):
+    def __init__(self, in_features: int = 1024, classes: int = 100, seed: int = 0, noise: float = 1.0,
+                 separation: float = MEAN_NORM):
         self.in_features = _positive_int("in_features", in_features)
         self.classes = _positive_int("classes", classes)
         if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not (0 <= noise < float("inf")):
             raise DataError(f"gaussian noise {noise!r} is invalid; give a finite number >= 0")
         self.noise = float(noise)
+        if isinstance(separation, bool) or not isinstance(separation, (int, float)) or not (
+                0 < separation < float("inf")):
+            raise DataError(f"gaussian separation {separation!r} is invalid; give a finite number > 0")
+        self.separation = float(separation)
         self.seed = seed
         self._key = seed_key(seed)
         cls = np.arange(self.classes, dtype=np.uint64)[:, None]
         feat = np.arange(self.in_features, dtype=np.uint64)[None, :]
-        scale = MEAN_NORM / np.sqrt(self.in_features)
+        scale = self.separation / np.sqrt(self.in_features)
         self.means = (normal(self._key, _SALT_MEAN, cls, feat) * scale).astype(np.float32)
 
     @property
@@ -72,5 +81,5 @@ class GaussianClassification:
     def __repr__(self) -> str:
         return (
             f"GaussianClassification(in_features={self.in_features}, classes={self.classes}, "
-            f"seed={self.seed}, noise={self.noise})"
+            f"seed={self.seed}, noise={self.noise}, separation={self.separation})"
         )

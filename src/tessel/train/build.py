@@ -21,7 +21,7 @@ def build_data(cfg: Config):
     return build_dataset(
         cfg.data_source, vocab_size=cfg.data.vocab_size, seq_len=cfg.data.seq_len, seed=cfg.train.seed,
         zipf_s=cfg.data.zipf_s, path=cfg.data.path, cache_dir=cfg.data.cache_dir,
-        in_features=cfg.model.in_features, classes=cfg.model.classes,
+        in_features=cfg.model.in_features, classes=cfg.model.classes, separation=cfg.data.separation,
     )
 
 
