@@ -140,9 +140,7 @@ def apply_sparse(root: torch.nn.Module, found: sparse.Survey, plan: ParallelPlan
                           sparse_overrides(cfg), s.max_touched, s.partitions, hosts=s.hosts or None,
                           timeout=cfg.parallel.timeout, split=s.split, schedule=s.schedule, link_mbit=s.link_mbit,
                           fixed=fixed, weight_decay=cfg.train.weight_decay, only=only, agree=agree)
-    decided = tuple(TableChoice(c.info.name, c.strategy, c.split if c.strategy == "alltoall" else "")
-                    for c in tables.choices)
-    return tables, plan.with_(tables=decided)
+    return tables, plan.with_(tables=tuple(TableChoice.of(c) for c in tables.choices))
 
 
 def _agree(mesh, plan: ParallelPlan):

@@ -38,6 +38,11 @@ class TableChoice:
     strategy: str  # dense | torch-sparse | allgather | ps | alltoall
     split: str = ""  # alltoall: column | row
 
+    @classmethod
+    def of(cls, choice) -> TableChoice:
+        """The plan's entry for a sparse table's decided :class:`tessel.sparse.Choice`."""
+        return cls(choice.info.name, choice.strategy, choice.split if choice.strategy == "alltoall" else "")
+
 
 @dataclass(frozen=True)
 class ParallelPlan:

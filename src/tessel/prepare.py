@@ -44,7 +44,7 @@ from .errors import TesselError
 from .mesh import ParallelDims, build_mesh, init_distributed
 from .parallelize import apply_ddp
 from .plan import ParallelPlan, TableChoice
-from .prepare_axes import prepare_axes, saved_plan
+from .prepare_axes import checkpoint_plan, identity_of, prepare_axes
 from .sparse.rowopt import mirror
 from .train.tail import local_sq
 
@@ -96,8 +96,7 @@ class PreparedModel(nn.Module):
     def checkpoint_parts(self, optimizer) -> dict[str, Any]:
         """What a checkpoint holds and must match: the plain model, the user's optimizer, the tables, the plan."""
         choices = self.tables.choices if self.tables else []
-        plan = ParallelPlan(dp=self.loader.size, tables=tuple(
-            TableChoice(c.info.name, c.strategy, c.split if c.strategy == "alltoall" else "") for c in choices))
+        plan = ParallelPlan(dp=self.loader.size, tables=tuple(TableChoice.of(c) for c in choices))
         return {"module": _plain(self), "optimizer": optimizer.optimizer, "tables": self.tables or None, "tp": None,
                 "identity": _identity(self), "plan": plan}
 
@@ -237,7 +236,7 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
     if size > 1 and found and (strategy != "dense" or any(v != "dense" for v in overrides.values())):
         g = optimizer.param_groups[groups[0]]
         before = list(model.parameters())
-        saved = saved_plan(resume)  # a resumed run serves each table as it was saved (auto may now choose otherwise)
+        saved = checkpoint_plan(resume)  # a resumed run serves each table as saved (auto may choose otherwise now)
         fixed = {t.name: [t.strategy, t.split] for t in saved.tables} if saved else None
         tables = sparse.shard(model, prepared_loader.samples(samples), strategy=strategy,
                               optimizer=mirror(optimizer, g, lazy), lr=g["lr"], group=group, fixed=fixed,
@@ -257,11 +256,10 @@ def _plain(model: PreparedModel) -> nn.Module:
 
 def _identity(model: PreparedModel) -> dict[str, Any]:
     """What a checkpoint must match: the model's class and every tensor's name and shape (tables whole)."""
-    plain = _plain(model)
-    shapes = {n: "x".join(map(str, t.shape)) for n, t in plain.state_dict().items()}
+    identity = identity_of(_plain(model))
     for name, t in (model.tables.tables if model.tables else {}).items():
-        shapes[f"{name}.weight"] = f"{t.num_embeddings}x{t.embedding_dim}"
-    return {"model": {"class": type(plain).__name__, **shapes}}
+        identity["model"][f"{name}.weight"] = f"{t.num_embeddings}x{t.embedding_dim}"
+    return identity
 
 
 def save(dir: str | Path, model, optimizer, loader: PreparedLoader, keep: int = 2) -> Path:
@@ -287,11 +285,11 @@ def load(dir: str | Path, model, optimizer, loader: PreparedLoader) -> int | Non
     is the caller's to save and restore."""
     from .train import checkpoint
 
-    path = Path(dir) if (Path(dir) / checkpoint.META).exists() else checkpoint.latest(dir)
+    path = checkpoint.find(dir)
     if path is None:
         return None
     parts = model.checkpoint_parts(optimizer)
-    saved = saved_plan(path)
+    saved = checkpoint_plan(path)
     if saved is not None and saved != parts["plan"]:
         raise TesselError(f"checkpoint '{path}' was saved under {saved.describe()} and this run is "
                           f"{parts['plan'].describe()}; prepare with resume='{dir}' (and as many ranks) to keep it")

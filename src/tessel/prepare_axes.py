@@ -70,6 +70,8 @@ class SteppedModel(nn.Module):
         loss = torch.tensor([result.loss], dtype=torch.float64)
         comm.all_reduce(loss, "meta", group=self.mesh.get_group("dp"))  # each dp rank's slice mean -> their sum
         if plan.pp > 1:  # only the last stage has a loss (the others' is 0)
+            # under an asynchronous schedule this re-aligns the stages once a step, which tessel train avoids by
+            # logging on the last stage only; a loop that wants every rank to get its loss pays for it here
             comm.all_reduce(loss, "meta", group=self.mesh.get_group("pp"))
         return loss[0] / plan.dp
 
@@ -119,10 +121,10 @@ def _settings(optimizer: torch.optim.Optimizer) -> dict:
     return groups[0]
 
 
-def _config(model: nn.Module, optimizer, plan: ParallelPlan, global_batch: int, max_norm: float, timeout: float,
-            serve: bool) -> Config:
+def _config(model: nn.Module, optimizer, settings: dict, plan: ParallelPlan, global_batch: int, max_norm: float,
+            timeout: float, serve: bool) -> Config:
     """The config the composer reads, mirroring the user's optimizer (model.step gives the engine each step's LR)."""
-    cfg, settings = Config(), _settings(optimizer)
+    cfg = Config()
     t = cfg.train
     # another optimizer keeps its own name: the plan's checks then refuse what needs a known one (async-predict)
     t.optimizer = TORCH_KINDS.get(type(optimizer), type(optimizer).__name__.lower())
@@ -168,22 +170,26 @@ def _check(model: nn.Module, plan: ParallelPlan, cfg: Config, world: int) -> Non
         tensor.check_shapes(meta, chain_of(meta), tensor.GridSpec(plan.tp_mode, plan.tp_grid), per_rank)
 
 
-def saved_plan(resume: str | Path | None) -> ParallelPlan | None:
-    """The plan of the newest checkpoint in ``resume`` (or of ``resume`` itself), if there is one."""
-    if resume is None:
+def checkpoint_plan(path: str | Path | None) -> ParallelPlan | None:
+    """The plan stored with checkpoint ``path`` (or with the newest one in it), if there is one."""
+    if path is None:
         return None
     from .train import checkpoint
 
-    path = Path(resume) if (Path(resume) / checkpoint.META).exists() else checkpoint.latest(resume)
-    if path is None:
-        return None
-    meta = checkpoint.read_meta(path)
+    found = checkpoint.find(path)
+    meta = checkpoint.read_meta(found) if found is not None else {}
     return ParallelPlan.from_dict(meta["plan"]) if "plan" in meta else None
+
+
+def identity_of(model: nn.Module) -> dict[str, Any]:
+    """What a checkpoint of ``model`` must match: its class and every tensor's name and shape."""
+    shapes = {n: "x".join(map(str, t.shape)) for n, t in model.state_dict().items()}
+    return {"model": {"class": type(model).__name__, **shapes}}
 
 
 def _resumed(plan: ParallelPlan, resume) -> ParallelPlan:
     """``plan`` with a checkpoint's stage cut and table choices, so its shares load where they were saved."""
-    saved = saved_plan(resume)
+    saved = checkpoint_plan(resume)
     if saved is None:
         return plan
     if saved.with_(bounds=(), tables=()) != plan.with_(bounds=(), tables=()):
@@ -199,15 +205,14 @@ def prepare_axes(model: nn.Module, optimizer: torch.optim.Optimizer, loader, pla
     found = sparse.find_tables(model)
     serve = plan.dp > 1 and bool(found) and (not plan.tables or any(t.strategy != "dense" for t in plan.tables))
     probe = PreparedLoader(loader, 0, 1).samples(1)[0]
-    cfg = _config(model, optimizer, plan, probe[0].shape[0], max_norm, timeout, serve)
+    settings, cls = _settings(optimizer), type(optimizer)
+    cfg = _config(model, optimizer, settings, plan, probe[0].shape[0], max_norm, timeout, serve)
     _check(model, plan, cfg, world)
     plan = _resumed(plan, resume)
     rows = mirror(optimizer, optimizer.param_groups[0], lazy) if serve else None
     mesh = build_mesh(plan.dims, timeout, plan.mesh_axes)
     prepared = PreparedLoader(loader, mesh.get_local_rank("dp"), plan.dp)
-    identity = {"model": {"class": type(model).__name__,
-                          **{n: "x".join(map(str, t.shape)) for n, t in model.state_dict().items()}}}
-    settings, cls = _settings(optimizer), type(optimizer)
+    identity = identity_of(model)  # the whole plain model, before a cut or shards change it
     par = parallelize(model, plan, mesh, cfg, prepared.samples(samples), rows=rows,
                       make_optimizer=lambda params: cls([p for p in params if p.requires_grad] or [{"params": []}],
                                                         **settings))

@@ -137,7 +137,7 @@ class StageWeights:
             return s * self.optimizer.param_groups[0]["lr"]
         return sum(self.lr_of(self.updates + t) for t in range(s))
 
-    def _predict(self, kind: str, s: int) -> float:
+    def _logged_shift(self, kind: str, s: int) -> float:
         shift = self.shift(s)
         if self.log is not None:
             self.log.append((kind, self.updates, s, shift))
@@ -150,7 +150,7 @@ class StageWeights:
 
     def _backward_weight(self, name: str) -> torch.Tensor:
         live = self.params[name].detach()
-        return self._predicted(name, live, self._predict("B", self.extra)) if self.extra else live
+        return self._predicted(name, live, self._logged_shift("B", self.extra)) if self.extra else live
 
     def make(self, ahead: int):
         """Weights for one micro-batch whose own update comes ``ahead`` updates from now.
@@ -167,7 +167,7 @@ class StageWeights:
         leaves = {n: p.data.requires_grad_(True) for n, p in self.params.items()}
         if self.mode == "stale" or (ahead + self.extra == 0 and self.variant == "v1"):
             return leaves, leaves, contextlib.nullcontext(), None
-        shift = self._predict("F", ahead + self.extra)
+        shift = self._logged_shift("F", ahead + self.extra)
         weights = {n: self._predicted(n, leaf, shift) for n, leaf in leaves.items()}
         if self.variant == "v2":
             self.made += 1

@@ -52,6 +52,11 @@ def latest(dir: str | Path) -> Path | None:
     return newest_intact(dir)[0]
 
 
+def find(path: str | Path) -> Path | None:
+    """``path`` itself if it is one checkpoint, else the newest intact checkpoint in it, or None."""
+    return Path(path) if (Path(path) / META).exists() else latest(path)
+
+
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
