@@ -1,10 +1,13 @@
 """tessel bench's arithmetic: medians, the physical bound, efficiency, ratios, the doc section; no cluster."""
 
 import json
+import math
+import statistics
+from pathlib import Path
 
 import pytest
 
-from tessel.bench import report, runner, scenarios
+from tessel.bench import report, runner, scenarios, stats
 from tessel.bench.compose_tables import compose_table
 from tessel.cli import main
 
@@ -36,25 +39,78 @@ def _scenario():
     return scn
 
 
+T_975_2 = 4.302652729911275  # Student's t, 97.5% quantile, 2 degrees of freedom (three rounds)
+
+
+def _geo_interval(ratios):
+    """Geometric mean of three paired ratios and its 95% t interval, written out here, not taken from stats."""
+    logs = [math.log(x) for x in ratios]
+    mean = sum(logs) / 3
+    half = T_975_2 * math.sqrt(sum((v - mean) ** 2 for v in logs) / 2) / math.sqrt(3)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 def test_bound_efficiency_and_ratios():
     rows = {(r["strategy"], r["hosts"], r["rate"]): r for r in report.aggregate(_records(), _scenario())}
     assert ("tessel-ddp", 2, "unshaped") not in rows  # compute-only runs feed the bound, they are no rows
     mine = rows[("tessel-ddp", 2, "1gbit")]
-    assert mine["step_time"] == {"median": 0.125, "min": 0.115, "max": 0.135}
+    assert mine["step_time"] == pytest.approx({"median": 0.125, "min": 0.115, "max": 0.135, "n": 3,
+                                               "spread": 0.02 / 0.125})
     assert mine["compute_only"] == pytest.approx(0.06)
     assert mine["comm_bound"] == pytest.approx(0.1)  # 12.5e6 B * 8 / 1e9 bit/s
-    assert mine["efficiency"] == pytest.approx(0.1 / 0.125)
-    assert mine["vs_baseline"] == pytest.approx(0.25 / 0.125)
+    assert mine["balanced_rate"] == pytest.approx(12.5e6 * 8 / 0.06)  # bytes take as long as compute-only
+    # per round: max(compute-only of that round, bound) / measured of that round
+    eff = _geo_interval([0.1 / 0.125, 0.1 / 0.135, 0.1 / 0.115])
+    assert (mine["efficiency"], mine["efficiency_ci"]["low"], mine["efficiency_ci"]["high"]) == pytest.approx(eff)
+    vs = _geo_interval([0.25 / 0.125, 0.26 / 0.135, 0.24 / 0.115])  # baseline over mine, round by round
+    assert (mine["vs_baseline"], mine["vs_baseline_ci"]["low"], mine["vs_baseline_ci"]["high"]) == pytest.approx(vs)
+    assert mine["vs_baseline_ci"]["n"] == 3
     # torch's own DDP is not counted; it is given the bytes of the strategy that moves the same ones
     theirs = rows[("torch-ddp", 2, "1gbit")]
-    assert theirs["comm_bound"] == pytest.approx(0.1) and theirs["efficiency"] == pytest.approx(0.4)
+    assert theirs["comm_bound"] == pytest.approx(0.1)
+    assert theirs["efficiency"] == pytest.approx(_geo_interval([0.1 / 0.25, 0.1 / 0.26, 0.1 / 0.24])[0])
+
+
+def test_ratio_intervals_and_verdicts():
+    r = stats.paired_ratio({0: 2.0, 1: 2.2, 2: 1.8, 3: 9.0}, {0: 1.0, 1: 1.0, 2: 1.0})  # round 3 has no pair
+    assert (r.value, r.low, r.high) == pytest.approx(_geo_interval([2.0, 2.2, 1.8])) and r.n == 3
+    assert r.verdict() == "above" and r.text() == f"{r.value:.2f}x ({r.low:.2f}–{r.high:.2f})"
+    assert stats.paired_ratio({0: 1.0, 1: 1.0, 2: 1.0}, {0: 2.0, 1: 2.2, 2: 1.8}).verdict() == "below"
+    assert stats.paired_ratio({0: 1.0, 1: 1.1}, {0: 1.05, 1: 1.0}).verdict() == "noise"
+    one = stats.paired_ratio({0: 1.5}, {0: 1.0})
+    assert one.n == 1 and math.isnan(one.low) and one.verdict() == "one run" and "no interval" in one.text()
+    assert stats.paired_ratio({0: 1.0}, {1: 1.0}) is None
+    assert stats.spread([0.9, 1.0, 1.2]) == pytest.approx(0.3)
+
+
+def test_efficiency_above_one_only_by_noise():
+    # a shaped run faster than the compute-only run of its round can only be noise: the interval must include 1
+    recs = []
+    for rep, (compute, shaped) in enumerate([(0.100, 0.095), (0.100, 0.104), (0.100, 0.097)]):
+        recs += [_run("lm", "tessel-ddp", 2, "unshaped", rep, compute, 1.0),
+                 _run("lm", "tessel-ddp", 2, "1gbit", rep, shaped, 1.0)]
+    row = next(r for r in report.aggregate(recs, _scenario()) if r["rate"] == "1gbit")
+    ci = row["efficiency_ci"]
+    assert row["efficiency"] > 1 and ci["low"] < 1 < ci["high"]
+    assert stats.Ratio(**ci).verdict() == "noise"
+
+
+def test_header_states_the_runs_each_cell_had(tmp_path):
+    recs = [r for r in _records() if r["repeat"] == 0]
+    text = report.write(recs, _scenario(), tmp_path, 1, ["tessel bench ddp --repeats 1"])
+    assert "one run per cell, so no intervals" in text and "(1 run, no interval)" in text
+    mixed = _records() + [_run("lm", "tessel-ddp", 2, "1gbit", 3, 0.125, 12.5e6)]
+    text = report.markdown(report.aggregate(mixed, _scenario()), _scenario(), report.environment(_scenario(), 4), [])
+    assert "3–4 runs per cell (the runs column gives each)" in text
+    assert statistics.median([0.125, 0.135, 0.115, 0.125]) * 1e3 == 125.0 and "| 4 | 125.0 (115.0–135.0) |" in text
 
 
 def test_write_report_plots_and_doc_section(tmp_path):
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\n<!-- bench:ddp -->\nold numbers\n<!-- /bench:ddp -->\n\nkept text\n")
     text = report.write(_records(), _scenario(), tmp_path, 3, ["tessel bench ddp"], doc)
-    assert "| lm | tessel-ddp | 2 | 1gbit | 125.0 (115.0–135.0) |" in text and "| 0.80 |" in text
+    assert "| lm | tessel-ddp | 2 | 1gbit | 3 | 125.0 (115.0–135.0) | 16% |" in text
+    assert "| 2.00x (1.81–2.21) |" in text  # vs baseline, geometric mean over rounds (interval)
     new = doc.read_text()
     assert "old numbers" not in new and "kept text" in new and "![scaling](scaling.png)" in new
     for png in ("throughput.png", "bytes.png", "scaling.png"):
@@ -92,11 +148,17 @@ def test_compose_table_memory_ratio_and_fastest():
     table = compose_table(rows, scn)
     assert table and table in text
     # pp2-tp4: 6 MiB of parameters and optimizer state per rank against DDP's 48 MiB
-    assert "| pp2-tp4-3d | 5300.0 (5200.0–5400.0) | 0.51x | tp 48.00 MiB, tp.head 1.50 MiB, pp 512.00 KiB " \
-           "| 6.00 MiB | 0.125 |" in table
-    assert "| ddp | 2700.0 (2600.0–2800.0) | 1.00x | dp.dense 32.00 MiB, meta 14 B | 48.00 MiB | 1.000 |" in table
+    assert "| pp2-tp4-3d | 5300.0 (5200.0–5400.0) | 0.51x (0.49–0.53) | tp 48.00 MiB, tp.head 1.50 MiB, " \
+           "pp 512.00 KiB | 6.00 MiB | 0.125 |" in table
+    assert "| ddp | 2700.0 (2600.0–2800.0) | 1.00x (1.00–1.00) | dp.dense 32.00 MiB, meta 14 B | 48.00 MiB | 1.000 |" \
+        in table
+    # pp2-tp4-3d is slower than tp8-3d in every round, so that is no noise
     assert ("At 200mbit on 8 hosts the fastest is `dp2-pp2-tp2-1d` (1800.0 ms), a composed plan; slower than the "
-            "slowest single axis (`tp8-3d`, 5200.0 ms): `pp2-tp4-3d` (5300.0 ms, within noise).") in table
+            "slowest single axis (`tp8-3d`, 5200.0 ms): `pp2-tp4-3d` (5300.0 ms).") in table
+    # rounds that cross (5.25/5.2, 5.05/5.3, 5.4/5.1): a slower median within the paired interval is noise
+    crossing = [{**r, "step_time": (5.25, 5.05, 5.4)[r["repeat"]]} if r["strategy"] == "pp2-tp4-3d" else r
+                for r in _compose_records()]
+    assert "`pp2-tp4-3d` (5250.0 ms, within noise)" in compose_table(report.aggregate(crossing, scn), scn)
     assert compose_table(rows, _scenario()) == ""  # other scenarios get no compose table
 
 
@@ -107,3 +169,65 @@ def test_bench_cli_errors(tmp_path, capsys):
     assert "valid: transformer_lm, lstm_lm, classifier" in capsys.readouterr().err
     assert main(["bench", "ddp", "--report-only", "--out", str(tmp_path)]) == 2
     assert "run the benchmark first" in capsys.readouterr().err
+
+
+class _FakeCluster:
+    """Stands in for EmulatedCluster: each 'run' writes the summary a tessel train run would, with a stage cut
+    from a profile that differs from run to run unless --pipeline.split is given."""
+
+    log: list = []
+
+    def __init__(self, hosts, rate=None, prefix="", **cpu):
+        self.hosts, self.rate, self.cpu = hosts, rate, cpu
+        _FakeCluster.log.append(("up", hosts, cpu))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _FakeCluster.log.append(("down", self.hosts))
+
+    def set_rate(self, rate):
+        self.rate = rate
+        _FakeCluster.log.append(("rate", rate))
+
+    def torchrun_commands(self, args, run_id):
+        return [args] * self.hosts
+
+    def run(self, commands, timeout):
+        args = commands[0]
+        out = args[args.index("--out") + 1]
+        split = runner._flag(args, "--pipeline.split")
+        profiled = [[3, 3, 2, 2], [2, 3, 3, 2]][len(_FakeCluster.log) % 2]  # a noisy profile cuts differently
+        counts = [int(c) for c in split.split(",")] if split else profiled
+        edges = [sum(counts[:i]) for i in range(len(counts) + 1)]
+        pp = runner._flag(args, "--pp")
+        summary = {"steps_run": 5, "bytes": {}, "median_step_time": 0.1, "median_tokens_per_s": 1.0,
+                   "unit": "samples", "final_loss": 1.0,
+                   "pipeline": {"plan_bounds": list(zip(edges, edges[1:]))} if pp != "1" else None}
+        Path(out).mkdir(parents=True)
+        (Path(out) / "summary.json").write_text(json.dumps(summary))
+        _FakeCluster.log.append(("run", self.rate, split))
+
+
+def test_rounds_alternate_rates_and_pipelined_runs_share_one_cut(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "EmulatedCluster", _FakeCluster)
+    _FakeCluster.log = []
+    scn = scenarios.get("pipeline")
+    scn.models = {"classifier": scn.models["classifier"]}
+    scn.strategies = {k: scn.strategies[k] for k in ("ddp", "torch-1f1b", "1f1b", "async-predict")}
+    scn.rates, scn.unshaped, scn.cluster = ["1gbit", "200mbit"], True, {"period_us": 20000}
+    records = runner.run_scenario(scn, tmp_path, repeats=3, log=lambda m: None)
+    assert len(records) == 3 * 3 * 4  # rounds x (unshaped + 2 rates) x strategies
+    assert _FakeCluster.log[0] == ("up", 4, {"period_us": 20000}) and _FakeCluster.log[-1] == ("down", 4)
+    # one set of hosts; every round plays each rate once (the second round in reverse), links re-shaped in place
+    assert [e[1] for e in _FakeCluster.log if e[0] == "rate"] == ["1gbit", "200mbit", "1gbit", None, "1gbit",
+                                                                  "200mbit"]
+    order = [(e[1]) for e in _FakeCluster.log if e[0] == "run"]
+    assert order[:12] == [None] * 4 + ["1gbit"] * 4 + ["200mbit"] * 4 and order[12:24] == order[:12][::-1]
+    staged = [r for r in records if r["strategy"] != "ddp"]
+    assert len({tuple(map(tuple, r["pipeline"]["plan_bounds"])) for r in staged}) == 1  # one cut for all
+    given = [e[2] for e in _FakeCluster.log if e[0] == "run"]
+    assert given.count(None) == 1 + 9  # the first pipelined run profiles; ddp (pp 1) is never given a split
+    first = runner.split_of({"pipeline": staged[0]["pipeline"]})
+    assert set(given) - {None} == {first}

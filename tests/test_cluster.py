@@ -118,6 +118,30 @@ def test_hosts_have_own_address_cgroup_and_environment():
         assert (c.cgroup(1) / "cpu.cfs_quota_us").read_text().strip() == str(int(c.cpus * PERIOD_US))
 
 
+def test_period_burst_pin_and_rate_changed_in_place():
+    probe = "print(open('/proc/self/status').read().split('Cpus_allowed_list:')[1].split()[0])"
+    with EmulatedCluster(2, "50mbit", cpus=0.5, prefix=PREFIX, period_us=20_000, burst_us=5_000, pin=True) as c:
+        group = c.cgroup(0)
+        assert [(group / f).read_text().strip() for f in ("cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.cfs_burst_us")
+                ] == ["20000", "10000", "5000"]
+        assert [r.stdout.strip() for r in c.run([[PY, "-c", probe]] * 2)] == ["0", "1"]  # host i on core i
+        slow = transfer_seconds(c, 2_000_000)
+        c.set_rate("500mbit")
+        fast = transfer_seconds(c, 2_000_000)
+        assert EmulatedCluster.attach(PREFIX).rate == "500mbit"
+        c.set_rate(None)  # unshaped: no tbf left on either end of a link
+        shown = [subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
+                 for ns, dev in ((c.host_names[0], "eth0"), (f"{PREFIX}-sw", f"{PREFIX}-s1"))]
+        assert not any("tbf" in t for t in shown), shown
+        assert "TESSEL_LINK_MBIT" not in c.run([["env"], ["true"]])[0].stdout
+    print(f"\n2 MB at 50mbit {slow:.3f} s, re-shaped in place to 500mbit {fast:.3f} s")
+    assert slow / fast > 4  # 2 MB: 0.33 s at 50mbit, 0.033 s at 500mbit
+    with pytest.raises(ClusterError, match="period_us must be an integer from 1000"):
+        EmulatedCluster(2, prefix=PREFIX, period_us=500)
+    with pytest.raises(ClusterError, match=r"burst_us must be an integer from 0 to the quota \(5000 us\)"):
+        EmulatedCluster(2, cpus=0.5, prefix=PREFIX, burst_us=6_000)
+
+
 def test_idle_host_does_not_lend_its_cpu():
     loop = [PY, "-c", BUSY.format(n=4_000_000)]
     with EmulatedCluster(2, cpus=0.5, prefix=PREFIX) as c:

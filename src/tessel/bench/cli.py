@@ -32,6 +32,12 @@ def add_parser(sub) -> None:
                    help="keep the runs already in OUT/results.json that this invocation does not redo")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: rebuild report.md, plots (and --doc) from OUT/results.json")
+    p.add_argument("--cpus", type=float, help="CPU budget of each host in cores (default: cores / hosts)")
+    p.add_argument("--cpu-period", type=float, default=10.0,
+                   help="CFS period of each host's CPU quota in ms, 1 to 1000 (default 10)")
+    p.add_argument("--cpu-burst", type=float, default=0.0,
+                   help="unused quota a host may carry into a later period, in ms (cpu.cfs_burst_us; default 0)")
+    p.add_argument("--pin", action="store_true", help="pin host i to core i mod cores (a cpuset per host)")
     p.add_argument("--doc", help="also replace this scenario's section of a Markdown file, e.g. docs/benchmarks.md")
 
 
@@ -60,6 +66,31 @@ def _check_paths(out: Path, doc: str | None) -> None:
                           "you may write in") from None
 
 
+def _cpu(ns) -> dict:
+    """The emulated hosts' CPU settings, checked before any run."""
+    import math
+
+    if not (math.isfinite(ns.cpu_period) and 1 <= ns.cpu_period <= 1000):
+        raise ConfigError(f"--cpu-period {ns.cpu_period:g} must be a number of ms from 1 to 1000, e.g. 10")
+    if not (math.isfinite(ns.cpu_burst) and 0 <= ns.cpu_burst <= ns.cpu_period):
+        raise ConfigError(f"--cpu-burst {ns.cpu_burst:g} must be a number of ms from 0 to the period "
+                          f"({ns.cpu_period:g}), e.g. 2")
+    if ns.cpus is not None and not (math.isfinite(ns.cpus) and ns.cpus > 0):
+        raise ConfigError(f"--cpus {ns.cpus:g} must be a positive number of cores per host, e.g. 0.4")
+    cpus = {"cpus": ns.cpus} if ns.cpus is not None else {}
+    return {**cpus, "period_us": round(ns.cpu_period * 1000), "burst_us": round(ns.cpu_burst * 1000), "pin": ns.pin}
+
+
+def _check_extras() -> None:
+    """Before any run: the report's plots and intervals need matplotlib and scipy (the 'bench' extra)."""
+    import importlib.util
+
+    missing = [m for m in ("matplotlib", "scipy") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"tessel bench needs {' and '.join(missing)} for its report; install them with "
+                          "pip install -c constraints-cpu.txt 'tessel[bench]'")
+
+
 def _read_results(saved: Path) -> dict:
     try:
         prev = json.loads(saved.read_text())
@@ -76,6 +107,8 @@ def main(ns, argv: list[str]) -> int:
     from .runner import run_scenario
 
     scn = scenarios.get(ns.scenario)
+    _check_extras()
+    scn.cluster = _cpu(ns)
     if ns.hosts:
         try:
             scn.hosts = sorted({int(h) for h in ns.hosts.split(",")})
@@ -125,6 +158,7 @@ def main(ns, argv: list[str]) -> int:
         scn.strategies = {s: f for s, f in full.strategies.items() if s in {r["strategy"] for r in records}}
         scn.rates = [r for r in full.rates if r in {x["rate"] for x in records}] or scn.rates
         scn.steps = prev["environment"].get("steps_per_run", scn.steps) if ns.report_only else scn.steps
+        scn.cluster = prev["environment"].get("cluster", scn.cluster) if ns.report_only else scn.cluster
         if full.baseline in scn.strategies:
             scn.baseline = full.baseline
     repeats = max(r["repeat"] for r in records) + 1

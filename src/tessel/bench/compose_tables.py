@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from ..train.metrics import human_bytes
-from .cells import cell
+from .cells import against, cell, versus
 from .scenarios import Scenario
 
 
@@ -36,8 +36,9 @@ def compose_table(rows: list[dict[str, Any]], scn: Scenario) -> str:
     if not mine:
         return ""
     lines = ["", "Composed plans against DDP in the same cell: step time (median over repeats, min–max across "
-             "repeats) and DDP's over it; bytes each rank sends per step on its busiest channels; parameters + "
-             "optimizer state per rank (largest rank) and its ratio to DDP's (the target for pp2-tp4: at most "
+             "repeats) and DDP's over it, paired by round (95% interval); bytes each rank sends per step on its "
+             "busiest channels; parameters + optimizer state per rank (largest rank) and its ratio to DDP's "
+             "(the target for pp2-tp4: at most "
              "1/6 = 0.167); comm bound = busiest rank's bytes per step over the link rate.", "",
              "| hosts | link | strategy | step ms: median (min–max) | vs ddp | bytes/step, busiest channels "
              "| params+opt/rank | vs ddp | comm bound ms |", "|---|---|---|---|---|---|---|---|---|"]
@@ -46,7 +47,7 @@ def compose_table(rows: list[dict[str, Any]], scn: Scenario) -> str:
         mem, ddp_mem = r.get("state_mem"), (ddp or {}).get("state_mem")
         lines.append("| " + " | ".join([
             str(r["hosts"]), r["rate"], r["strategy"], _ms(r),
-            f"{ddp['step_time']['median'] / r['step_time']['median']:.2f}x" if ddp else "–",
+            versus(rows, r, "ddp"),
             _channels(r["bytes_per_step"]),
             human_bytes(mem) if mem else "–",
             f"{mem / ddp_mem:.3f}" if mem and ddp_mem else "–",
@@ -56,6 +57,12 @@ def compose_table(rows: list[dict[str, Any]], scn: Scenario) -> str:
     for key in dict.fromkeys((r["model"], r["hosts"], r["rate"]) for r in mine):
         lines.append(verdict([r for r in mine if (r["model"], r["hosts"], r["rate"]) == key]))
     return "\n".join(lines) + "\n"
+
+
+def _noise(rows: list[dict[str, Any]], r: dict[str, Any], worst: dict[str, Any]) -> bool:
+    """r is slower than worst only by noise: the paired interval of worst's time over r's includes 1."""
+    ratio = against(rows, r, worst["strategy"])
+    return ratio is None or ratio.verdict() != "below"
 
 
 def verdict(rows: list[dict[str, Any]]) -> str:
@@ -70,9 +77,8 @@ def verdict(rows: list[dict[str, Any]]) -> str:
     if single and composed:
         worst = max(single, key=med)
         slower = [r for r in composed if med(r) > med(worst)]
-        # both ranges hold their medians, so they overlap exactly when the slower one's min is under worst's max
-        named = [f"`{r['strategy']}` ({med(r) * 1e3:.1f} ms"
-                 f"{', within noise' if r['step_time']['min'] <= worst['step_time']['max'] else ''})"
+        # slower only by noise where the paired interval of worst's time over its own includes 1
+        named = [f"`{r['strategy']}` ({med(r) * 1e3:.1f} ms{', within noise' if _noise(rows, r, worst) else ''})"
                  for r in slower]
         if named:
             text += (f"; slower than the slowest single axis (`{worst['strategy']}`, {med(worst) * 1e3:.1f} ms): "

@@ -2,11 +2,16 @@
 
 For every (model, strategy, hosts, rate):
 
-- measured step time: median over repeats of each run's median step time (min–max across repeats);
-- compute-only time: the same job on the same hosts with unshaped links;
+- measured step time: median over repeats of each run's median step time (min–max across repeats, and
+  the spread (max − min) / median);
+- compute-only time: the same job on the same hosts with unshaped links, in the same round;
 - communication bound: bytes the busiest rank sends per step ÷ link rate (a host's link carries them);
-- efficiency = max(compute-only, bound) ÷ measured: 1.0 is the best the hardware allows, since compute
-  and communication can at most overlap completely.
+- balanced link = busiest rank's bytes per step ÷ compute-only time: the rate at which communication takes
+  as long as computation; cells at and below it are where overlap can show;
+- efficiency = max(compute-only, bound) ÷ measured, per round, as a geometric mean with its 95% interval:
+  1.0 is the best the hardware allows, since compute and communication can at most overlap completely, so
+  a value above 1 is noise, and its interval then includes 1;
+- ratios against the baseline: paired by round, with their 95% interval (``stats``).
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ from typing import Any
 
 import torch
 
-from ..cluster.emulate import parse_rate
+from ..cluster.emulate import PERIOD_US, parse_rate
 from ..train.metrics import human_bytes
-from .cells import cell
+from .cells import versus
 from .compose_tables import compose_table
 from .scenarios import Scenario
+from .stats import Ratio, interval, paired_ratio, spread
 from .tensor_tables import tensor_plot, tensor_table
 
 UNSHAPED = "unshaped"
@@ -37,11 +43,32 @@ def environment(scn: Scenario, repeats: int) -> dict[str, Any]:
         "torch": torch.__version__, "python": platform.python_version(), "kernel": platform.release(),
         "cores": os.cpu_count(), "hosts": scn.hosts, "rates": scn.rates, "steps_per_run": scn.steps,
         "repeats": repeats, "cpus_per_host": "cores / hosts", "threads_per_worker": 1,
+        "cluster": {"period_us": PERIOD_US, "burst_us": 0, "pin": False, **scn.cluster},
     }
 
 
 def _stats(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
+            "spread": spread(values)}
+
+
+def _by_round(rs: list[dict] | None) -> dict[int, float]:
+    return {r["repeat"]: r["step_time"] for r in rs or []}
+
+
+def _efficiency(compute: dict[int, float], bound: float, measured: dict[int, float]) -> Ratio | None:
+    """max(compute-only, bound) / measured, paired by round; None without a compute-only run to pair."""
+    rounds = sorted(set(compute) & set(measured))
+    return interval([max(compute[r], bound) / measured[r] for r in rounds]) if rounds else None
+
+
+def _dict(r: Ratio | None) -> dict | None:
+    return r.to_dict() if r else None
+
+
+def ratio_text(d: dict | None, unit: str = "x") -> str:
+    """A row's ratio with its interval, e.g. '1.23x (1.10–1.38)'; '–' where there is none."""
+    return Ratio(**d).text(unit) if d else "–"
 
 
 def _median_or_none(values: list) -> float | None:
@@ -58,6 +85,9 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
         rs = groups.get(key)
         return statistics.median(r[field] for r in rs) if rs else None
 
+    def rounds(key):
+        return _by_round(groups.get(key))
+
     rows = []
     for (model, strategy, hosts, rate), rs in sorted(groups.items()):
         if rate == UNSHAPED and hosts > 1:
@@ -71,14 +101,19 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
             sent = med((model, strategy, hosts, rate), "max_rank_sent_per_step") or 0.0
         compute = med((model, strategy, hosts, UNSHAPED), "step_time")
         bound = sent * 8 / parse_rate(rate) if rate != UNSHAPED else 0.0
-        base = med((model, scn.baseline, hosts, rate), "step_time")
+        mine = _by_round(rs)
+        efficiency = _efficiency(rounds((model, strategy, hosts, UNSHAPED)), bound, mine) if sent else None
+        vs = paired_ratio(rounds((model, scn.baseline, hosts, rate)), mine)
         one_host = med((model, strategy, 1, UNSHAPED), "throughput")
         row = {
-            "model": model, "strategy": strategy, "hosts": hosts, "rate": rate, "step_time": step,
+            "model": model, "strategy": strategy, "hosts": hosts, "rate": rate, "step_time": step, "rounds": mine,
             "throughput": _stats([r["throughput"] for r in rs]), "unit": rs[0]["unit"],
             "compute_only": compute, "comm_bound": bound, "sent_per_step_max_rank": sent,
-            "efficiency": max(compute or 0.0, bound) / step["median"] if compute and sent else None,
-            "vs_baseline": base / step["median"] if base else None,
+            # the link rate at which the busiest rank's bytes take as long as the compute-only step: at and
+            # below it communication is at least half the step, so overlap has something to hide
+            "balanced_rate": sent * 8 / compute if compute and sent else None,
+            "efficiency": efficiency.value if efficiency else None, "efficiency_ci": _dict(efficiency),
+            "vs_baseline": vs.value if vs else None, "vs_baseline_ci": _dict(vs),
             "scaling_vs_1_host": (statistics.median(r["throughput"] for r in rs) / one_host) if one_host else None,
             "bytes_per_step": rs[0]["bytes_per_step"], "peak_mem": max(r["peak_mem"] for r in rs),
             "table_mem": max(r.get("table_mem", 0) for r in rs),
@@ -95,6 +130,29 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
     return rows
 
 
+def _cpu_settings(env: dict[str, Any]) -> str:
+    c = env.get("cluster") or {}
+    if not c:
+        return ""
+    text = f" as a quota per {c['period_us'] / 1000:g} ms CFS period"
+    return text + (f", burst {c['burst_us'] / 1000:g} ms" if c["burst_us"] else "") + (
+        ", host i pinned to core i mod cores" if c["pin"] else "")
+
+
+def runs_per_cell(rows: list[dict[str, Any]]) -> str:
+    """What a header says of the repeats: the real count of runs per cell, not the count asked for.
+
+    >>> runs_per_cell([{"step_time": {"n": 3}}, {"step_time": {"n": 1}}])
+    '1–3 runs per cell (the runs column gives each), in rounds of alternating order'
+    """
+    counts = sorted({r["step_time"]["n"] for r in rows}) or [0]
+    if counts == [1]:
+        return "one run per cell, so no intervals"
+    many = f"{counts[0]} runs" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} runs"
+    return many + " per cell" + (" (the runs column gives each)" if len(counts) > 1 else "") + \
+        ", in rounds of alternating order"
+
+
 def _counted(scn: Scenario) -> str:
     """The strategy the bytes and scaling plots show: the first whose traffic tessel counts."""
     return next((s for s in scn.strategies if s not in scn.same_bytes and not s.startswith("torch")), scn.baseline)
@@ -104,11 +162,15 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
     head = (f"Scenario `{scn.name}`: {scn.about}. Baseline for ratios: `{scn.baseline}`.\n\n"
             "Reproduce (as root, on an idle machine): " + "; then ".join(f"`{c}`" for c in commands) + "\n\n"
             f"Environment: torch {env['torch']}, Python {env['python']}, {env['cores']} cores shared by the "
-            f"emulated hosts (each host {env['cpus_per_host']} CPU, {env['threads_per_worker']} thread per worker), "
+            f"emulated hosts (each host {(env.get('cluster') or {}).get('cpus') or env['cpus_per_host']} CPU"
+            f"{_cpu_settings(env)}, "
+            f"{env['threads_per_worker']} thread per worker), "
             f"{env['steps_per_run']} steps per run (median over steps after 3 warm-up steps), "
-            f"{env['repeats']} repeats in alternating order.\n\n")
-    cols = ["model", "strategy", "hosts", "link", "step ms: median (min–max)", "throughput/s", "vs baseline",
-            "compute-only ms", "comm bound ms", "bound by", "efficiency", "sent/step busiest rank", "peak mem/rank"]
+            f"{runs_per_cell(rows)}. Ratios and efficiency: geometric mean over rounds with the 95% interval in "
+            "brackets; a difference whose interval includes 1 is noise.\n\n")
+    cols = ["model", "strategy", "hosts", "link", "runs", "step ms: median (min–max)", "spread", "throughput/s",
+            "vs baseline", "compute-only ms", "comm bound ms", "bound by", "efficiency", "sent/step busiest rank",
+            "peak mem/rank"]
     if any(r["table_mem"] for r in rows):
         cols.append("table+opt mem/rank")
     hidden = any(r.get("sparse_hidden") is not None for r in rows)
@@ -118,14 +180,15 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
     for r in rows:
         s = r["step_time"]
         lines.append("| " + " | ".join([
-            r["model"], r["strategy"], str(r["hosts"]), r["rate"],
-            f"{s['median'] * 1e3:.1f} ({s['min'] * 1e3:.1f}–{s['max'] * 1e3:.1f})",
+            r["model"], r["strategy"], str(r["hosts"]), r["rate"], str(s["n"]),
+            f"{s['median'] * 1e3:.1f} ({s['min'] * 1e3:.1f}–{s['max'] * 1e3:.1f})", f"{s['spread']:.0%}",
             f"{r['throughput']['median']:.0f} {r['unit']}",
-            f"{r['vs_baseline']:.2f}x" if r["vs_baseline"] else "–",
+            ratio_text(r.get("vs_baseline_ci")),
             f"{r['compute_only'] * 1e3:.1f}" if r["compute_only"] else "–",
             f"{r['comm_bound'] * 1e3:.1f}" if r["comm_bound"] else "–",
             ("comm" if r["comm_bound"] > r["compute_only"] else "compute") if r["compute_only"] else "–",
-            f"{r['efficiency']:.2f}" if r["efficiency"] else "–",
+            f"{r['balanced_rate'] / 1e6:.0f} Mbit/s" if r.get("balanced_rate") else "–",
+            ratio_text(r.get("efficiency_ci"), ""),
             human_bytes(r["sent_per_step_max_rank"]) if r["sent_per_step_max_rank"] else "–",
             human_bytes(r["peak_mem"]),
             *([human_bytes(r["table_mem"])] if "table+opt mem/rank" in cols else []),
@@ -152,7 +215,8 @@ def pipeline_table(rows: list[dict[str, Any]]) -> str:
     pipes = [r for r in rows if r.get("pipeline")]
     if not pipes:
         return ""
-    lines = ["", "Pipeline runs: throughput against DDP in the same cell; bubble = share of a stage's step time "
+    lines = ["", "Pipeline runs: DDP's step time over the strategy's in the same cell, paired by round (95% interval); "
+             "bubble = share of a stage's step time "
              "not spent computing (median over runs, mean over stages; torch's schedules run their work where "
              "it cannot be timed); stage balance = slowest stage over the mean, as the profile promised and as "
              "measured (busy time); weight copies = stashed or predicted weights kept (largest rank).", "",
@@ -161,8 +225,7 @@ def pipeline_table(rows: list[dict[str, Any]]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for r in pipes:
         p = r["pipeline"]
-        ddp = cell(rows, r, "ddp")
-        vs = f"{ddp['step_time']['median'] / r['step_time']['median']:.2f}x" if ddp else "–"
+        vs = versus(rows, r, "ddp")
         fmt = (lambda v, f: f.format(v) if v is not None else "–")
         bounds = sorted(set(p["bounds"]))
         lines.append(f"| {r['model']} | {r['rate']} | {r['strategy']} | {vs} | {fmt(p['bubble'], '{:.0%}')} | "
@@ -181,8 +244,8 @@ def auto_table(rows: list[dict[str, Any]]) -> str:
              "| model | hosts | link | auto chose | auto ms | fastest | fastest ms | auto / fastest |",
              "|---|---|---|---|---|---|---|---|"]
     for a in autos:
-        cell = [r for r in rows if (r["model"], r["hosts"], r["rate"]) == (a["model"], a["hosts"], a["rate"])]
-        best = min(cell, key=lambda r: r["step_time"]["median"])
+        same = [r for r in rows if (r["model"], r["hosts"], r["rate"]) == (a["model"], a["hosts"], a["rate"])]
+        best = min(same, key=lambda r: r["step_time"]["median"])
         plan = ", ".join(f"{k}={v}" for k, v in a["plan"].items()) or "no tables"
         lines.append(f"| {a['model']} | {a['hosts']} | {a['rate']} | {plan} | {a['step_time']['median'] * 1e3:.1f} | "
                      f"{best['strategy']} | {best['step_time']['median'] * 1e3:.1f} | "

@@ -1,9 +1,14 @@
-"""Run a scenario on emulated hosts: every strategy side by side, alternating order, repeated.
+"""Run a scenario on emulated hosts: every strategy side by side, in rounds of alternating order.
 
-For each host count the runner brings up the hosts once per link rate, plus once unshaped (same CPU
-budget, no link limit) for the compute-only time that the physical bound needs. Within one cluster,
-repeat *r* runs the (model, strategy) jobs in forward order when *r* is even and reversed when odd, so
-slow drift of the machine does not favour whichever runs first.
+For each host count the runner brings up the hosts once. A round runs every (link rate, model, strategy)
+job once, re-shaping the links in place between rates, including the unshaped rate (same CPU budget, no
+link limit) whose compute-only times the physical bound needs. Round *r* runs the jobs in forward order
+when *r* is even and reversed when odd, so slow drift of the machine favours no job, and a ratio can be
+taken from the runs of one round, minutes apart at most (``stats.paired_ratio``).
+
+Pipelined jobs run on one stage cut per (model, stage count): the first such run profiles and cuts, and
+every later run of that model is given the same layer counts (``--pipeline.split``), so strategies that
+differ only in schedule run on the same stages.
 """
 
 from __future__ import annotations
@@ -21,9 +26,25 @@ from .scenarios import Scenario
 UNSHAPED = "unshaped"
 
 
-def _job_order(scn: Scenario, repeat: int) -> list[tuple[str, str]]:
-    jobs = [(m, s) for m in scn.models for s in scn.strategies]
+def _rates(scn: Scenario, hosts: int) -> list[str]:
+    return [UNSHAPED] if hosts == 1 else [UNSHAPED, *scn.rates] if scn.unshaped else list(scn.rates)
+
+
+def _round(scn: Scenario, rates: list[str], repeat: int) -> list[tuple[str, str, str]]:
+    jobs = [(rate, m, s) for rate in rates for m in scn.models for s in scn.strategies]
     return jobs if repeat % 2 == 0 else jobs[::-1]
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    """The value the last ``name`` in ``args`` sets (as tessel train reads it), or None."""
+    found = [args[i + 1] for i, a in enumerate(args[:-1]) if a == name]
+    return found[-1] if found else None
+
+
+def split_of(summary: dict[str, Any]) -> str | None:
+    """A pipelined run's stage cut as layer counts per stage, e.g. '3,3,2,2' (None for other runs)."""
+    bounds = (summary.get("pipeline") or {}).get("plan_bounds")
+    return ",".join(str(hi - lo) for lo, hi in bounds) if bounds else None
 
 
 def _record(summary: dict[str, Any], **keys) -> dict[str, Any]:
@@ -73,27 +94,35 @@ def run_scenario(scn: Scenario, out: Path, repeats: int = 3, prefix: str = "tslb
                  log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> list[dict[str, Any]]:
     """All runs of ``scn``; each record holds one run's medians (over its steps after warm-up)."""
     records: list[dict[str, Any]] = []
-    configs = [(h, r) for h in scn.hosts
-               for r in ([UNSHAPED] if h == 1 else [UNSHAPED, *scn.rates] if scn.unshaped else scn.rates)]
-    total = sum(repeats * len(scn.models) * len(scn.strategies) for _ in configs)
+    total = sum(repeats * len(_rates(scn, h)) * len(scn.models) * len(scn.strategies) for h in scn.hosts)
     done, t0 = 0, time.monotonic()
-    for hosts, rate in configs:
-        cluster = EmulatedCluster(hosts, rate=None if rate == UNSHAPED else rate, prefix=prefix)
-        with cluster:
+    for hosts in scn.hosts:
+        rates = _rates(scn, hosts)
+        cuts: dict[tuple[str, str], str] = {}  # (model, pp) -> the split every pipelined run of it gets
+        with EmulatedCluster(hosts, rate=None, prefix=prefix, **scn.cluster) as emu:
             for repeat in range(repeats):
-                for model, strategy in _job_order(scn, repeat):
+                for rate, model, strategy in _round(scn, rates, repeat):
+                    if emu.rate != (None if rate == UNSHAPED else rate):
+                        emu.set_rate(None if rate == UNSHAPED else rate)
                     run_dir = out / "runs" / f"{model}-{strategy}-h{hosts}-{rate}-r{repeat}"
                     args = ["-m", "tessel", "train", *scn.common, *scn.models[model], *scn.strategies[strategy],
                             "--steps", str(scn.steps), "--out", str(run_dir.resolve())]
+                    pp = _flag(args, "--pp")
+                    cut = (model, pp)
+                    if pp not in (None, "1") and cut in cuts and _flag(args, "--pipeline.split") is None:
+                        args += ["--pipeline.split", cuts[cut]]
                     done += 1
                     try:
-                        cluster.run(cluster.torchrun_commands(args, run_id=f"b{done}"), timeout=900)
+                        emu.run(emu.torchrun_commands(args, run_id=f"b{done}"), timeout=900)
                     except HostFailed as e:
                         # One failed run must not throw away the others: report it and go on.
                         log(f"[{done}/{total}] {run_dir.name} FAILED: {str(e).splitlines()[0]}")
                         continue
-                    rec = _record(json.loads((run_dir / "summary.json").read_text()), model=model,
-                                  strategy=strategy, hosts=hosts, rate=rate, repeat=repeat)
+                    summary = json.loads((run_dir / "summary.json").read_text())
+                    if pp not in (None, "1") and cut not in cuts and split_of(summary):
+                        cuts[cut] = split_of(summary)
+                        log(f"{model} on {pp} stages: every later run is given this run's cut {cuts[cut]}")
+                    rec = _record(summary, model=model, strategy=strategy, hosts=hosts, rate=rate, repeat=repeat)
                     records.append(rec)
                     log(f"[{done}/{total}] {model:<15} {strategy:<11} hosts={hosts} {rate:<8} rep {repeat}: "
                         f"{rec['step_time'] * 1000:8.1f} ms/step  (about {_eta(t0, done, total):.0f} min left)")

@@ -6,14 +6,15 @@ from typing import Any
 
 from ..tensor.cost import projection_markdown
 from ..train.metrics import human_bytes
-from .cells import cell
+from .cells import cell, versus
 
 
 def tensor_table(rows: list[dict[str, Any]]) -> str:
     tps = [r for r in rows if r.get("tensor")]
     if not tps:
         return ""
-    lines = ["", "Tensor-parallel runs: step time against torch's native 1-D and tessel's 1-D in the same cell; bytes "
+    lines = ["", "Tensor-parallel runs: torch's native 1-D's and tessel's 1-D's step time over the strategy's in the "
+             "same cell, paired by round (95% interval); bytes "
              "each rank sends per Transformer block per step on channel `tp` (the blocks' linears), measured and "
              "from the formula in `tessel.tensor.layout` (torch's traffic is not counted); activation memory = "
              "bytes autograd keeps for backward after one forward (largest rank), and its ratio to tessel 1-D's.",
@@ -31,8 +32,8 @@ def tensor_table(rows: list[dict[str, Any]]) -> str:
         lines.append("| " + " | ".join([
             str(r["hosts"]), r["rate"], r["strategy"], r["tensor"].replace(" regather", "") if r["tensor"] else "–",
             f"{ms * 1e3:.1f}",
-            f"{torch_1d['step_time']['median'] / ms:.2f}x" if torch_1d else "–",
-            f"{one_d['step_time']['median'] / ms:.2f}x" if one_d else "–",
+            versus(rows, r, "torch-1d") if torch_1d else "–",
+            versus(rows, r, "1d") if one_d else "–",
             human_bytes(measured) if measured is not None else "not counted",
             human_bytes(formula) if formula else "–",
             f"{(measured - formula) / formula:+.1%}" if measured is not None and formula else "–",

@@ -5,7 +5,8 @@ So each host is a Linux network namespace ``{prefix}-h{i}`` whose ``eth0`` (10.7
 end of a veth pair; the other end, ``{prefix}-s{i}``, hangs on a bridge inside a "switch" namespace
 ``{prefix}-sw``, so the root namespace's network is never touched. Both ends of every link are shaped
 with ``tc tbf`` (and ``netem`` for delay), and each host gets a cgroup v1 cpu quota so that a host idling
-in a network wait cannot lend its CPU to the others::
+in a network wait cannot lend its CPU to the others (optionally a CFS burst allowance, and a cpuset that
+keeps the host on its own cores)::
 
     with EmulatedCluster(2, "200mbit") as c:
         c.run(c.torchrun_commands(["-m", "tessel", "train", "--steps", "5"]))
@@ -35,6 +36,7 @@ from pathlib import Path
 from ..errors import TesselError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
+CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
 NETNS_DIR = Path("/run/netns")
 STATE_DIR = Path("/run")
 SUBNET = "10.77.0"
@@ -104,9 +106,10 @@ def _namespaces(prefix: str) -> list[str]:
 
 
 def _cgroups(prefix: str) -> list[Path]:
-    parent = CGROUP_ROOT / "tessel"
+    """The hosts' cpu groups and, where pinned, their cpuset groups."""
     pattern = re.compile(rf"{re.escape(prefix)}-h\d+")
-    return sorted(p for p in parent.iterdir() if p.is_dir() and pattern.fullmatch(p.name)) if parent.is_dir() else []
+    parents = [root / "tessel" for root in (CGROUP_ROOT, CPUSET_ROOT) if (root / "tessel").is_dir()]
+    return sorted(p for parent in parents for p in parent.iterdir() if p.is_dir() and pattern.fullmatch(p.name))
 
 
 def leftovers(prefix: str = "tsl") -> list[str]:
@@ -188,8 +191,9 @@ def remove_cluster(prefix: str = "tsl") -> list[str]:
                     group.rmdir()
                     break
                 time.sleep(0.02)
-        with contextlib.suppress(OSError):
-            (CGROUP_ROOT / "tessel").rmdir()  # only succeeds once no other prefix uses it
+        for root in (CGROUP_ROOT, CPUSET_ROOT):
+            with contextlib.suppress(OSError):
+                (root / "tessel").rmdir()  # only succeeds once no other prefix uses it
         _state_file(prefix).unlink(missing_ok=True)
     left = leftovers(prefix)
     if left:
@@ -232,7 +236,10 @@ class EmulatedCluster:
 
     ``rate`` shapes each host's link in both directions (``None``: unshaped, for compute-only runs);
     ``delay`` is the one-way host-to-host latency (half of it on each end of a link; needs the kernel's
-    netem); ``cpus`` is each host's CPU budget (default: this machine's cores / hosts).
+    netem); ``cpus`` is each host's CPU budget (default: this machine's cores / hosts), given as a quota of
+    ``cpus * period_us`` per CFS period of ``period_us``; ``burst_us`` lets a host carry up to that much
+    unused quota into a later period (``cpu.cfs_burst_us``); ``pin`` puts host i on core i mod cores (a
+    cpuset), so hosts do not migrate between cores.
 
     >>> with EmulatedCluster(2, "200mbit", prefix="doc") as c:
     ...     [r.stdout for r in c.run([["hostname", "-I"]] * 2)]
@@ -240,7 +247,7 @@ class EmulatedCluster:
     """
 
     def __init__(self, hosts: int, rate: str | None = "1gbit", delay: str = "0ms", cpus: float | None = None,
-                 prefix: str = "tsl"):
+                 prefix: str = "tsl", period_us: int = PERIOD_US, burst_us: int = 0, pin: bool = False):
         if not isinstance(hosts, int) or not 1 <= hosts <= 254:
             raise ClusterError(f"hosts must be an integer from 1 to 254 (one address each in {SUBNET}.0/24), "
                                f"not {hosts!r}")
@@ -250,8 +257,15 @@ class EmulatedCluster:
         self.hosts, self.rate, self.delay, self.prefix = hosts, rate and str(rate), str(delay), prefix
         self.rate_bits, self.delay_s = rate and parse_rate(rate), parse_delay(delay)
         self.cpus = float(cpus) if cpus is not None else (os.cpu_count() or 1) / hosts
-        if not self.cpus * PERIOD_US >= 1000 or not math.isfinite(self.cpus):  # the smallest quota is 1 ms a period
-            raise ClusterError(f"cpus must be a finite number of at least 0.01 per host, not {cpus!r}")
+        if not isinstance(period_us, int) or not 1000 <= period_us <= 1_000_000:  # the kernel's limits
+            raise ClusterError(f"period_us must be an integer from 1000 to 1000000 (1 ms to 1 s), not {period_us!r}")
+        if not self.cpus * period_us >= 1000 or not math.isfinite(self.cpus):  # the smallest quota is 1 ms a period
+            raise ClusterError(f"cpus must be a finite number of at least {1000 / period_us:g} per host (a quota of "
+                               f"1 ms per {period_us} us period), not {cpus!r}")
+        quota = int(self.cpus * period_us)
+        if not isinstance(burst_us, int) or not 0 <= burst_us <= quota:
+            raise ClusterError(f"burst_us must be an integer from 0 to the quota ({quota} us), not {burst_us!r}")
+        self.period_us, self.burst_us, self.pin = period_us, burst_us, bool(pin)
         self.is_up = False
         self._old_handlers: dict = {}
 
@@ -269,12 +283,17 @@ class EmulatedCluster:
         """The cgroup v1 cpu group that holds host ``host``'s processes."""
         return CGROUP_ROOT / "tessel" / f"{self.prefix}-h{host}"
 
+    def cpuset(self, host: int) -> Path | None:
+        """The cgroup v1 cpuset group that pins host ``host`` to its core (None unless ``pin``)."""
+        return CPUSET_ROOT / "tessel" / f"{self.prefix}-h{host}" if self.pin else None
+
     @classmethod
     def attach(cls, prefix: str = "tsl") -> EmulatedCluster:
         """The cluster that ``up()`` (e.g. ``tessel cluster up``) left running under ``prefix``."""
         try:
             s = json.loads(_state_file(prefix).read_text())
-            c = cls(s["hosts"], s["rate"], s["delay"], s["cpus"], prefix)
+            c = cls(s["hosts"], s["rate"], s["delay"], s["cpus"], prefix, s.get("period_us", PERIOD_US),
+                    s.get("burst_us", 0), s.get("pin", False))
         except (OSError, ValueError, KeyError):
             c = None
         if c is None or set(_namespaces(prefix)) != {f"{prefix}-sw", *c.host_names}:
@@ -292,10 +311,30 @@ class EmulatedCluster:
         except BaseException:
             self.down()
             raise
-        _state_file(self.prefix).write_text(json.dumps(
-            {"hosts": self.hosts, "rate": self.rate, "delay": self.delay, "cpus": self.cpus}))
+        self._save_state()
         self.is_up = True
         return self
+
+    def _save_state(self) -> None:
+        _state_file(self.prefix).write_text(json.dumps(
+            {"hosts": self.hosts, "rate": self.rate, "delay": self.delay, "cpus": self.cpus,
+             "period_us": self.period_us, "burst_us": self.burst_us, "pin": self.pin}))
+
+    def set_rate(self, rate: str | None) -> None:
+        """Reshape every link to ``rate`` (None: unshaped) in place, keeping hosts and processes.
+
+        A benchmark round alternates link rates on one set of hosts, so runs at different rates (and the
+        compute-only runs) stand close in time."""
+        bits = rate and parse_rate(rate)
+        if bits is None and self.delay_s > 0:
+            raise ClusterError("a delay needs a rate; give both or neither")
+        self.rate, self.rate_bits = rate and str(rate), bits
+        sw = f"{self.prefix}-sw"
+        for i, ns in enumerate(self.host_names):
+            for where, dev in ((ns, "eth0"), (sw, f"{self.prefix}-s{i}")):
+                _sh("tc", "-n", where, "qdisc", "del", "dev", dev, "root", check=False)  # none when unshaped
+                self._shape(where, dev)
+        self._save_state()
 
     def _build(self) -> None:
         sw = f"{self.prefix}-sw"
@@ -313,10 +352,30 @@ class EmulatedCluster:
                 _sh("ip", *args)
             self._shape(ns, "eth0")  # host -> switch
             self._shape(sw, port)  # switch -> host
-            group = self.cgroup(i)
-            group.mkdir(parents=True)
-            (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (group / "cpu.cfs_quota_us").write_text(str(int(self.cpus * PERIOD_US)))
+            self._cpu_groups(i)
+
+    def _cpu_groups(self, i: int) -> None:
+        group = self.cgroup(i)
+        group.mkdir(parents=True)
+        (group / "cpu.cfs_period_us").write_text(str(self.period_us))
+        (group / "cpu.cfs_quota_us").write_text(str(int(self.cpus * self.period_us)))
+        if self.burst_us:
+            try:
+                (group / "cpu.cfs_burst_us").write_text(str(self.burst_us))
+            except OSError as e:
+                raise ClusterError(f"burst_us needs the kernel's cpu.cfs_burst_us (Linux 5.14+), which failed here "
+                                   f"({e.strerror}); use burst_us 0 on this machine") from None
+        pinned = self.cpuset(i)
+        if pinned is not None:
+            try:
+                pinned.mkdir(parents=True)
+                for name in ("cpuset.cpus", "cpuset.mems"):  # the parent starts empty: copy the root's
+                    (pinned.parent / name).write_text((CPUSET_ROOT / name).read_text())
+                (pinned / "cpuset.mems").write_text((CPUSET_ROOT / "cpuset.mems").read_text())
+                (pinned / "cpuset.cpus").write_text(str(i % (os.cpu_count() or 1)))
+            except OSError as e:
+                raise ClusterError(f"pin needs the cgroup v1 cpuset controller at {CPUSET_ROOT}, which failed here "
+                                   f"({e.strerror}); run without pin") from None
 
     def _shape(self, ns: str, dev: str) -> None:
         if self.rate_bits is None:
@@ -396,15 +455,16 @@ class EmulatedCluster:
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {})}
         if self.rate_bits:  # what tessel's cost model (--sparse auto) takes as the link rate
             env.setdefault("TESSEL_LINK_MBIT", f"{self.rate_bits / 1e6:g}")
-        # The shell joins the host's cgroup before exec'ing into the namespace, so every descendant is counted.
-        script = 'echo $$ > "$0" || exit 126; exec ip netns exec "$@"'
+        # The shell joins the host's cgroups before exec'ing into the namespace, so every descendant is counted.
+        script = 'for f in $0; do echo $$ > "$f" || exit 126; done; exec ip netns exec "$@"'
         procs, files, ends, failed, start = [], [], [None] * self.hosts, None, time.monotonic()
         try:
             for i, cmd in enumerate(commands):
                 out = [tempfile.TemporaryFile() for _ in range(2)] if capture else [None, None]
                 files.append(out)
+                groups = " ".join(str(g / "cgroup.procs") for g in (self.cgroup(i), self.cpuset(i)) if g)
                 procs.append(subprocess.Popen(
-                    ["sh", "-c", script, str(self.cgroup(i) / "cgroup.procs"), self.host_names[i], *cmd],
+                    ["sh", "-c", script, groups, self.host_names[i], *cmd],
                     env=env, cwd=cwd, stdout=out[0], stderr=out[1], start_new_session=True))
             while any(e is None for e in ends) and failed is None:
                 # Ctrl-C inside Popen.poll can leave its internal lock held, and the p.wait() of the clean-up

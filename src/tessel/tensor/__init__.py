@@ -15,6 +15,8 @@ Layouts and byte formulas: :mod:`tessel.tensor.layout`.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..chain import Runner, chain_of
@@ -47,6 +49,11 @@ class TensorParallel:
             for g in grads:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
                 offset += g.numel()
+
+    @staticmethod
+    def loss_context() -> contextlib.AbstractContextManager:
+        """tessel's layers compute the loss as the plain model does: nothing to enter."""
+        return contextlib.nullcontext()
 
     def finish_backward(self) -> torch.Tensor:
         """After the step's backward passes: partial gradients summed; returns the squared global norm."""

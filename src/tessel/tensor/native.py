@@ -1,12 +1,17 @@
-"""The peer: torch's own 1-D tensor parallelism (``parallelize_module`` with Colwise/Rowwise) on the plain model.
+"""The peer: torch's own 1-D tensor parallelism (``parallelize_module``) on the plain model, at its best.
 
-The plan is the one torch's TP tutorial gives a Llama-style model: q/k/v and fc_in column-wise, out_proj
-and fc_out row-wise, the token table cut by vocabulary (row-wise, replicated input), the head column-wise
-with its logits gathered (``output_layouts=Replicate()``) so the model's own cross-entropy runs unchanged.
-Norms and positions stay replicated; their gradients are equal on every rank, so they need no reduction.
+The plan is the one torch's TP tutorial and torchtitan give a Llama-style model, with sequence parallelism
+and ``loss_parallel``: q/k/v and fc_in column-wise, out_proj and fc_out row-wise with their outputs
+reduce-scattered over the sequence (B, T/tp, dim), so the norms run on sequence shards and attention and
+MLP all-gather their input; the head column-wise with its logits left sharded by vocabulary (B, T, V/tp),
+and the cross-entropy computed on those shards (``loss_parallel``) instead of gathering the logits.
+The token table is cut by vocabulary (row-wise); its output stays whole because the model adds the
+positions to whole sequences, and the first block takes its sequence shard without communication.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -15,20 +20,33 @@ from ..errors import PlanError
 
 
 def parallelize_native(model, mesh) -> torch.nn.Module:
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     if getattr(model, "softmax", "full") != "full" or not hasattr(model, "blocks"):
         raise PlanError("tensor.mode 'torch-1d' applies to transformer_lm with softmax 'full'")
-    tp_mesh = mesh["tp"]
+    gather_seq = lambda: PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())  # noqa: E731
     plan = {"tok_emb": RowwiseParallel(input_layouts=Replicate()),
-            "head": ColwiseParallel(output_layouts=Replicate())}
+            # (B, T, dim) whole -> this rank's (B, T/tp, dim): a local slice, no traffic
+            "blocks.0": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1),
+                                           use_local_output=True),
+            "ln_f": SequenceParallel(),
+            "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)}
     for i in range(len(model.blocks)):
-        plan.update({f"blocks.{i}.attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")})
-        plan[f"blocks.{i}.attn.out_proj"] = RowwiseParallel()
-        plan[f"blocks.{i}.mlp.fc_in"] = ColwiseParallel()
-        plan[f"blocks.{i}.mlp.fc_out"] = RowwiseParallel()
-    return parallelize_module(model, tp_mesh, plan)
+        b = f"blocks.{i}"
+        plan.update({f"{b}.ln1": SequenceParallel(), f"{b}.ln2": SequenceParallel(),
+                     f"{b}.attn": gather_seq(), f"{b}.mlp": gather_seq(),
+                     f"{b}.attn.out_proj": RowwiseParallel(output_layouts=Shard(1)),
+                     f"{b}.mlp.fc_in": ColwiseParallel(),
+                     f"{b}.mlp.fc_out": RowwiseParallel(output_layouts=Shard(1))})
+        plan.update({f"{b}.attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")})
+    return parallelize_module(model, mesh["tp"], plan)
 
 
 class NativeTP:
@@ -41,9 +59,16 @@ class NativeTP:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.group = mesh.get_group("tp")
 
+    @staticmethod
+    def loss_context() -> contextlib.AbstractContextManager:
+        """Forward and backward of a step run inside torch's ``loss_parallel`` (cross-entropy on vocab shards)."""
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
     def finish_backward(self) -> torch.Tensor:
         """The squared global gradient norm."""
-        from torch.distributed.tensor import DTensor, Replicate
+        from torch.distributed.tensor import DTensor, Partial, Replicate
 
         split = torch.zeros(1, dtype=torch.float64)
         whole = torch.zeros((), dtype=torch.float64)
@@ -51,6 +76,9 @@ class NativeTP:
             g = p.grad
             if g is None:
                 continue
+            if isinstance(g, DTensor) and any(isinstance(pl, Partial) for pl in g.placements):
+                # norms under sequence parallelism: each rank holds its sequence shard's share
+                g = p.grad = g.redistribute(placements=[Replicate()] * len(g.placements))
             if isinstance(g, DTensor):
                 local = g.to_local().double().pow(2).sum()
                 if all(isinstance(pl, Replicate) for pl in g.placements):

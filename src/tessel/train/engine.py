@@ -41,6 +41,8 @@ class Engine:
 
     def __init__(self, model: torch.nn.Module, tail: StepTail, tables=None) -> None:
         self.model, self.tail, self.tables = model, tail, tables
+        # entered around each micro-batch's forward and backward (torch's loss_parallel for its TP peer)
+        self.loss_context = tail.tp.loss_context if tail.tp is not None else contextlib.nullcontext
         self.cfg, self.optimizer = tail.cfg, tail.optimizer
         self.params = tail.params
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
@@ -75,7 +77,7 @@ class Engine:
         for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
             # DDP's gradient all-reduce runs inside backward; a dead peer surfaces here.
             self.draws.before(i)
-            with self._no_sync(i == m - 1), comm.guard("all_reduce of gradients", "dp.dense"):
+            with self._no_sync(i == m - 1), comm.guard("all_reduce of gradients", "dp.dense"), self.loss_context():
                 if self.activation_bytes is None:
                     with SavedBytes(self.params) as saved:
                         loss = self.model(x, y) / m
@@ -85,7 +87,7 @@ class Engine:
                 if self.tables:
                     self.tables.final_backward(i == m - 1)
                 loss.backward()
-            total += float(loss.detach())
+                total += float(loss.detach())
         lr = self.lr_of(step)
         norm = self.tail(lr)
         return StepResult(loss=total, grad_norm=norm, lr=lr)
