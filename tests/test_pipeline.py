@@ -110,9 +110,15 @@ def test_parity_pp2_dp2(world4, schedule):
     assert owned[0] == owned[1] and owned[2] == owned[3]  # mesh (pp, dp): ranks 0,1 hold stage 0
 
 
-@pytest.mark.parametrize("schedule", ["torch-gpipe", "torch-1f1b"])
+@pytest.mark.parametrize("schedule", ["torch-gpipe", "torch-1f1b", "torch-interleaved-1f1b", "torch-interleaved-zb",
+                                      "torch-zbv"])
 def test_torch_schedules_match_single_process(world2, schedule):
-    world2.run(check_parity, "classifier", schedule, 2, "sgd", 2)
+    # the interleaved and zero-bubble ones cut the 4 layers into 4 stages, two per rank: round-robin (0, 2 on
+    # rank 0) or in a V (ZBV: 0 and 3 on rank 0)
+    owned = world2.run(check_parity, "classifier", schedule, 2, "sgd", 2)
+    layers = [sorted({n.split(".")[1] for n in names}) for names in owned]
+    assert layers == {"torch-gpipe": [["0", "2"], ["4", "6"]], "torch-1f1b": [["0", "2"], ["4", "6"]],
+                      "torch-zbv": [["0", "6"], ["2", "4"]]}.get(schedule, [["0", "4"], ["2", "6"]])
 
 
 def check_pp_bytes(schedule, micro):

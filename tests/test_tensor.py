@@ -170,13 +170,13 @@ def test_layers_regather_3d(world8):
     assert got[0]["up"] == (2 * (q - 1) * (m * h + m * h2 + h * h2) + (q - 1) * (m * h + h * h2)) * 8 // q**3
 
 
-def check_lm(mode, tp, shape, optimizer, steps=3, regather=False):
+def check_lm(mode, tp, shape, optimizer, steps=3, regather=False, sequence_parallel=False):
     dims, gspec, mesh, grid = _grid(mode, tp, shape)
     cfg = load_config(None, [f"train.optimizer={optimizer}", "train.lr=0.05", "train.warmup=1", "train.clip=0.5",
                              "train.dtype=float64"]).train
     torch.manual_seed(1)
     ref = TransformerLM(V, T, dim=H, layers=2, heads=HEADS).double()
-    model, tp_handle = parallelize(copy.deepcopy(ref), mode, mesh, gspec, regather)
+    model, tp_handle = parallelize(copy.deepcopy(ref), mode, mesh, gspec, regather, sequence_parallel)
     if dims.dp > 1:
         model = apply_ddp(model, mesh.get_group("dp"))
     engine = engine_for(model, cfg, tp=tp_handle)
@@ -212,8 +212,10 @@ def test_lm_training_matches_single_process(world8, mode, tp, shape, optimizer):
     world8.run(check_lm, mode, tp, shape, optimizer)
 
 
-def test_torch_native_1d_matches_single_process(world4):
-    world4.run(check_lm, "torch-1d", 4, "", "adamw")
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_torch_native_1d_matches_single_process(world4, sequence_parallel):
+    # loss_parallel always (the logits stay sharded by vocabulary); torch's sequence parallelism on request
+    world4.run(check_lm, "torch-1d", 4, "", "adamw", sequence_parallel=sequence_parallel)
 
 
 def test_regather_keeps_shards_only(world8):
@@ -288,6 +290,7 @@ def _cfg(*extra):
     (["parallel.pp=2", "pipeline.schedule=torch-1f1b", "train.micro_batches=2"], 4,
      "torch's PipelineStage traces each stage on meta tensors"),
     (["tensor.mode=torch-1d", "parallel.dp=2"], 4, "runs transformer_lm alone"),
+    (["tensor.sequence_parallel=true"], 2, "only the torch-1d peer runs"),
     (["parallel.pp=2", "sparse.strategy=torch-sparse", "train.optimizer=sgd"], 4, "torch-sparse under pp and tp"),
     (["tensor.mode=2d", "sparse.strategy=ps"], 4, "only the 1-D vocabulary shard"),
 ])

@@ -15,7 +15,9 @@ ROW_OPTIMIZERS = ("auto", "sgd", "adagrad", "adam", "adamw")
 # pipeline schedules (tessel.pipeline): flushed, asynchronous (no flush), and torch's own (the peer)
 SYNC_SCHEDULES = ("gpipe", "1f1b")
 ASYNC_SCHEDULES = ("async", "async-stash", "async-predict")
-TORCH_SCHEDULES = ("torch-gpipe", "torch-1f1b")
+# torch's interleaved and zero-bubble schedules run two stages per rank: loop (r, r + pp) or V (r, 2pp - 1 - r)
+TORCH_MULTI_SCHEDULES = ("torch-interleaved-1f1b", "torch-interleaved-zb", "torch-zbv")
+TORCH_SCHEDULES = ("torch-gpipe", "torch-1f1b") + TORCH_MULTI_SCHEDULES
 SCHEDULES = SYNC_SCHEDULES + ASYNC_SCHEDULES + TORCH_SCHEDULES
 PREDICT_VARIANTS = ("v1", "v2")
 

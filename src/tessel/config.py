@@ -120,7 +120,8 @@ class SparseConfig:
 @dataclass
 class PipelineConfig:
     # pp > 1: gpipe | 1f1b (flush every step) | async | async-stash | async-predict (no flush) |
-    # torch-gpipe | torch-1f1b (torch.distributed.pipelining's schedules, the peer)
+    # torch-gpipe | torch-1f1b | torch-interleaved-1f1b | torch-interleaved-zb | torch-zbv (torch's schedules,
+    # the peers; the last three run two stages per rank)
     schedule: str = "1f1b"
     split: str = ""  # layer counts per stage, e.g. "3,3,2,2"; '' : balanced from a profile
     predict: str = "v1"  # async-predict: v1 (SpecTrain paper) | v2 (forward-only prediction reused in backward)
@@ -132,6 +133,7 @@ class TensorConfig:
     mode: str = "1d"
     grid: str = ""  # 2d "rxc", 3d "xxyxz", e.g. "2x2x1"; '' : as square / cubic as tp allows
     regather: bool = False  # keep only shards for backward and gather again there (activation memory 1/tp)
+    sequence_parallel: bool = False  # torch-1d: torch's SequenceParallel for the norms (torchtitan's plan)
 
 
 @dataclass

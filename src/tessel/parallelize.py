@@ -165,7 +165,7 @@ def check_model(model: torch.nn.Module, plan: ParallelPlan, cfg: Config) -> None
         return
     chain = chain_of(model)
     if plan.pp > 1:
-        pipeline.check_model(chain, plan.pp, cfg.pipeline.split)
+        pipeline.check_model(chain, plan.pieces, cfg.pipeline.split)
     if plan.tp > 1:
         per_rank = cfg.train.global_batch // (plan.dp * plan.micro_batches)
         tensor.check_shapes(model, chain, tensor.GridSpec(plan.tp_mode, plan.tp_grid), per_rank)
@@ -192,16 +192,16 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, cfg: Config, b
     chain = chain_of(model) if plan.pp > 1 or plan.tp > 1 else None
     root, stages, lo, hi, share = model, None, 0, None, 1.0
     if plan.pp > 1:
-        stages = pipeline.cut(model, chain, plan.pp, cfg.pipeline.split, _micro(batches[0], plan.micro_batches),
-                              plan.bounds)
+        stages = pipeline.cut(model, chain, plan.pieces, cfg.pipeline.split,
+                              _micro(batches[0], plan.micro_batches), plan.bounds)
         plan = plan.with_(bounds=tuple(tuple(b) for b in stages.bounds))
-        index = mesh.get_local_rank("pp")
-        lo, hi = stages.bounds[index]
-        share = stages.stage_seconds()[index] / max(sum(stages.stage_seconds()), 1e-12)
-        root = pipeline.prune(model, chain, lo, hi)
+        mine = pipeline.held(plan.schedule, mesh.get_local_rank("pp"), plan.pp)  # one stage, or two (torch's)
+        lo, hi = stages.bounds[mine[0]]
+        share = sum(stages.stage_seconds()[i] for i in mine) / max(sum(stages.stage_seconds()), 1e-12)
+        root = pipeline.prune(model, chain, lo, hi, *(stages.bounds[i] for i in mine[1:]))
     handle = shards = None
     if plan.tp > 1 and plan.tp_mode == "torch-1d":
-        root, handle = tensor.parallelize(root, plan.tp_mode, mesh, None)
+        root, handle = tensor.parallelize(root, plan.tp_mode, mesh, None, sequence_parallel=plan.sequence_parallel)
     elif plan.tp > 1:
         chain, handle = tensor.apply(root, chain, tensor.GridSpec(plan.tp_mode, plan.tp_grid), mesh, plan.regather)
         shards = handle
@@ -253,6 +253,7 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, cfg: Config, mesh, sta
     tail = StepTail(params, optimizer, _train(cfg, plan), dp_group=dp_group, tp=tp, tables=tables,
                     norm_group=pp_group)
     micro = batch[0].shape[0] // plan.micro_batches
-    stage = pipeline.Stage(runner, mesh.get_local_rank("pp"), plan.pp, dist.get_process_group_ranks(pp_group),
-                           stages, micro, DTYPES[cfg.train.dtype], pp_group)
+    index = mesh.get_local_rank("pp")
+    stage = pipeline.Stage(runner, index, plan.pp, dist.get_process_group_ranks(pp_group), stages, micro,
+                           DTYPES[cfg.train.dtype], pp_group, pipeline.held(plan.schedule, index, plan.pp))
     return pipeline.PipelineEngine(stage, chain, tail, plan.schedule, plan.predict, stages, tables), optimizer

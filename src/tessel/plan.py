@@ -28,7 +28,7 @@ from .config import sparse_overrides
 from .errors import CheckpointError, PlanError
 from .mesh import ParallelDims
 from .pipeline.predict import check_optimizer
-from .pipeline.schedules import check_micro
+from .pipeline.schedules import check_micro, chunks
 from .tensor.grid import AXES, GridSpec
 
 
@@ -52,6 +52,7 @@ class ParallelPlan:
     tp_mode: str = "1d"
     tp_grid: tuple[int, ...] = (1,)  # sizes of the grid's axes (see tessel.tensor.grid.AXES)
     regather: bool = False  # 2-D/3-D: keep only shards for backward
+    sequence_parallel: bool = False  # torch-1d: torch's sequence parallelism around the blocks
     schedule: str = "1f1b"
     predict: str = "v1"
     micro_batches: int = 1
@@ -70,6 +71,11 @@ class ParallelPlan:
     def flushed(self) -> bool:
         """Whether a step ends with every micro-batch's gradient applied (single-process equivalent)."""
         return self.pp == 1 or self.schedule not in ASYNC_SCHEDULES
+
+    @property
+    def pieces(self) -> int:
+        """Stages the model is cut into: pp, or two per rank for torch's interleaved and zero-bubble peers."""
+        return self.pp * chunks(self.schedule) if self.pp > 1 else 1
 
     @property
     def mesh_axes(self) -> tuple[tuple[str, int], ...]:
@@ -112,8 +118,8 @@ class ParallelPlan:
         dims = ParallelDims.resolve(world, p.dp, p.pp, p.tp)
         grid = GridSpec.parse(cfg.tensor.mode, dims.tp, cfg.tensor.grid)
         return cls(dp=dims.dp, pp=dims.pp, tp=dims.tp, tp_mode=cfg.tensor.mode, tp_grid=grid.shape,
-                   regather=cfg.tensor.regather, schedule=cfg.pipeline.schedule, predict=cfg.pipeline.predict,
-                   micro_batches=cfg.train.micro_batches)
+                   regather=cfg.tensor.regather, sequence_parallel=cfg.tensor.sequence_parallel,
+                   schedule=cfg.pipeline.schedule, predict=cfg.pipeline.predict, micro_batches=cfg.train.micro_batches)
 
     # -- checks and printing ---------------------------------------------------------------------------
 
@@ -128,7 +134,8 @@ class ParallelPlan:
         parts = [f"dp={self.dp}", f"pp={self.pp}", f"tp={self.tp}"]
         if self.tp > 1:
             grid = "x".join(str(s) for s in self.tp_grid)
-            parts.append(f"tensor {self.tp_mode} {grid}" + (" regather" if self.regather else ""))
+            parts.append(f"tensor {self.tp_mode} {grid}" + (" regather" if self.regather else "")
+                         + (" sequence-parallel" if self.sequence_parallel else ""))
         if self.pp > 1:
             parts.append(f"schedule {self.schedule}" + (f" ({self.predict})" if self.schedule == "async-predict"
                                                         else ""))
@@ -178,6 +185,9 @@ def _tensor(plan: ParallelPlan, cfg) -> str | None:
     if cfg.model.name == "lstm_lm":
         return (f"tensor parallelism (tp={plan.tp}) applies to models transformer_lm and classifier, not lstm_lm "
                 "(nn.LSTM runs its gates as one fused kernel that has no tensor-parallel form here); use tp=1")
+    if plan.sequence_parallel and plan.tp_mode != "torch-1d":
+        return (f"tensor.sequence_parallel with tensor.mode {plan.tp_mode}: it is torch's SequenceParallel, which "
+                "only the torch-1d peer runs; valid: tensor.mode torch-1d, or tensor.sequence_parallel false")
     if plan.tp_mode == "torch-1d" and (plan.dp > 1 or plan.pp > 1 or cfg.model.name != "transformer_lm"):
         return ("tensor.mode 'torch-1d' (torch's parallelize_module, the peer) runs transformer_lm alone "
                 "(dp=1, pp=1); use mode 1d to combine tensor parallelism with dp or pp")

@@ -203,11 +203,30 @@ def _pipeline_stats(runs: list[dict | None]) -> dict[str, Any] | None:
     runs = [p for p in runs if p]
     if not runs:
         return None
-    return {"bubble": _median_or_none([p.get("bubble") for p in runs]),
+    return {"regime": regime(runs[0]), "bubble": _median_or_none([p.get("bubble") for p in runs]),
             "plan_imbalance": _median_or_none([p.get("plan_imbalance") for p in runs]),
             "busy_imbalance": _median_or_none([p.get("busy_imbalance") for p in runs]),
             "kept": max(max(p.get("kept_bytes_per_rank") or [0]) for p in runs),
             "bounds": [tuple(tuple(b) for b in p.get("plan_bounds") or []) for p in runs]}
+
+
+def regime(p: dict[str, Any]) -> str:
+    """A pipelined run's staleness regime: flushed, or the most updates a first-stage forward runs ahead of
+    its own (``ahead``; SpecTrain's thesis runs 1 micro-batch per step, where that is stages − 1).
+
+    >>> regime({"schedule": "async-predict", "micro_batches": 4, "plan_bounds": [[0, 2]] * 4})
+    'async, s ≤ 1 (4 stages, 4 micro-batches)'
+    >>> regime({"schedule": "torch-1f1b", "micro_batches": 4, "plan_bounds": [[0, 2]] * 4})
+    'flushed'
+    """
+    from ..choices import ASYNC_SCHEDULES
+    from ..pipeline.schedules import ahead
+
+    stages, micro = len(p.get("plan_bounds") or []), p.get("micro_batches") or 1
+    if p.get("schedule") not in ASYNC_SCHEDULES or not stages:
+        return "flushed"
+    most = max(ahead(i, micro, 0, stages) for i in range((stages + 1) * micro))
+    return f"async, s ≤ {most} ({stages} stages, {micro} micro-batches)"
 
 
 def pipeline_table(rows: list[dict[str, Any]]) -> str:
@@ -219,16 +238,19 @@ def pipeline_table(rows: list[dict[str, Any]]) -> str:
              "bubble = share of a stage's step time "
              "not spent computing (median over runs, mean over stages; torch's schedules run their work where "
              "it cannot be timed); stage balance = slowest stage over the mean, as the profile promised and as "
-             "measured (busy time); weight copies = stashed or predicted weights kept (largest rank).", "",
-             "| model | link | strategy | vs ddp | bubble | balance: profile / measured | weight copies "
+             "measured (busy time); weight copies = stashed or predicted weights kept (largest rank); regime = "
+             "flushed, or asynchronous with s = the most updates the first stage applies between a micro-batch's "
+             "forward and its own update (SpecTrain's thesis: 1 micro-batch per step, s = stages − 1).", "",
+             "| model | link | strategy | regime | vs ddp | bubble | balance: profile / measured | weight copies "
              "| stage bounds |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in pipes:
         p = r["pipeline"]
         vs = versus(rows, r, "ddp")
         fmt = (lambda v, f: f.format(v) if v is not None else "–")
         bounds = sorted(set(p["bounds"]))
-        lines.append(f"| {r['model']} | {r['rate']} | {r['strategy']} | {vs} | {fmt(p['bubble'], '{:.0%}')} | "
+        lines.append(f"| {r['model']} | {r['rate']} | {r['strategy']} | {p['regime']} | {vs} | "
+                     f"{fmt(p['bubble'], '{:.0%}')} | "
                      f"{fmt(p['plan_imbalance'], '{:.2f}')} / {fmt(p['busy_imbalance'], '{:.2f}')} | "
                      f"{human_bytes(p['kept']) if p['kept'] else '–'} | "
                      f"{'; '.join(' '.join(f'{lo}-{hi - 1}' for lo, hi in b) for b in bounds)} |")

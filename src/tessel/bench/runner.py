@@ -8,7 +8,8 @@ taken from the runs of one round, minutes apart at most (``stats.paired_ratio``)
 
 Pipelined jobs run on one stage cut per (model, stage count): the first such run profiles and cuts, and
 every later run of that model is given the same layer counts (``--pipeline.split``), so strategies that
-differ only in schedule run on the same stages.
+differ only in schedule run on the same stages (torch's interleaved and zero-bubble peers, two stages per
+rank, share a cut of their own).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster.emulate import EmulatedCluster, HostFailed
+from ..pipeline.schedules import chunks
 from .scenarios import Scenario
 
 UNSHAPED = "unshaped"
@@ -108,7 +110,8 @@ def run_scenario(scn: Scenario, out: Path, repeats: int = 3, prefix: str = "tslb
                     args = ["-m", "tessel", "train", *scn.common, *scn.models[model], *scn.strategies[strategy],
                             "--steps", str(scn.steps), "--out", str(run_dir.resolve())]
                     pp = _flag(args, "--pp")
-                    cut = (model, pp)
+                    # torch's interleaved and zero-bubble peers cut twice as many stages: their own cut
+                    cut = (model, pp, chunks(_flag(args, "--pipeline.schedule") or ""))
                     if pp not in (None, "1") and cut in cuts and _flag(args, "--pipeline.split") is None:
                         args += ["--pipeline.split", cuts[cut]]
                     done += 1
@@ -121,7 +124,8 @@ def run_scenario(scn: Scenario, out: Path, repeats: int = 3, prefix: str = "tslb
                     summary = json.loads((run_dir / "summary.json").read_text())
                     if pp not in (None, "1") and cut not in cuts and split_of(summary):
                         cuts[cut] = split_of(summary)
-                        log(f"{model} on {pp} stages: every later run is given this run's cut {cuts[cut]}")
+                        log(f"{model} on {len(cuts[cut].split(','))} stages: every later run is given this run's "
+                            f"cut {cuts[cut]}")
                     rec = _record(summary, model=model, strategy=strategy, hosts=hosts, rate=rate, repeat=repeat)
                     records.append(rec)
                     log(f"[{done}/{total}] {model:<15} {strategy:<11} hosts={hosts} {rate:<8} rep {repeat}: "

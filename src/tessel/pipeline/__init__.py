@@ -23,6 +23,7 @@ from ..errors import PlanError
 from .layers import check_no_shared, prune
 from .partition import StagePlan, parse_split, plan_stages
 from .runtime import PipelineEngine, summary
+from .schedules import chunks, held
 from .stage import Stage
 
 
@@ -51,4 +52,4 @@ def cut(model: torch.nn.Module, chain: Chain, stages: int, split: str, sample: t
     return plan
 
 
-__all__ = ["PipelineEngine", "Stage", "StagePlan", "check_model", "cut", "prune", "summary"]
+__all__ = ["PipelineEngine", "Stage", "StagePlan", "check_model", "chunks", "cut", "held", "prune", "summary"]

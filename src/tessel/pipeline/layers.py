@@ -41,10 +41,11 @@ def check_no_shared(model: nn.Module, chain: Chain, bounds: list[tuple[int, int]
                                 "untie it (model.tie_embeddings=false) or keep its layers on one stage")
 
 
-def prune(model: nn.Module, chain: Chain, lo: int, hi: int) -> nn.Module:
-    """``model`` with every submodule that layers ``lo..hi-1`` do not use replaced by a parameter-free
-    ``nn.Identity``: the stage's parameters keep their names, the others are freed."""
-    keep = {path for layer in chain.layers[lo:hi] for path in layer.owns}
+def prune(model: nn.Module, chain: Chain, lo: int, hi: int, *more: tuple[int, int]) -> nn.Module:
+    """``model`` with every submodule that layers ``lo..hi-1`` (and the ``more`` ranges: a rank that runs
+    several stages) do not use replaced by a parameter-free ``nn.Identity``: the stage's parameters keep
+    their names, the others are freed."""
+    keep = {path for a, b in ((lo, hi), *more) for layer in chain.layers[a:b] for path in layer.owns}
     for layer in chain.layers:
         for path in layer.owns:
             if path not in keep:

@@ -26,17 +26,20 @@ stage's layers, and its boundary messages are this rank's block of the activatio
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
 from torch.func import functional_call
 
 from .. import comm
-from ..chain import Chain
+from ..chain import Chain, Runner
+from ..choices import TORCH_MULTI_SCHEDULES
 from ..train.draws import SameDraws
 from ..train.engine import StepResult
 from ..train.optim import lr_at
 from ..train.tail import StepTail
+from .layers import prune
 from .predict import StageWeights
 from .schedules import ASYNC, SYNC, TORCH, ahead, async_ops, drain_ops, sync_ops
 from .stage import Stage
@@ -84,7 +87,8 @@ class PipelineEngine:
         self._marks: list[tuple[float, float, float]] = []
         self._end: tuple[float, float, float] | None = None
         self.draws = SameDraws(self.cfg.micro_batches, any(p.is_cuda for p in self.params.values()))
-        self._torch = _torch_schedule(stage, chain, schedule, self.cfg.micro_batches) if schedule in TORCH else None
+        self._torch = (_torch_schedule(stage, chain, schedule, self.cfg.micro_batches, plan) if schedule in TORCH
+                       else None)
 
     # -- one forward / backward --------------------------------------------------------------------------
 
@@ -250,7 +254,9 @@ class PipelineEngine:
     def _torch_step(self, inputs, targets, lr) -> tuple[list[float], float]:
         st = self.stage
         losses: list = []
-        if st.first:
+        if st.first and st.last:  # ZBV: rank 0 holds the first and the last stage
+            self._torch.step(inputs, target=targets, losses=losses)
+        elif st.first:
             self._torch.step(inputs)
         elif st.last:
             self._torch.step(target=targets, losses=losses)
@@ -279,11 +285,26 @@ def summary(stats: list[dict], plan, schedule: str, micro: int, predict: str) ->
             "cpu_per_step_per_rank": [s["cpu_per_step"] for s in stats]}
 
 
-def _torch_schedule(stage: Stage, chain: Chain, schedule: str, micro: int):
-    """torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on exactly this stage's module."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+def _torch_schedule(stage: Stage, chain: Chain, schedule: str, micro: int, plan):
+    """torch.distributed.pipelining's schedule on exactly this rank's stage module, or on its two stages (the
+    interleaved and zero-bubble schedules), cut by the same plan."""
+    import torch.distributed.pipelining as pipelining
 
     device = next(stage.runner.parameters()).device
-    pstage = PipelineStage(stage.runner, stage.index, stage.stages, device, group=stage.group)
-    cls = ScheduleGPipe if schedule == "torch-gpipe" else Schedule1F1B
-    return cls(pstage, micro, loss_fn=chain.loss)
+    cls = {"torch-gpipe": pipelining.ScheduleGPipe, "torch-1f1b": pipelining.Schedule1F1B,
+           "torch-interleaved-1f1b": pipelining.ScheduleInterleaved1F1B,
+           "torch-interleaved-zb": pipelining.ScheduleInterleavedZeroBubble,
+           "torch-zbv": pipelining.ScheduleZBVZeroBubble}[schedule]
+    if schedule not in TORCH_MULTI_SCHEDULES:
+        return cls(pipelining.PipelineStage(stage.runner, stage.index, stage.stages, device, group=stage.group), micro,
+                   loss_fn=chain.loss)
+    root = stage.runner.root
+    parts = []
+    for i in stage.held:
+        lo, hi = plan.bounds[i]
+        # each stage its own module tree with only its layers, over the very Parameters the optimizer steps:
+        # zero-bubble schedules take a stage's weight gradients over all of its module's parameters
+        tree = prune(copy.deepcopy(root, memo={id(p): p for p in root.parameters()}), chain, lo, hi)
+        parts.append(pipelining.PipelineStage(Runner(tree, chain, lo, hi), i, len(plan.bounds), device,
+                                              group=stage.group))
+    return cls(parts, micro, loss_fn=chain.loss)

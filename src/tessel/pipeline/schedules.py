@@ -15,10 +15,32 @@ Example::
 
 from __future__ import annotations
 
-from ..choices import ASYNC_SCHEDULES, SCHEDULES, SYNC_SCHEDULES, TORCH_SCHEDULES
+from ..choices import ASYNC_SCHEDULES, SCHEDULES, SYNC_SCHEDULES, TORCH_MULTI_SCHEDULES, TORCH_SCHEDULES
 from ..errors import PlanError
 
 SYNC, ASYNC, TORCH = SYNC_SCHEDULES, ASYNC_SCHEDULES, TORCH_SCHEDULES
+CHUNKS = 2  # stages per rank of torch's multi-stage schedules (ZBV needs exactly 2)
+
+
+def chunks(name: str) -> int:
+    """Stages each rank runs under schedule ``name``.
+
+    >>> chunks("1f1b"), chunks("torch-interleaved-1f1b")
+    (1, 2)
+    """
+    return CHUNKS if name in TORCH_MULTI_SCHEDULES else 1
+
+
+def held(name: str, rank: int, pp: int) -> list[int]:
+    """The stages rank ``rank`` of ``pp`` runs: its own, or for torch's multi-stage schedules two of ``2 pp``,
+    round-robin (interleaved: r and r + pp) or in a V (ZBV: r and 2 pp - 1 - r, so rank 0 holds both ends).
+
+    >>> held("1f1b", 1, 4), held("torch-interleaved-zb", 1, 4), held("torch-zbv", 1, 4)
+    ([1], [1, 5], [1, 6])
+    """
+    if name not in TORCH_MULTI_SCHEDULES:
+        return [rank]
+    return [rank, 2 * pp - 1 - rank] if name == "torch-zbv" else [rank + k * pp for k in range(CHUNKS)]
 
 
 def check(name: str) -> None:
@@ -71,3 +93,7 @@ def check_micro(name: str, stages: int, micro: int) -> None:
     if name in TORCH and micro < stages:
         raise PlanError(f"pipeline.schedule={name} needs train.micro_batches >= pp ({stages}), got {micro}; "
                         f"valid: micro_batches >= {stages}")
+    if name in TORCH_MULTI_SCHEDULES and micro % stages:
+        # torch runs the micro-batches in rounds of pp; a partial round is refused inside torch
+        raise PlanError(f"pipeline.schedule={name} needs train.micro_batches to be a multiple of pp ({stages}), "
+                        f"got {micro}; valid: {stages}, {2 * stages}, ...")

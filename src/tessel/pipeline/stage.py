@@ -24,12 +24,16 @@ from .partition import StagePlan
 
 
 class Stage:
-    """Stage ``index`` of ``stages``; ``ranks``: the global rank of each stage in this rank's pp group."""
+    """Stage ``index`` of ``stages``; ``ranks``: the global rank of each stage in this rank's pp group.
+
+    ``held``: the plan's stages this rank runs when torch's multi-stage schedules give it two (``runner``
+    then holds both); first and last mean holding the plan's first and last stage."""
 
     def __init__(self, runner: Runner, index: int, stages: int, ranks: list[int], plan: StagePlan,
-                 micro: int, dtype: torch.dtype, group=None) -> None:
+                 micro: int, dtype: torch.dtype, group=None, held: list[int] | None = None) -> None:
         self.runner, self.index, self.stages, self.ranks, self.group = runner, index, stages, ranks, group
-        self.first, self.last = index == 0, index == stages - 1
+        self.held = held or [index]
+        self.first, self.last = 0 in self.held, len(plan.bounds) - 1 in self.held
         self.dtype = dtype
         # The profile gives the whole activation a layer hands on; under tensor parallelism this rank sends
         # and receives only its block of it (the chain knows the layout), to the rank of the same grid

@@ -126,14 +126,15 @@ def check_shapes(model: torch.nn.Module, chain, spec: GridSpec, batch_per_rank: 
                             f"batch whose micro-batches per dp rank are a multiple of {count}")
 
 
-def parallelize(model: torch.nn.Module, mode: str, mesh, spec: GridSpec, regather: bool = False):
+def parallelize(model: torch.nn.Module, mode: str, mesh, spec: GridSpec, regather: bool = False,
+                sequence_parallel: bool = False):
     """A whole model (no pipeline) made tensor-parallel: (module to train, its handle). tessel's modes give a
     :class:`tessel.chain.Runner` (call it with inputs and targets; its ``root`` is the model, names unchanged);
-    ``torch-1d`` gives the model under torch's ``parallelize_module``."""
+    ``torch-1d`` gives the model under torch's ``parallelize_module`` (with ``sequence_parallel``, torch's)."""
     if mode == "torch-1d":
         from .native import NativeTP, parallelize_native
 
-        model = parallelize_native(model, mesh)
+        model = parallelize_native(model, mesh, sequence_parallel)
         return model, NativeTP(model, mesh)
     chain, handle = apply(model, chain_of(model), spec, mesh, regather)
     return Runner(model, chain), handle

@@ -1,12 +1,14 @@
 """The peer: torch's own 1-D tensor parallelism (``parallelize_module``) on the plain model, at its best.
 
-The plan is the one torch's TP tutorial and torchtitan give a Llama-style model, with sequence parallelism
-and ``loss_parallel``: q/k/v and fc_in column-wise, out_proj and fc_out row-wise with their outputs
-reduce-scattered over the sequence (B, T/tp, dim), so the norms run on sequence shards and attention and
-MLP all-gather their input; the head column-wise with its logits left sharded by vocabulary (B, T, V/tp),
-and the cross-entropy computed on those shards (``loss_parallel``) instead of gathering the logits.
-The token table is cut by vocabulary (row-wise); its output stays whole because the model adds the
-positions to whole sequences, and the first block takes its sequence shard without communication.
+The plan is the one torch's TP tutorial and torchtitan give a Llama-style model: q/k/v and fc_in
+column-wise, out_proj and fc_out row-wise, the token table cut by vocabulary (row-wise), and the head
+column-wise with its logits left sharded by vocabulary (B, T, V/tp): the cross-entropy runs on those shards
+(``loss_parallel``) instead of gathering the logits. Norms and positions stay replicated.
+
+With ``sequence_parallel`` (torchtitan's default) the row-wise outputs are reduce-scattered over the sequence
+(B, T/tp, dim), the norms run on sequence shards, and attention and MLP all-gather their input. The token
+table's output stays whole, because the model adds positions to whole sequences, and the first block takes
+its sequence shard locally.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from .. import comm
 from ..errors import PlanError
 
 
-def parallelize_native(model, mesh) -> torch.nn.Module:
+def parallelize_native(model, mesh, sequence_parallel: bool = False) -> torch.nn.Module:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -31,21 +33,23 @@ def parallelize_native(model, mesh) -> torch.nn.Module:
 
     if getattr(model, "softmax", "full") != "full" or not hasattr(model, "blocks"):
         raise PlanError("tensor.mode 'torch-1d' applies to transformer_lm with softmax 'full'")
-    gather_seq = lambda: PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())  # noqa: E731
+    seq = Shard(1) if sequence_parallel else Replicate()  # the residual stream between blocks
     plan = {"tok_emb": RowwiseParallel(input_layouts=Replicate()),
-            # (B, T, dim) whole -> this rank's (B, T/tp, dim): a local slice, no traffic
-            "blocks.0": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1),
-                                           use_local_output=True),
-            "ln_f": SequenceParallel(),
-            "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)}
+            "head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)}
     for i in range(len(model.blocks)):
         b = f"blocks.{i}"
-        plan.update({f"{b}.ln1": SequenceParallel(), f"{b}.ln2": SequenceParallel(),
-                     f"{b}.attn": gather_seq(), f"{b}.mlp": gather_seq(),
-                     f"{b}.attn.out_proj": RowwiseParallel(output_layouts=Shard(1)),
-                     f"{b}.mlp.fc_in": ColwiseParallel(),
-                     f"{b}.mlp.fc_out": RowwiseParallel(output_layouts=Shard(1))})
         plan.update({f"{b}.attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")})
+        plan.update({f"{b}.mlp.fc_in": ColwiseParallel(), f"{b}.attn.out_proj": RowwiseParallel(output_layouts=seq),
+                     f"{b}.mlp.fc_out": RowwiseParallel(output_layouts=seq)})
+        if sequence_parallel:
+            gather = lambda: PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate())  # noqa: E731
+            plan.update({f"{b}.ln1": SequenceParallel(), f"{b}.ln2": SequenceParallel(),
+                         f"{b}.attn": gather(), f"{b}.mlp": gather()})
+    if sequence_parallel:
+        # (B, T, dim) whole -> this rank's (B, T/tp, dim): a local slice, no traffic
+        plan.update({"blocks.0": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=seq,
+                                                    use_local_output=True),
+                     "ln_f": SequenceParallel()})
     return parallelize_module(model, mesh["tp"], plan)
 
 
