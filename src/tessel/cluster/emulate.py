@@ -34,13 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TesselError
+from . import cgroups
+from .cgroups import CGROUP_ROOT, PERIOD_US, CgroupError
 
-CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
-CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
 NETNS_DIR = Path("/run/netns")
 STATE_DIR = Path("/run")
 SUBNET = "10.77.0"
-PERIOD_US = 10_000
 QUEUE = "50ms"  # how long a packet may wait in a link's queue before tbf drops it
 _UNITS = {"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _RATE_FORMS = "a number of bit/s with an optional unit kbit, mbit or gbit, e.g. 500kbit, 200mbit, 1gbit, 1e6"
@@ -105,20 +104,13 @@ def _namespaces(prefix: str) -> list[str]:
     return sorted(n for n in names if pattern.fullmatch(n))
 
 
-def _cgroups(prefix: str) -> list[Path]:
-    """The hosts' cpu groups and, where pinned, their cpuset groups."""
-    pattern = re.compile(rf"{re.escape(prefix)}-h\d+")
-    parents = [root / "tessel" for root in (CGROUP_ROOT, CPUSET_ROOT) if (root / "tessel").is_dir()]
-    return sorted(p for parent in parents for p in parent.iterdir() if p.is_dir() and pattern.fullmatch(p.name))
-
-
 def leftovers(prefix: str = "tsl") -> list[str]:
     """Every namespace, cgroup and state file of the cluster ``prefix`` still present; [] when clean.
 
     >>> leftovers("nosuchprefix")
     []
     """
-    found = [f"netns {n}" for n in _namespaces(prefix)] + [f"cgroup {p}" for p in _cgroups(prefix)]
+    found = [f"netns {n}" for n in _namespaces(prefix)] + [f"cgroup {p}" for p in cgroups.host_groups(prefix)]
     return found + ([f"file {_state_file(prefix)}"] if _state_file(prefix).exists() else [])
 
 
@@ -139,7 +131,7 @@ def _live(pid: int) -> bool:
 
 def _pids(prefix: str) -> set[int]:
     pids: set[int] = set()
-    for group in _cgroups(prefix):
+    for group in cgroups.host_groups(prefix):
         with contextlib.suppress(OSError):
             pids |= {int(p) for p in (group / "cgroup.procs").read_text().split()}
     if shutil.which("ip"):
@@ -185,15 +177,7 @@ def remove_cluster(prefix: str = "tsl") -> list[str]:
         # Deleting a host namespace destroys its veth pair, and with it both ends' qdiscs.
         for ns in sorted(_namespaces(prefix), key=lambda n: n.endswith("-sw")):
             _sh("ip", "netns", "del", ns, check=False)
-        for group in _cgroups(prefix):
-            for _ in range(100):  # the kernel may take a moment to account for the last exits
-                with contextlib.suppress(OSError):
-                    group.rmdir()
-                    break
-                time.sleep(0.02)
-        for root in (CGROUP_ROOT, CPUSET_ROOT):
-            with contextlib.suppress(OSError):
-                (root / "tessel").rmdir()  # only succeeds once no other prefix uses it
+        cgroups.remove(prefix)
         _state_file(prefix).unlink(missing_ok=True)
     left = leftovers(prefix)
     if left:
@@ -281,11 +265,11 @@ class EmulatedCluster:
 
     def cgroup(self, host: int) -> Path:
         """The cgroup v1 cpu group that holds host ``host``'s processes."""
-        return CGROUP_ROOT / "tessel" / f"{self.prefix}-h{host}"
+        return cgroups.cpu_group(self.prefix, host)
 
     def cpuset(self, host: int) -> Path | None:
         """The cgroup v1 cpuset group that pins host ``host`` to its core (None unless ``pin``)."""
-        return CPUSET_ROOT / "tessel" / f"{self.prefix}-h{host}" if self.pin else None
+        return cgroups.cpuset_group(self.prefix, host) if self.pin else None
 
     @classmethod
     def attach(cls, prefix: str = "tsl") -> EmulatedCluster:
@@ -352,30 +336,10 @@ class EmulatedCluster:
                 _sh("ip", *args)
             self._shape(ns, "eth0")  # host -> switch
             self._shape(sw, port)  # switch -> host
-            self._cpu_groups(i)
-
-    def _cpu_groups(self, i: int) -> None:
-        group = self.cgroup(i)
-        group.mkdir(parents=True)
-        (group / "cpu.cfs_period_us").write_text(str(self.period_us))
-        (group / "cpu.cfs_quota_us").write_text(str(int(self.cpus * self.period_us)))
-        if self.burst_us:
             try:
-                (group / "cpu.cfs_burst_us").write_text(str(self.burst_us))
-            except OSError as e:
-                raise ClusterError(f"burst_us needs the kernel's cpu.cfs_burst_us (Linux 5.14+), which failed here "
-                                   f"({e.strerror}); use burst_us 0 on this machine") from None
-        pinned = self.cpuset(i)
-        if pinned is not None:
-            try:
-                pinned.mkdir(parents=True)
-                for name in ("cpuset.cpus", "cpuset.mems"):  # the parent starts empty: copy the root's
-                    (pinned.parent / name).write_text((CPUSET_ROOT / name).read_text())
-                (pinned / "cpuset.mems").write_text((CPUSET_ROOT / "cpuset.mems").read_text())
-                (pinned / "cpuset.cpus").write_text(str(i % (os.cpu_count() or 1)))
-            except OSError as e:
-                raise ClusterError(f"pin needs the cgroup v1 cpuset controller at {CPUSET_ROOT}, which failed here "
-                                   f"({e.strerror}); run without pin") from None
+                cgroups.make(self.prefix, i, self.cpus, self.period_us, self.burst_us, self.pin)
+            except CgroupError as e:
+                raise ClusterError(str(e)) from None
 
     def _shape(self, ns: str, dev: str) -> None:
         if self.rate_bits is None:
