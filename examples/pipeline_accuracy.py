@@ -1,27 +1,42 @@
-"""Accuracy protocol for asynchronous pipelines: does weight prediction remove the cost of staleness?
+"""Accuracy protocol for asynchronous pipelines, run to convergence: does weight prediction remove the
+cost of staleness once training has plateaued?
 
-Every run trains the same model with the same data, global batch, optimizer, learning-rate schedule and
-number of updates; only the schedule differs. Pipelines use 4 stages and one micro-batch per step, which
-is SpecTrain's setting and the stalest one: stage k's forward meets weights N − k − 1 = 3, 2, 1, 0 updates
-older than the ones its gradient is applied to. Runs:
+Every run trains the same model with the same data, global batch, optimizer, learning-rate schedule (20
+warm-up steps, cosine decay to zero at the last step) and number of updates; only the schedule differs.
+Pipelines use 4 stages. With one micro-batch per step (SpecTrain's setting, the stalest) stage k's forward
+meets weights N − k − 1 = 3, 2, 1, 0 updates older than the ones its gradient is applied to; with 4
+micro-batches only the first N − k − 1 micro-batches of a step are one update behind.
 
-- ``single``: one process, the reference; ``1f1b``: flushed pipeline (must equal ``single``);
-- ``async``: no flush, no stashing (stale and inconsistent weights); ``async-stash``: PipeDream;
-- ``async-predict``: SpecTrain (v1 by default; ``--variants v1,v2`` adds v2).
+Budget (``--steps auto``): the flushed baseline is trained in one process (its updates equal ``1f1b``'s)
+on the plateau seeds at T = 300, 600, 1200, ... steps; the budget is the first T whose doubling lowers the
+mean held-out loss by less than 1% (relative). A held-out loss that rises when the budget doubles (over-
+fitting on a finite corpus) also ends the search. Every schedule then trains for that budget.
 
-After training, the final weights (loaded from the run's checkpoint into one process) are evaluated on
-samples no run has seen. Reported: held-out loss (and accuracy for the classifier), mean ± std over seeds,
-every seed's value, and each schedule's gap to ``1f1b``.
+Runs per task, seed and micro-batch count: ``single`` (one process, once per seed), ``1f1b`` (flushed;
+must equal ``single`` at one micro-batch), ``async`` (stale), ``async-stash`` (PipeDream),
+``async-predict-v1`` (SpecTrain; ``--variants v1,v2`` adds v2). The final weights, loaded from the run's
+checkpoint into one process, are evaluated on samples no run trained on. Reported: held-out loss and
+accuracy (mean ± std over seeds, every seed's value), each schedule's gap to ``1f1b``, and paired tests
+over seeds (t-test on the per-seed relative loss gap, its mean and 95% interval).
 
-    python examples/pipeline_accuracy.py --out runs/pp-accuracy              # 2 tasks x 5 runs x 3 seeds
-    python examples/pipeline_accuracy.py --tasks classifier --seeds 0 --steps 50
-    python examples/pipeline_accuracy.py --micro 4 --out runs/pp-accuracy-m4   # the benchmark's micro-batching
+Tasks:
+- ``classifier``: 64 → 5 × 128 → 10 classes on Gaussian clusters of mean norm 3 (learnable, not trivial),
+  SGD with momentum 0.9 (the paper's optimizer and predictor);
+- ``transformer_lm``: 4 blocks of width 64 on tessel's embedded Zipf corpus (vocabulary 512), AdamW;
+- ``transformer_text``: the same model on real English text, Python's own documentation as shipped with
+  the standard library (``pydoc_data.topics``), tokenized with tessel's word-level tokenizer (vocabulary
+  1024); every tenth topic is held out.
+
+    python examples/pipeline_accuracy.py --steps auto --seeds 0,1,2,3,4 --micro 1,4 --out runs/pp-conv
+    python examples/pipeline_accuracy.py --tasks classifier --seeds 0 --steps 50      # a quick look
+    python examples/pipeline_accuracy.py --steps 300 --seeds 0,1,2 --micro 1          # the 300-step protocol
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -32,26 +47,41 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+LM = ["model.name=transformer_lm", "model.dim=64", "model.layers=4", "model.heads=4", "data.seq_len=32",
+      "train.optimizer=adamw", "train.lr=3e-3", "train.global_batch=16"]
 TASKS = {
-    # SGD with momentum, as in the paper; a noisy 10-class problem that is not solved in the budget
     "classifier": ["model.name=classifier", "model.in_features=64", "model.hidden=128", "model.layers=5",
                    "model.classes=10", "data.separation=3", "train.optimizer=sgd", "train.lr=0.05",
                    "train.momentum=0.9", "train.global_batch=32"],
-    # AdamW, where extrapolating Adam's moments is the risky case
-    "transformer_lm": ["model.name=transformer_lm", "model.dim=64", "model.layers=4", "model.heads=4",
-                       "data.vocab_size=512", "data.seq_len=32", "train.optimizer=adamw", "train.lr=3e-3",
-                       "train.global_batch=16"],
+    "transformer_lm": [*LM, "data.vocab_size=512"],
+    "transformer_text": [*LM, "data.source=text", "data.vocab_size=1024"],  # data.path set by text_corpus
 }
-EVAL_FIRST, EVAL_N = 10_000_000, 1024  # sample ids far beyond anything trained on
+EVAL_FIRST, EVAL_N = 10_000_000, 1024  # sample ids far beyond anything trained on (synthetic tasks)
+PLATEAU_SEEDS, PLATEAU_GAIN, FIRST_BUDGET = (0, 1), 0.01, 300
 
 
-def runs(variants: list[str], micro: int = 1) -> dict[str, list[str]]:
+def text_corpus(out: Path) -> tuple[Path, Path]:
+    """Python's documentation topics as train.txt and heldout.txt (every tenth topic, by sorted name)."""
+    import pydoc_data.topics
+
+    topics = [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)]
+    out.mkdir(parents=True, exist_ok=True)
+    train, held = out / "train.txt", out / "heldout.txt"
+    train.write_text("\n".join(t for i, t in enumerate(topics) if i % 10 != 9))
+    held.write_text("\n".join(t for i, t in enumerate(topics) if i % 10 == 9))
+    return train, held
+
+
+def schedules(variants: list[str], micro: int) -> dict[str, list[str]]:
     pp = ["parallel.nproc=4", "parallel.pp=4", f"train.micro_batches={micro}"]
-    out = {"single": ["parallel.nproc=1", "parallel.pp=1"], "1f1b": [*pp, "pipeline.schedule=1f1b"],
-           "async": [*pp, "pipeline.schedule=async"], "async-stash": [*pp, "pipeline.schedule=async-stash"]}
+    out = {"1f1b": [*pp, "pipeline.schedule=1f1b"], "async": [*pp, "pipeline.schedule=async"],
+           "async-stash": [*pp, "pipeline.schedule=async-stash"]}
     for v in variants:
         out[f"async-predict-{v}"] = [*pp, "pipeline.schedule=async-predict", f"pipeline.predict={v}"]
     return out
+
+
+SINGLE = ["parallel.nproc=1", "parallel.pp=1"]
 
 
 def train(overrides: list[str], out: Path) -> None:
@@ -62,8 +92,19 @@ def train(overrides: list[str], out: Path) -> None:
         raise SystemExit(f"run failed: {' '.join(cmd)}\n{r.stderr[-2000:]}")
 
 
-def evaluate(overrides: list[str], out: Path) -> dict[str, float]:
-    """Held-out loss (and accuracy) of the run's final weights, in one process."""
+def held_out(data, heldout: Path | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) no run trained on: far sample ids, or windows of the held-out text."""
+    if heldout is None:
+        return data.get_batch(np.arange(EVAL_FIRST, EVAL_FIRST + EVAL_N))
+    lines = heldout.read_text().splitlines()
+    ids = np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in data.tokenizer.encode_batch(lines)])
+    n, t = min(EVAL_N, (len(ids) - 1) // data.seq_len), data.seq_len
+    windows = torch.from_numpy(ids[: n * t + 1])
+    return windows[:-1].reshape(n, t), windows[1:].reshape(n, t)  # (n, t): targets are inputs shifted by 1
+
+
+def evaluate(overrides: list[str], out: Path, heldout: Path | None) -> dict[str, float]:
+    """Held-out loss and accuracy (classes, or next tokens) of the run's final weights, in one process."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     from tessel.config import load_config
@@ -78,7 +119,7 @@ def evaluate(overrides: list[str], out: Path) -> dict[str, float]:
         state = torch.load(f"{tmp}/w.pt", weights_only=False)["model"]
     model.load_state_dict(state)
     model.eval()
-    x, y = data.get_batch(np.arange(EVAL_FIRST, EVAL_FIRST + EVAL_N))
+    x, y = held_out(data, heldout)
     with torch.no_grad():
         logits = model.logits(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
@@ -86,54 +127,102 @@ def evaluate(overrides: list[str], out: Path) -> dict[str, float]:
     return {"loss": float(loss), "accuracy": float(acc) * 100}
 
 
-def table(results: dict, tasks: list[str], names: list[str]) -> str:
-    lines = []
-    for task in tasks:
-        ref = statistics.mean(r["loss"] for r in results[task]["1f1b"])
-        ref_acc = statistics.mean(r["accuracy"] for r in results[task]["1f1b"])
-        lines += [f"**{task}** (held-out, {EVAL_N} samples)", "",
-                  "| run | loss mean ± std | vs 1f1b | accuracy % mean ± std | vs 1f1b (points) | per seed (loss) |",
-                  "|---|---|---|---|---|---|"]
-        for name in names:
-            rs = results[task][name]
-            loss = [r["loss"] for r in rs]
-            acc = [r["accuracy"] for r in rs]
-            sd = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
-            mean_loss, mean_acc = statistics.mean(loss), statistics.mean(acc)
-            lines.append(f"| {name} | {mean_loss:.4f} ± {sd(loss):.4f} | {(mean_loss / ref - 1) * 100:+.2f}% | "
-                         f"{mean_acc:.2f} ± {sd(acc):.2f} | {mean_acc - ref_acc:+.2f} | "
-                         f"{', '.join(f'{v:.4f}' for v in loss)} |")
-        lines.append("")
-    return "\n".join(lines)
+def run(task_args: list[str], extra: list[str], seed: int, steps: int, out: Path, heldout) -> dict:
+    overrides = [*task_args, *extra, f"train.seed={seed}", f"train.steps={steps}", "train.warmup=20",
+                 "train.clip=0"]  # clipping off: a stage-local norm would differ from the global one
+    if not (out / "summary.json").exists():  # written at a run's end: a stopped run's checkpoint is not final
+        shutil.rmtree(out, ignore_errors=True)
+        train(overrides, out)
+    return evaluate(overrides, out, heldout)
+
+
+def plateau(task: str, task_args: list[str], out: Path, heldout, log: list[str], cap: int) -> int:
+    """The first budget whose doubling improves the flushed baseline's held-out loss by < PLATEAU_GAIN."""
+    def mean_loss(steps: int) -> float:
+        losses = [run(task_args, SINGLE, s, steps, out / f"{task}-budget{steps}-s{s}", heldout)["loss"]
+                  for s in PLATEAU_SEEDS]
+        log.append(f"{task}: single, {steps} steps, held-out loss {statistics.mean(losses):.4f} "
+                   f"(seeds {', '.join(f'{v:.4f}' for v in losses)})")
+        print(log[-1], flush=True)
+        return statistics.mean(losses)
+
+    steps, loss = FIRST_BUDGET, mean_loss(FIRST_BUDGET)
+    while steps < cap:
+        longer = mean_loss(2 * steps)
+        if longer > loss * (1 - PLATEAU_GAIN):
+            return steps
+        steps, loss = 2 * steps, longer
+    log.append(f"{task}: stopped at the cap of {cap} steps before a plateau (not converged by this criterion)")
+    print(log[-1], flush=True)
+    return steps
+
+
+def paired(a: list[float], b: list[float]) -> str:
+    """Relative gap of a over b per seed: mean, 95% t interval and the paired t-test's p."""
+    from scipy import stats
+
+    gaps = np.array(a) / np.array(b) - 1
+    if len(gaps) < 2:
+        return f"{gaps.mean() * 100:+.2f}% (one seed)"
+    lo, hi = stats.t.interval(0.95, len(gaps) - 1, loc=gaps.mean(), scale=stats.sem(gaps))
+    p = stats.ttest_rel(a, b).pvalue
+    return f"{gaps.mean() * 100:+.2f}% ({lo * 100:+.2f} to {hi * 100:+.2f}), p={p:.3f}"
+
+
+def table(rows: dict[str, list[dict]], names: list[str], predict: str) -> list[str]:
+    sd = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
+    ref = statistics.mean(r["loss"] for r in rows["1f1b"])
+    ref_acc = statistics.mean(r["accuracy"] for r in rows["1f1b"])
+    lines = ["| run | loss mean ± std | vs 1f1b | accuracy % mean ± std | vs 1f1b (points) | per seed (loss) |",
+             "|---|---|---|---|---|---|"]
+    for name in names:
+        loss, acc = [r["loss"] for r in rows[name]], [r["accuracy"] for r in rows[name]]
+        lines.append(f"| {name} | {statistics.mean(loss):.4f} ± {sd(loss):.4f} | "
+                     f"{(statistics.mean(loss) / ref - 1) * 100:+.2f}% | {statistics.mean(acc):.2f} ± {sd(acc):.2f} | "
+                     f"{statistics.mean(acc) - ref_acc:+.2f} | {', '.join(f'{v:.4f}' for v in loss)} |")
+    pl = [r["loss"] for r in rows[predict]]
+    lines += ["", "Paired over seeds, relative held-out loss gap (mean, 95% interval, paired t-test):", ""]
+    for other in ("1f1b", "async", "async-stash"):
+        lines.append(f"- {predict} vs {other}: {paired(pl, [r['loss'] for r in rows[other]])}")
+    return lines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/pp-accuracy")
+    ap.add_argument("--out", default="runs/pp-conv")
     ap.add_argument("--tasks", default=",".join(TASKS))
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--steps", default="auto", help="updates per run, or 'auto' (the plateau search)")
+    ap.add_argument("--max-steps", type=int, default=9600, help="the budget search's cap (reported if reached)")
     ap.add_argument("--variants", default="v1")
-    ap.add_argument("--micro", type=int, default=1,
-                    help="micro-batches per step in the pipelines (1: SpecTrain's setting, the stalest)")
+    ap.add_argument("--micro", default="1,4", help="micro-batches per step in the pipelines, comma-separated")
     a = ap.parse_args()
     tasks, seeds = a.tasks.split(","), [int(s) for s in a.seeds.split(",")]
-    names = list(runs(a.variants.split(",")))
-    out = Path(a.out)
-    results: dict = {t: {n: [] for n in names} for t in tasks}
+    variants, micros, out = a.variants.split(","), [int(m) for m in a.micro.split(",")], Path(a.out)
+    results, report, log = {}, [], []
     for task in tasks:
-        for seed in seeds:
-            for name, extra in runs(a.variants.split(","), a.micro).items():
-                overrides = [*TASKS[task], *extra, f"train.seed={seed}", f"train.steps={a.steps}",
-                             "train.warmup=20", "train.clip=0"]
-                d = out / f"{task}-{name}-s{seed}"
-                train(overrides, d)
-                r = evaluate(overrides, d)
-                results[task][name].append(r)
-                print(f"{task:<15} {name:<17} seed {seed}: loss {r['loss']:.4f}  acc {r['accuracy']:.2f}%",
-                      flush=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    md = table(results, tasks, names)
+        task_args, heldout = list(TASKS[task]), None
+        if task == "transformer_text":
+            train_txt, heldout = text_corpus(out / "text")
+            task_args.append(f"data.path={train_txt}")
+        steps = plateau(task, task_args, out, heldout, log, a.max_steps) if a.steps == "auto" else int(a.steps)
+        res = results[task] = {"steps": steps, "single": []}
+        res["single"] = [run(task_args, SINGLE, s, steps, out / f"{task}-single-{steps}-s{s}", heldout)
+                         for s in seeds]
+        for micro in micros:
+            names = list(schedules(variants, micro))
+            rows = res[f"m{micro}"] = {n: [] for n in names}
+            for seed in seeds:
+                for name, extra in schedules(variants, micro).items():
+                    r = run(task_args, extra, seed, steps, out / f"{task}-m{micro}-{name}-{steps}-s{seed}", heldout)
+                    rows[name].append(r)
+                    print(f"{task:<16} m={micro} {name:<17} seed {seed}: loss {r['loss']:.4f} "
+                          f"acc {r['accuracy']:.2f}%", flush=True)
+            report += [f"**{task}**, {steps} steps, {micro} micro-batch(es) per step, held-out", "",
+                       *table({"single": res["single"], **rows}, ["single", *names],
+                              f"async-predict-{variants[0]}"), ""]
+            (out / "results.json").write_text(json.dumps(results, indent=1))
+    md = "\n".join(["Budget search:", "", *[f"- {line}" for line in log], "", *report])
     (out / "report.md").write_text(md)
     print(md)
 

@@ -231,3 +231,23 @@ def test_rounds_alternate_rates_and_pipelined_runs_share_one_cut(tmp_path, monke
     assert given.count(None) == 1 + 9  # the first pipelined run profiles; ddp (pp 1) is never given a split
     first = runner.split_of({"pipeline": staged[0]["pipeline"]})
     assert set(given) - {None} == {first}
+
+
+def test_pipeline_waits_per_stage_by_neighbour():
+    """Each stage's bubble and receive waits are medians over runs, reported in stage order (ranks may hold
+    stages in any order); torch's schedules, which cannot time their stages, get no rows."""
+    runs = [{"schedule": "async-predict", "micro_batches": 1, "plan_bounds": [[0, 1], [1, 2]],
+             "stage_of_rank": [1, 0], "bubble_per_rank": [0.4, 0.2], "wait_activation_per_rank": [0.030, 0.0],
+             "wait_grad_per_rank": [0.0, 0.010]},
+            {"schedule": "async-predict", "micro_batches": 1, "plan_bounds": [[0, 1], [1, 2]],
+             "stage_of_rank": [0, 1], "bubble_per_rank": [0.1, 0.6], "wait_activation_per_rank": [0.0, 0.050],
+             "wait_grad_per_rank": [0.020, 0.0]}]
+    mine = {"model": "m", "rate": "1gbit", "strategy": "async-predict", "pipeline": report._pipeline_stats(runs)}
+    torch_runs = [{**r, "schedule": "torch-1f1b", "bubble_per_rank": [None, None],
+                   "wait_activation_per_rank": [None, None], "wait_grad_per_rank": [None, None]} for r in runs]
+    peer = {"model": "m", "rate": "1gbit", "strategy": "torch-1f1b", "pipeline": report._pipeline_stats(torch_runs)}
+    text = report.wait_table([mine, peer])
+    # stage 0: bubbles 0.2 and 0.1 -> 15%; waits on the next stage 10 and 20 ms -> 15.0
+    assert "| m | 1gbit | async-predict | 0 | 15% | 0.0 | 15.0 |" in text
+    assert "| m | 1gbit | async-predict | 1 | 50% | 40.0 | 0.0 |" in text
+    assert "torch-1f1b" not in text and mine["pipeline"]["regime"] == "async, s ≤ 1 (2 stages, 1 micro-batch)"

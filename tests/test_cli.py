@@ -149,7 +149,12 @@ def test_pipeline_resume_is_bit_identical(tmp_path, schedule):
             "--micro-batches", "2", "--optimizer", "sgd", "--steps", "6", "--pipeline.schedule", schedule]
     a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args)
     summary = json.loads((full / "summary.json").read_text())
-    assert summary["pipeline"]["schedule"] == schedule and summary["pipeline"]["plan_bounds"][0][0] == 0
+    pipe = summary["pipeline"]
+    assert pipe["schedule"] == schedule and pipe["plan_bounds"][0][0] == 0
+    # receive waits, by whom: the first stage never awaits an activation, the last never a gradient
+    first, last = (pipe["stage_of_rank"].index(k) for k in (0, 1))
+    assert pipe["wait_activation_per_rank"][first] == 0.0 and pipe["wait_grad_per_rank"][last] == 0.0
+    assert pipe["wait_activation_per_rank"][last] > 0.0 and pipe["wait_grad_per_rank"][first] > 0.0
     # both stages' parameters, under the plain model's names
     assert {k for k in a["model"] if k.endswith("weight")} == {"net.0.weight", "net.2.weight", "net.4.weight",
                                                                 "net.6.weight"}
@@ -274,12 +279,13 @@ def test_pipeline_accuracy_protocol_runs(tmp_path):
     samples from its checkpoint, and the flushed pipeline matches the single process it must equal."""
     example = Path(__file__).resolve().parent.parent / "examples" / "pipeline_accuracy.py"
     r = subprocess.run([sys.executable, str(example), "--tasks", "classifier", "--seeds", "0", "--steps", "6",
-                        "--out", str(tmp_path / "acc")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                        "--micro", "1", "--out", str(tmp_path / "acc")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "acc" / "results.json").read_text())["classifier"]
-    assert set(res) == {"single", "1f1b", "async", "async-stash", "async-predict-v1"}
-    assert abs(res["1f1b"][0]["loss"] - res["single"][0]["loss"]) < 1e-4
-    assert "| async-predict-v1 |" in r.stdout
+    assert res["steps"] == 6 and set(res["m1"]) == {"1f1b", "async", "async-stash", "async-predict-v1"}
+    assert abs(res["m1"]["1f1b"][0]["loss"] - res["single"][0]["loss"]) < 1e-4
+    assert "| async-predict-v1 |" in r.stdout and "async-predict-v1 vs async-stash: " in r.stdout
 
 
 TP = [*TINY, "--nproc", "4", "--tp", "4", "--dtype", "float64", "--optimizer", "adamw", "--steps", "6"]

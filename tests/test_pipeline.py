@@ -147,19 +147,23 @@ def train_async(schedule, variant, steps, optimizer):
     extra = [f"pipeline.predict={variant}", "train.dtype=float32", "model.hidden=64", "train.clip=0"]
     cfg, dims, data, vocab, loader, built = _setup("classifier", schedule, 4, optimizer, 1, extra)
     built.engine.cfg.lr, built.engine.cfg.warmup, built.engine.cfg.steps = 0.05, 0, steps
-    losses = []
+    losses, held = [], []  # held: sends still kept after each step (their tensors alive)
     for step in range(steps):
         x, y = loader.next_batch()
         losses.append(built.engine.step(x.float(), y, step).loss)
+        held.append(len(built.engine.stage.pending))
     built.engine.drain(steps)
     stage_bytes = sum(p.numel() * p.element_size() for p in built.engine.params.values())
-    return losses, built.engine.peak_kept_bytes, built.engine.updates, stage_bytes
+    return losses, built.engine.peak_kept_bytes, built.engine.updates, stage_bytes, held, built.engine.stage.pending
 
 
 def test_async_schedules_converge(world4):
     """No flush, stale weights: each variant still learns the task, and drain() empties the pipeline."""
     steps = 60
-    sync = world4.run(train_async, "1f1b", "v1", steps, "sgd")[3][0]  # the last stage has the loss
+    flushed = world4.run(train_async, "1f1b", "v1", steps, "sgd")
+    sync = flushed[3][0]  # the last stage has the loss
+    # sends are retired: none outlives a flushed step, and a stream keeps at most 2 x (4 stages + 1 micro-batch)
+    assert all(r[4] == [0] * steps for r in flushed)
     for schedule, variant in [("async", "v1"), ("async-stash", "v1"), ("async-predict", "v1"),
                               ("async-predict", "v2")]:
         res = world4.run(train_async, schedule, variant, steps, "sgd")
@@ -167,6 +171,7 @@ def test_async_schedules_converge(world4):
         assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:5]) / 5, (schedule, losses)
         assert sum(losses[-10:]) / 10 < 1.5 * sum(sync[-10:]) / 10 + 0.05, (schedule, losses, sync)
         assert all(r[2] == steps for r in res)  # every mini-batch was applied on every stage after the drain
+        assert all(max(r[4]) <= 10 and r[5] == [] for r in res), [r[4] for r in res]
         kept = [r[1] for r in res]
         if schedule == "async-stash" or variant == "v2":
             # stage k keeps one weight copy per mini-batch in flight, N - k of them at the peak

@@ -126,7 +126,7 @@ def config_from_args(ns: argparse.Namespace) -> Config:
 
 
 def _leave_worker(code: int) -> int:
-    """In a worker that failed, exit at once with ``code``.
+    """In a worker that is done (failed, or finished and torn down), exit at once with ``code``.
 
     After a failed collective, gloo's threads and DDP's reducer can block interpreter exit for a long
     time, and a process group left alive can abort the process at exit ("terminate called without an
@@ -169,12 +169,17 @@ def main(argv: list[str] | None = None) -> int:
         if in_worker():
             import torch.distributed as dist
 
+            from . import comm
             from .trainer import run
 
             run(cfg)
-            # Without an orderly teardown gloo's threads can abort the process at exit.
+            # Without an orderly teardown gloo's threads can abort the process at exit ("terminate called
+            # without an active exception", seen once in dozens of pipelined runs, after the last step and the
+            # checkpoint): every rank first leaves its last collective, then the groups go, then the process
+            # exits without running the destructors of whatever else still holds gloo state.
+            comm.barrier()
             dist.destroy_process_group()
-            return 0
+            return _leave_worker(0)
         from .preflight import preflight
 
         preflight(cfg)

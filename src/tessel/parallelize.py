@@ -255,5 +255,6 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, cfg: Config, mesh, sta
     micro = batch[0].shape[0] // plan.micro_batches
     index = mesh.get_local_rank("pp")
     stage = pipeline.Stage(runner, index, plan.pp, dist.get_process_group_ranks(pp_group), stages, micro,
-                           DTYPES[cfg.train.dtype], pp_group, pipeline.held(plan.schedule, index, plan.pp))
+                           DTYPES[cfg.train.dtype], pp_group, pipeline.held(plan.schedule, index, plan.pp),
+                           micro_batches=plan.micro_batches)
     return pipeline.PipelineEngine(stage, chain, tail, plan.schedule, plan.predict, stages, tables), optimizer

@@ -204,10 +204,30 @@ def _pipeline_stats(runs: list[dict | None]) -> dict[str, Any] | None:
     if not runs:
         return None
     return {"regime": regime(runs[0]), "bubble": _median_or_none([p.get("bubble") for p in runs]),
+            "stage_bubbles": per_stage(runs, "bubble_per_rank"),
+            "wait_activation": per_stage(runs, "wait_activation_per_rank"),
+            "wait_grad": per_stage(runs, "wait_grad_per_rank"),
             "plan_imbalance": _median_or_none([p.get("plan_imbalance") for p in runs]),
             "busy_imbalance": _median_or_none([p.get("busy_imbalance") for p in runs]),
             "kept": max(max(p.get("kept_bytes_per_rank") or [0]) for p in runs),
             "bounds": [tuple(tuple(b) for b in p.get("plan_bounds") or []) for p in runs]}
+
+
+def per_stage(runs: list[dict], key: str) -> list[float] | None:
+    """Each stage's ``key`` (a per-rank list in the pipeline summary), the median over runs, in stage order;
+    None where a run could not measure it (torch's schedules).
+
+    >>> per_stage([{"stage_of_rank": [1, 0], "bubble_per_rank": [0.3, 0.1]},
+    ...            {"stage_of_rank": [0, 1], "bubble_per_rank": [0.2, 0.5]}], "bubble_per_rank")
+    [0.15000000000000002, 0.4]
+    """
+    values: dict[int, list[float]] = {}
+    for p in runs:
+        for stage, v in zip(p.get("stage_of_rank") or [], p.get(key) or []):
+            if v is None:
+                return None
+            values.setdefault(stage, []).append(v)
+    return [statistics.median(values[k]) for k in sorted(values)] or None
 
 
 def regime(p: dict[str, Any]) -> str:
@@ -226,7 +246,7 @@ def regime(p: dict[str, Any]) -> str:
     if p.get("schedule") not in ASYNC_SCHEDULES or not stages:
         return "flushed"
     most = max(ahead(i, micro, 0, stages) for i in range((stages + 1) * micro))
-    return f"async, s ≤ {most} ({stages} stages, {micro} micro-batches)"
+    return f"async, s ≤ {most} ({stages} stages, {micro} micro-batch{'es' if micro > 1 else ''})"
 
 
 def pipeline_table(rows: list[dict[str, Any]]) -> str:
@@ -236,9 +256,10 @@ def pipeline_table(rows: list[dict[str, Any]]) -> str:
         return ""
     lines = ["", "Pipeline runs: DDP's step time over the strategy's in the same cell, paired by round (95% interval); "
              "bubble = share of a stage's step time "
-             "not spent computing (median over runs, mean over stages; torch's schedules run their work where "
-             "it cannot be timed); stage balance = slowest stage over the mean, as the profile promised and as "
-             "measured (busy time); weight copies = stashed or predicted weights kept (largest rank); regime = "
+             "not spent computing (median over runs; mean over stages, then each stage from first to last; "
+             "torch's schedules run their work where it cannot be timed); stage balance = slowest stage over the "
+             "mean, as the profile promised and as measured (busy time); weight copies = stashed or predicted "
+             "weights kept (largest rank); regime = "
              "flushed, or asynchronous with s = the most updates the first stage applies between a micro-batch's "
              "forward and its own update (SpecTrain's thesis: 1 micro-batch per step, s = stages − 1).", "",
              "| model | link | strategy | regime | vs ddp | bubble | balance: profile / measured | weight copies "
@@ -250,11 +271,34 @@ def pipeline_table(rows: list[dict[str, Any]]) -> str:
         fmt = (lambda v, f: f.format(v) if v is not None else "–")
         bounds = sorted(set(p["bounds"]))
         lines.append(f"| {r['model']} | {r['rate']} | {r['strategy']} | {p['regime']} | {vs} | "
-                     f"{fmt(p['bubble'], '{:.0%}')} | "
+                     f"{fmt(p['bubble'], '{:.0%}')}{_per_stage(p.get('stage_bubbles'))} | "
                      f"{fmt(p['plan_imbalance'], '{:.2f}')} / {fmt(p['busy_imbalance'], '{:.2f}')} | "
                      f"{human_bytes(p['kept']) if p['kept'] else '–'} | "
                      f"{'; '.join(' '.join(f'{lo}-{hi - 1}' for lo, hi in b) for b in bounds)} |")
+    return "\n".join(lines) + "\n" + wait_table(pipes)
+
+
+def wait_table(pipes: list[dict[str, Any]]) -> str:
+    """Where tessel's stages idle: per stage, the bubble and the time blocked on each neighbour's messages."""
+    timed = [r for r in pipes if r["pipeline"].get("wait_activation")]
+    if not timed:
+        return ""
+    lines = ["", "Where tessel's stages wait (median over runs, ms per step): blocked on the previous stage's "
+             "activation, and on the next stage's gradient; the rest of the bubble is the step tail's norm "
+             "exchange (flushed schedules) and the loop between steps.", "",
+             "| model | link | strategy | stage | bubble | waits on previous | waits on next |",
+             "|---|---|---|---|---|---|---|"]
+    for r in timed:
+        p = r["pipeline"]
+        for k, (act, grad) in enumerate(zip(p["wait_activation"], p["wait_grad"])):
+            bubble = f"{p['stage_bubbles'][k]:.0%}" if p.get("stage_bubbles") else "–"
+            lines.append(f"| {r['model']} | {r['rate']} | {r['strategy']} | {k} | {bubble} | {act * 1e3:.1f} | "
+                         f"{grad * 1e3:.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def _per_stage(bubbles: list[float] | None) -> str:
+    return f" ({' / '.join(f'{b:.0%}' for b in bubbles)})" if bubbles and len(bubbles) > 1 else ""
 
 
 def auto_table(rows: list[dict[str, Any]]) -> str:

@@ -126,6 +126,18 @@ PIPELINE = Scenario(
             "--metrics.plot", "false", "--checkpoint.enabled", "false"],
 )
 
+# SpecTrain's own regime: one micro-batch per step, where a flush costs most (each stage idles while the
+# other N - 1 work) and the asynchronous stages run up to N - 1 updates ahead. torch's schedules need at least
+# pp micro-batches, so the flushed peer is tessel's 1f1b (at one micro-batch the same op order as gpipe).
+PIPELINE_M1 = Scenario(
+    name="pipeline-m1",
+    about="pipeline parallelism at one micro-batch per step on 4 hosts: DDP against tessel's flushed 1f1b, "
+          "async-stash (PipeDream) and async-predict (SpecTrain), same stages and batch as the pipeline scenario",
+    models={m: [*flags, "--micro-batches", "1"] for m, flags in PIPELINE.models.items()},
+    strategies={k: PIPELINE.strategies[k] for k in ("ddp", "1f1b", "async-stash", "async-predict")},
+    baseline="1f1b", hosts=[4], unshaped=False, steps=16, common=list(PIPELINE.common),
+)
+
 # The 3-D paper's setting in miniature: a stack of Transformer blocks split over every host, with the token
 # table and head small beside the blocks (vocabulary 512), so the blocks' traffic is what is compared.
 _TP = ["--tp", "0", "--tensor.mode"]
@@ -196,7 +208,7 @@ TABLES_TP = Scenario(
                                "--tp-mode", "1d", "--dp", "4"]},
     strategies=dict(_TABLES), baseline="dense", hosts=[8], unshaped=False, steps=6, common=list(_TABLES_COMMON))
 
-SCENARIOS = {s.name: s for s in (DDP, SPARSE, OVERLAP, PIPELINE, TENSOR, COMPOSE, TABLES_PP, TABLES_TP)}
+SCENARIOS = {s.name: s for s in (DDP, SPARSE, OVERLAP, PIPELINE, PIPELINE_M1, TENSOR, COMPOSE, TABLES_PP, TABLES_TP)}
 
 
 def get(name: str) -> Scenario:

@@ -83,9 +83,10 @@ class PipelineEngine:
         self.updates = 0
         self.plan = plan  # the StagePlan this stage was cut by
         self.busy = 0.0  # seconds this stage computed (forward, backward, update), for the bubble measure
-        # (wall clock, process CPU, busy) at each step's start, and at the last step's end
-        self._marks: list[tuple[float, float, float]] = []
-        self._end: tuple[float, float, float] | None = None
+        # (wall clock, process CPU, busy, waited for activations, for gradients) at each step's start, and at
+        # the last step's end
+        self._marks: list[tuple[float, ...]] = []
+        self._end: tuple[float, ...] | None = None
         self.draws = SameDraws(self.cfg.micro_batches, any(p.is_cuda for p in self.params.values()))
         self._torch = (_torch_schedule(stage, chain, schedule, self.cfg.micro_batches, plan) if schedule in TORCH
                        else None)
@@ -170,8 +171,12 @@ class PipelineEngine:
 
     # -- steps --------------------------------------------------------------------------------------------
 
+    def _now(self) -> tuple[float, ...]:
+        w = self.stage.waited
+        return time.perf_counter(), time.process_time(), self.busy, w["activation"], w["grad"]
+
     def _mark(self) -> None:
-        self._marks.append((time.perf_counter(), time.process_time(), self.busy))
+        self._marks.append(self._now())
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int, next_inputs=None) -> StepResult:
         """One training step on this rank's batch (the inputs matter on the first stage, targets on the last)."""
@@ -180,7 +185,7 @@ class PipelineEngine:
             with comm.guard("prefetch of sparse rows", "sparse"):
                 self.tables.begin_step(inputs, next_inputs)
         result = self._step(inputs, targets, step)
-        self._end = (time.perf_counter(), time.process_time(), self.busy)
+        self._end = self._now()
         return result
 
     def stats(self) -> dict:
@@ -191,12 +196,16 @@ class PipelineEngine:
         marks = self._marks + ([self._end] if self._marks else [])
         spans = [tuple(b - a for a, b in zip(m0, m1)) for m0, m1 in zip(marks, marks[1:])]
         timed = spans[3:] if len(spans) > 4 else spans
-        wall, cpu, work = (sum(s[j] for s in timed) for j in range(3))
+        wall, cpu, work, act, grad = (sum(s[j] for s in timed) for j in range(5))
         if self._torch is not None:
             work = 0.0  # torch's schedules run their forwards and backwards where this engine cannot time them
+        per_step = (lambda v: v / len(timed) if timed and self._torch is None else None)
         return {"stage": self.stage.index, "busy_s": work, "wall_s": wall, "kept_bytes": self.peak_kept_bytes,
                 "cpu_per_step": cpu / len(timed) if timed else None,
-                "bubble": (1 - work / wall) if wall > 0 and work > 0 else None}
+                "bubble": (1 - work / wall) if wall > 0 and work > 0 else None,
+                # the idle time's two causes that a stage can name: waiting on the previous stage's activations,
+                # and on the next stage's gradients (the rest is the step tail's norm and the loop between steps)
+                "wait_activation_per_step": per_step(act), "wait_grad_per_step": per_step(grad)}
 
     def _step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int) -> StepResult:
         self.stage.runner.train()
@@ -217,6 +226,9 @@ class PipelineEngine:
                 self._run(ops,
                           lambda i, r: losses.append(self._forward(i, xs[i], ys[i], 1.0 / m, r)), self._backward)
                 norm = self._update(lr, global_norm=True)
+                # every neighbour has finished its step (the norm was summed over the stages): this step's sends
+                # were all received, and waiting on them retires them at once
+                self.stage.flush_sends()
                 losses = [sum(losses)] if self.stage.last else []
             else:
                 first, norms = self.fed, [norm]
@@ -281,6 +293,9 @@ def summary(stats: list[dict], plan, schedule: str, micro: int, predict: str) ->
             # measured stage balance: the busiest stage over the mean (1.0 = perfect)
             "busy_imbalance": max(busy) / (sum(busy) / len(busy)) if all(busy) else None,
             "kept_bytes_per_rank": [s["kept_bytes"] for s in stats],
+            # seconds per step each rank blocked on a receive: an activation (previous stage), a gradient (next)
+            "wait_activation_per_rank": [s["wait_activation_per_step"] for s in stats],
+            "wait_grad_per_rank": [s["wait_grad_per_step"] for s in stats],
             # CPU seconds per step of each rank's process, gloo's threads included
             "cpu_per_step_per_rank": [s["cpu_per_step"] for s in stats]}
 
