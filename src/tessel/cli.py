@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
+from pathlib import Path
 
 from .bench import cli as bench_cli
 from .cluster import cli as cluster_cli
@@ -34,7 +36,7 @@ ALIASES = {
     "--momentum": "train.momentum", "--seed": "train.seed", "--dtype": "train.dtype", "--data": "data.path",
     "--vocab": "data.vocab_size",
     "--seq-len": "data.seq_len", "--out": "metrics.out", "--ckpt-dir": "checkpoint.dir",
-    "--ckpt-every": "checkpoint.every", "--timeout": "parallel.timeout",
+    "--ckpt-every": "checkpoint.every", "--timeout": "parallel.timeout", "--plan": "plan.source",
 }
 
 
@@ -48,22 +50,40 @@ class _Parser(argparse.ArgumentParser):
 def _train_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model on local workers or as a torchrun worker",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="TOML file with [model] [data] [parallel] [train] [checkpoint] [sparse] "
-                                    "[pipeline] [metrics]")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key")
+    _config_flags(p)
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML and exit")
     p.add_argument("--max-restarts", type=_restarts, default=0, metavar="N",
                    help="restart every worker up to N times after one dies or stalls; they continue from the "
                         "newest intact checkpoint (default 0)")
     p.add_argument("--verbose", action="store_true", help="keep torch's launcher logs")
+    return p
+
+
+def _plan_parser(sub) -> None:
+    p = sub.add_parser("plan", help="rank every parallel plan for a model on a topology; print the table",
+                       description="tessel plan --nproc 8 --hosts 8 --link-mbit 200 [--json plan.json]: the "
+                                   "train flags describe the model and batch; the degrees and schedule are chosen")
+    _config_flags(p)
+    p.add_argument("--hosts", type=_count, help="hosts the ranks fill in order (default 1: one machine)")
+    p.add_argument("--link-mbit", type=float, help="link rate across hosts in Mbit/s (default TESSEL_LINK_MBIT)")
+    p.add_argument("--memory-per-rank", help="memory a rank may hold, e.g. 4GiB or 512MiB (default unbounded)")
+    p.add_argument("--allow-async", action="store_true", help="offer schedules that change the math")
+    p.add_argument("--json", help="write the winner here, for tessel train --plan FILE")
+    p.add_argument("--top", type=_count, default=5, help="rows of the best candidates shown (default 5)")
+    p.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
+
+
+def _config_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML file with [model] [data] [parallel] [train] [checkpoint] [sparse] "
+                                    "[pipeline] [metrics]")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key")
     short = p.add_argument_group("short flags (aliases of config keys)")
     for flag, key in ALIASES.items():
         short.add_argument(flag, dest=f"alias:{key}", metavar="V", help=key)
     full = p.add_argument_group("every config key")
     for key, typ, default in all_keys():
         full.add_argument(f"--{key}", dest=f"key:{key}", metavar=typ.__name__.upper(), help=f"default {default!r}")
-    return p
 
 
 def _run_parser(sub) -> None:
@@ -82,6 +102,61 @@ def _run(ns: argparse.Namespace) -> int:
     from .cluster.launch import launch
 
     return launch(ns.args, ns.nproc, verbose=ns.verbose, max_restarts=ns.max_restarts, program=(ns.script,))
+
+
+def _memory(text: str | None) -> float:
+    """'4GiB', '512MiB', '2.5GB' or a byte count -> GiB (0: unbounded)."""
+    if not text:
+        return 0.0
+    units = {"gib": 2**30, "gb": 1e9, "mib": 2**20, "mb": 1e6, "kib": 2**10, "kb": 1e3, "b": 1}
+    low = text.strip().lower()
+    unit = next((u for u in units if low.endswith(u)), "b")
+    try:
+        value = float(low[: len(low) - len(unit)] if low.endswith(unit) else low) * units[unit]
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"--memory-per-rank '{text}' is not a size; give e.g. 4GiB, 512MiB or a byte count")
+    return value / 2**30
+
+
+def _plan(ns: argparse.Namespace) -> int:
+    """tessel plan: rank the candidates on the topology the flags describe, print, optionally save the winner."""
+    from . import planner
+
+    cfg = config_from_args(ns)
+    ranks = cfg.nproc
+    extra = {"hosts": ns.hosts or cfg.plan.hosts, "link_mbit": ns.link_mbit or cfg.plan.link_mbit,
+             "memory_gib": _memory(ns.memory_per_rank) or cfg.plan.memory_gib,
+             "allow_async": ns.allow_async or cfg.plan.allow_async}
+    if extra["link_mbit"] and not (math.isfinite(extra["link_mbit"]) and extra["link_mbit"] > 0):
+        raise ConfigError(f"--link-mbit {extra['link_mbit']} is not a rate; give a positive number of Mbit/s")
+    for k, v in extra.items():
+        setattr(cfg.plan, k, v)
+    if cfg.nproc % (cfg.plan.hosts or 1):
+        raise ConfigError(f"--hosts {cfg.plan.hosts} does not divide --nproc {cfg.nproc}; every host holds as many "
+                          "ranks as the others")
+    planned = planner.choose(cfg, planner.topology_of(cfg, ranks))
+    print(planned.table(ns.top))
+    if ns.json:
+        Path(ns.json).write_text(planned.best.plan.to_json() + "\n")
+        print(f"wrote {ns.json}: tessel train --nproc {ranks} --plan {ns.json}")
+    return 0
+
+
+def _planned(cfg: Config, argv: list[str]) -> tuple[Config, list[str]]:
+    """tessel train --plan auto|FILE in the launcher: the plan applied to the config; for auto the planner runs
+    here, once, its table is printed and the winner saved beside the run, and the workers are given that file."""
+    from . import planner
+
+    cfg, planned = planner.resolve(cfg, cfg.parallel.nproc)
+    if planned is None:
+        return cfg, argv
+    print(planned.table(), flush=True)
+    path = Path(cfg.metrics.out) / "plan.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(planned.best.plan.to_json() + "\n")
+    return cfg, [*argv, "--plan", str(path), "--nproc", str(cfg.nproc)]
 
 
 def _count(text: str) -> int:
@@ -108,6 +183,7 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tessel", description="Train one PyTorch model across many workers.")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     _train_parser(sub)
+    _plan_parser(sub)
     _run_parser(sub)
     cluster_cli.add_parser(sub)
     bench_cli.add_parser(sub)
@@ -160,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             return bench_cli.main(ns, argv)
         if ns.verb == "run":
             return _run(ns)
+        if ns.verb == "plan":
+            return _plan(ns)
         cfg = config_from_args(ns)
         if ns.print_config:
             print(cfg.to_toml())
@@ -182,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             return _leave_worker(0)
         from .preflight import preflight
 
+        if cfg.plan.source:
+            cfg, argv = _planned(cfg, argv)
         preflight(cfg)
         from .cluster.launch import launch
 

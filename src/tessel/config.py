@@ -137,6 +137,15 @@ class TensorConfig:
 
 
 @dataclass
+class PlanConfig:
+    source: str = ""  # '' : the flags' degrees and schedule | auto (tessel.planner chooses) | a plan .json file
+    allow_async: bool = False  # auto may choose schedules that change the math (async, async-stash, async-predict)
+    hosts: int = 0  # hosts the ranks fill, in order; 0: torchrun's node count (1 for local workers)
+    link_mbit: float = 0.0  # link rate across hosts; 0: TESSEL_LINK_MBIT if set, else a loopback figure
+    memory_gib: float = 0.0  # memory a rank may hold; 0: unbounded
+
+
+@dataclass
 class MetricsConfig:
     out: str = "runs/latest"  # metrics.jsonl, loss.png, summary.json and checkpoints go here
     log_every: int = 10
@@ -155,6 +164,7 @@ class Config:
     sparse: SparseConfig = field(default_factory=SparseConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     tensor: TensorConfig = field(default_factory=TensorConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

@@ -21,15 +21,20 @@ from torch import nn
 class ModelSpec:
     chain: Callable | None = None  # (model) -> Chain
     tensor: Callable | None = None  # (root, chain, grid, plan, regather) -> Chain of the tensor-parallel layers
+    # (model) -> per chain layer, the tensor-parallel linears it runs: (features in, out, up, channel); the
+    # planner prices their traffic with tessel.tensor.cost.linear_traffic
+    linears: Callable | None = None
 
 
 _SPECS: dict[type, ModelSpec] = {}
 
 
-def register_model(cls: type, *, chain: Callable | None = None, tensor: Callable | None = None) -> None:
+def register_model(cls: type, *, chain: Callable | None = None, tensor: Callable | None = None,
+                   linears: Callable | None = None) -> None:
     """Register (or extend) what tessel knows about ``cls``; given fields replace earlier ones."""
     spec = _SPECS.get(cls, ModelSpec())
-    _SPECS[cls] = replace(spec, **{k: v for k, v in (("chain", chain), ("tensor", tensor)) if v is not None})
+    given = (("chain", chain), ("tensor", tensor), ("linears", linears))
+    _SPECS[cls] = replace(spec, **{k: v for k, v in given if v is not None})
 
 
 def spec_of(model: nn.Module) -> ModelSpec:

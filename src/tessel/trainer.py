@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import comm
+from . import comm, planner
 from .config import Config
 from .data import ShardedLoader
 from .errors import CheckpointError, PlanError, Preempted
@@ -78,6 +78,19 @@ def _resume_point(cfg: Config, plan: ParallelPlan) -> tuple[Start, ParallelPlan]
         print(f"tessel: dp {saved.dp} -> {plan.dp} with the global batch kept: {resumed.micro_batches} micro-batches "
               "per rank keep each micro-batch no larger than the checkpoint's", flush=True)
     return start, resumed.check(cfg)
+
+
+def _planned(cfg: Config, world: int) -> Config:
+    """The config with ``plan.source`` applied: a saved plan read by every rank, or (auto, under plain torchrun)
+    the planner run once on rank 0 and its winner handed to every rank."""
+    if cfg.plan.source != "auto":
+        return planner.resolve(cfg, world)[0]
+    chosen = None
+    if dist.get_rank() == 0:
+        planned = planner.choose(cfg, planner.topology_of(cfg, world))
+        print(planned.table(), flush=True)
+        chosen = planned.best.plan.to_json()
+    return planner.apply(cfg, ParallelPlan.from_json(comm.all_gather_object(chosen, "meta")[0]))
 
 
 def _plan(cfg: Config, world: int) -> ParallelPlan:
@@ -171,6 +184,7 @@ def run(cfg: Config) -> dict[str, Any]:
     """Train as one rank of the world torchrun started; returns the run summary (same on every rank)."""
     init_distributed(cfg.parallel.backend, cfg.parallel.timeout)
     rank = dist.get_rank()
+    cfg = _planned(cfg, dist.get_world_size())
     plan = _plan(cfg, dist.get_world_size())
     mesh = build_mesh(plan.dims, cfg.parallel.timeout, plan.mesh_axes)
     dp_group = mesh.get_group("dp")

@@ -20,7 +20,7 @@ from . import scenarios
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark strategies side by side on an emulated cluster", description=__doc__)
-    p.add_argument("scenario", help=f"one of: {', '.join(scenarios.SCENARIOS)}")
+    p.add_argument("scenario", help=f"one of: {', '.join(scenarios.SCENARIOS)}, plan")
     p.add_argument("--hosts", help="comma-separated host counts (default 1,2,4)")
     p.add_argument("--rates", help="comma-separated link rates (default 1gbit,200mbit)")
     p.add_argument("--models", help="comma-separated subset of the scenario's models")
@@ -106,8 +106,12 @@ def main(ns, argv: list[str]) -> int:
     from .report import write
     from .runner import run_scenario
 
-    scn = scenarios.get(ns.scenario)
     _check_extras()
+    if ns.scenario == "plan":  # the planner's predictions against measurement (its own cells and report)
+        from . import plan_check
+
+        return plan_check.main(ns, argv)
+    scn = scenarios.get(ns.scenario)
     scn.cluster = _cpu(ns)
     if ns.hosts:
         try:

@@ -213,5 +213,5 @@ SCENARIOS = {s.name: s for s in (DDP, SPARSE, OVERLAP, PIPELINE, PIPELINE_M1, TE
 
 def get(name: str) -> Scenario:
     if name not in SCENARIOS:
-        raise ConfigError(f"unknown benchmark scenario '{name}'; valid: {', '.join(SCENARIOS)}")
+        raise ConfigError(f"unknown benchmark scenario '{name}'; valid: {', '.join(SCENARIOS)}, plan")
     return copy.deepcopy(SCENARIOS[name])  # callers narrow it to the flags they were given

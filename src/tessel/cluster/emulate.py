@@ -399,8 +399,8 @@ class EmulatedCluster:
             keep_going: bool = False) -> list[HostResult]:
         """Run ``commands[i]`` on host i, all at once, and wait for all; one result per host.
 
-        Each runs in its host's namespace and cgroup with OMP_NUM_THREADS=1, GLOO_SOCKET_IFNAME=eth0 and,
-        on shaped links, TESSEL_LINK_MBIT.
+        Each runs in its host's namespace and cgroup with OMP_NUM_THREADS=1, GLOO_SOCKET_IFNAME=eth0,
+        TESSEL_HOST_CPUS (the host's CPU budget) and, on shaped links, TESSEL_LINK_MBIT.
         When one fails (or ``timeout`` passes) the others are stopped; with ``check`` that raises HostFailed
         naming the host. ``keep_going``: a failed host does not stop the others (an elastic job that re-forms
         without it); ``check`` then raises only if the last host to end failed. ``capture=False`` lets output
@@ -419,6 +419,7 @@ class EmulatedCluster:
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {})}
         if self.rate_bits:  # what tessel's cost model (--sparse auto) takes as the link rate
             env.setdefault("TESSEL_LINK_MBIT", f"{self.rate_bits / 1e6:g}")
+        env.setdefault("TESSEL_HOST_CPUS", f"{self.cpus:g}")  # the planner's compute speed per host (--plan auto)
         # The shell joins the host's cgroups before exec'ing into the namespace, so every descendant is counted.
         script = 'for f in $0; do echo $$ > "$f" || exit 126; done; exec ip netns exec "$@"'
         procs, files, ends, failed, start = [], [], [None] * self.hosts, None, time.monotonic()

@@ -155,5 +155,19 @@ def apply_classifier(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, rega
     return _tp_chain(chain, grid, layouts, first=plan.up.inp)
 
 
-register_model(TransformerLM, tensor=apply_transformer)
-register_model(DenseClassifier, tensor=apply_classifier)
+def transformer_linears(m: TransformerLM) -> list[list[tuple[int, int, bool, str]]]:
+    """What apply_transformer makes of each chain layer: the embedding (its own channel, not a linear), per
+    block q/k/v as one h -> 3h, out_proj, fc_in, fc_out, and the vocabulary-parallel head."""
+    h, f = m.tok_emb.weight.shape[1], m.blocks[0].mlp.fc_in.weight.shape[0] if len(m.blocks) else 0
+    block = [(h, 3 * h, True, "tp"), (h, h, False, "tp"), (h, f, True, "tp"), (f, h, False, "tp")]
+    return [[], *[block for _ in m.blocks], [(h, m.head.weight.shape[0], True, "tp.head")]]
+
+
+def classifier_linears(m: DenseClassifier) -> list[list[tuple[int, int, bool, str]]]:
+    """apply_classifier's linears, alternating up and down, one per chain layer."""
+    linears = [mod for mod in m.net if isinstance(mod, nn.Linear)]
+    return [[(lin.in_features, lin.out_features, j % 2 == 0, "tp")] for j, lin in enumerate(linears)]
+
+
+register_model(TransformerLM, tensor=apply_transformer, linears=transformer_linears)
+register_model(DenseClassifier, tensor=apply_classifier, linears=classifier_linears)

@@ -1,0 +1,225 @@
+"""``tessel bench plan``: the planner's predictions against measurement on the emulated cluster.
+
+For every (hosts, link rate) cell and reference model the planner ranks the candidates on that cell's
+topology (the hosts' CPU budget as compute speed, the shaped link rate); its top 3 and an even spread of
+5 others are saved as plan files and run side by side (``--plan FILE``, alternating order over rounds),
+so every run follows exactly the plan that was predicted. Reported per cell: predicted against measured
+median step time, the error of each, their Spearman rank correlation, whether the planner's pick is within
+10% of the best measured candidate, and whether the predicted bytes of dp.dense, pp and tp equal the
+counted bytes of the busiest rank; a scatter plot of predicted against measured over every cell.
+
+    tessel bench plan --hosts 4,8 --rates 1gbit,200mbit --repeats 2 --doc docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from ..config import load_config
+from ..planner import Planned, choose, short
+from ..planner.topology import Topology
+from .report import update_doc
+from .runner import run_scenario
+from .scenarios import Scenario
+
+EXACT = ("dp.dense", "pp", "tp")
+
+# The three reference models at sizes a run on 2 cores finishes in seconds per step (config overrides).
+MODELS = {
+    "transformer_lm": ["model.name=transformer_lm", "model.layers=4", "model.dim=128", "data.vocab_size=4096",
+                       "data.seq_len=32", "train.global_batch=32", "sparse.strategy=dense"],
+    "classifier": ["model.name=classifier", "model.layers=4", "model.hidden=1024", "model.in_features=1024",
+                   "train.global_batch=64"],
+    "lstm_lm": ["model.name=lstm_lm", "model.dim=64", "model.hidden=256", "data.vocab_size=4096", "data.seq_len=32",
+                "train.global_batch=32", "sparse.strategy=dense"],
+}
+COMMON = ["train.optimizer=sgd", "train.lr=0.01", "parallel.timeout=120", "metrics.progress=log",
+          "metrics.plot=false", "checkpoint.enabled=false"]
+
+
+def _flags(overrides: list[str]) -> list[str]:
+    return [a for o in overrides for a in (f"--{o.split('=', 1)[0]}", o.split("=", 1)[1])]
+
+
+def pick(planned: Planned, top: int = 3, others: int = 5) -> list:
+    """The planner's top ``top`` and ``others`` more spread evenly over the rest of the ranking, one per shape
+    (dp, pp, tp, mode) where the ranking allows, so the check covers every kind of plan."""
+    chosen = planned.ranked[:top]
+    rest = planned.ranked[top:]
+    shapes = {(e.plan.dp, e.plan.pp, e.plan.tp, e.plan.tp_mode) for e in chosen}
+    fresh = [e for e in rest if (e.plan.dp, e.plan.pp, e.plan.tp, e.plan.tp_mode) not in shapes]
+    seen, varied = set(), []
+    for e in fresh:
+        key = (e.plan.dp, e.plan.pp, e.plan.tp, e.plan.tp_mode)
+        if key not in seen:
+            seen.add(key)
+            varied.append(e)
+    pool = varied if len(varied) >= others else varied + [e for e in rest if e not in varied]
+    idx = sorted({round(i * (len(pool) - 1) / max(others - 1, 1)) for i in range(min(others, len(pool)))})
+    return chosen + [pool[i] for i in idx]
+
+
+def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path) -> tuple[Planned, list, Scenario]:
+    from ..cluster.emulate import parse_rate
+
+    cfg = load_config(None, [*MODELS[model], *COMMON])
+    topo = Topology(ranks=hosts, hosts=hosts, link_mbit=parse_rate(rate) / 1e6, speed=min(1.0, cpus),
+                    source="emulated cluster")
+    planned = choose(cfg, topo)
+    picked = pick(planned)
+    folder = out / "plans" / f"{model}-h{hosts}-{rate}"
+    folder.mkdir(parents=True, exist_ok=True)
+    strategies = {}
+    for e in picked:
+        label = short(e.plan).replace(" ", "-")
+        path = folder / f"{label}.json"
+        path.write_text(e.plan.to_json())
+        strategies[label] = ["--plan", str(path.resolve())]
+    scn = Scenario(name="plan", about="planner check", models={model: _flags(MODELS[model])}, strategies=strategies,
+                   baseline=next(iter(strategies)), hosts=[hosts], rates=[rate], unshaped=False,
+                   common=_flags(COMMON), cluster={"cpus": cpus})
+    return planned, picked, scn
+
+
+def run(models: list[str], hosts: list[int], rates: list[str], out: Path, repeats: int, steps: int,
+        cluster: dict) -> list[dict]:
+    """Every cell: plan, run the picked candidates, compare; returns one row per candidate."""
+    import os
+
+    rows = []
+    for h in hosts:
+        cpus = cluster.get("cpus") or (os.cpu_count() or 1) / h
+        for rate in rates:
+            for model in models:
+                t0 = time.perf_counter()
+                planned, picked, scn = _cell(model, h, rate, cpus, out)
+                plan_s = time.perf_counter() - t0
+                scn.steps = steps
+                scn.cluster = {**cluster, "cpus": cpus}
+                cell_out = out / f"{model}-h{h}-{rate}"
+                records = run_scenario(scn, cell_out, repeats, prefix="tspl")
+                for rank, e in enumerate(planned.ranked):
+                    if e not in picked:
+                        continue
+                    label = short(e.plan).replace(" ", "-")
+                    runs = [r for r in records if r["strategy"] == label]
+                    rows.append(_row(model, h, rate, rank + 1, e, runs, cell_out, label, plan_s))
+    return rows
+
+
+def _row(model, hosts, rate, rank, e, runs, cell_out: Path, label: str, plan_s: float) -> dict:
+    measured = statistics.median(r["step_time"] for r in runs) if runs else None
+    counted = {}
+    for d in sorted((cell_out / "runs").glob(f"{model}-{label}-h{hosts}-{rate}-r*")):
+        f = d / "summary.json"
+        if f.is_file():
+            s = json.loads(f.read_text())
+            counted = {c: v["sent_max_rank_total"] / max(s["steps_run"], 1) for c, v in s["bytes"].items()}
+            break
+    return {"model": model, "hosts": hosts, "rate": rate, "rank": rank, "plan": short(e.plan),
+            "predicted": e.step, "compute": e.compute, "comm": e.comm, "bubble": e.bubble,
+            "measured": measured, "runs": [r["step_time"] for r in runs], "planning_s": plan_s,
+            "bytes_predicted": {c: e.bytes.get(c, 0) for c in EXACT},
+            "bytes_measured": {c: counted.get(c, 0) for c in EXACT} if counted else None}
+
+
+def _spearman(xs: list[float], ys: list[float]) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(xs, ys).statistic) if len(xs) > 2 else float("nan")
+
+
+def markdown(rows: list[dict], command: str) -> str:
+    lines = ["Predicted against measured step time of the planner's top 3 and 5 other candidates per cell "
+             f"(`{command}`). Error: (predicted − measured) / measured. Bytes: the predicted dp.dense, pp and tp "
+             "bytes of the busiest rank against tessel.comm's count.", ""]
+    cells = sorted({(r["model"], r["hosts"], r["rate"]) for r in rows}, key=lambda c: (c[1], c[2], c[0]))
+    summary = ["| cell | candidates run | median abs error | worst abs error | Spearman | pick vs best measured | "
+               "bytes exact | planning s |", "|---|---|---|---|---|---|---|---|"]
+    detail = ["| cell | rank | plan | predicted ms (compute / comm / bubble) | measured ms (runs) | error | bytes |",
+              "|---|---|---|---|---|---|---|"]
+    errors = []
+    for cell in cells:
+        rs = sorted((r for r in rows if (r["model"], r["hosts"], r["rate"]) == cell), key=lambda r: r["rank"])
+        ok = [r for r in rs if r["measured"]]
+        errs = [abs(r["predicted"] - r["measured"]) / r["measured"] for r in ok]
+        errors += errs
+        rho = _spearman([r["predicted"] for r in ok], [r["measured"] for r in ok])
+        best = min((r["measured"] for r in ok), default=float("nan"))
+        pick = next((r for r in ok if r["rank"] == 1), None)
+        vs = f"{pick['measured'] / best:.2f}x" if pick else "pick failed to run"
+        exact = [r["bytes_predicted"] == {k: round(v) for k, v in (r["bytes_measured"] or {}).items()} for r in ok]
+        name = f"{cell[0]}, {cell[1]} hosts, {cell[2]}"
+        med, worst = (f"{statistics.median(errs):.0%}", f"{max(errs):.0%}") if errs else ("–", "–")
+        summary.append(f"| {name} | {len(ok)} of {len(rs)} | {med} | {worst} | {rho:.2f} | {vs} | "
+                       f"{sum(exact)} of {len(exact)} | {rs[0]['planning_s']:.1f} |")
+        for r in rs:
+            runs = ", ".join(f"{t * 1e3:.0f}" for t in r["runs"])
+            err = f"{(r['predicted'] - r['measured']) / r['measured']:+.0%}" if r["measured"] else "failed"
+            same = ("exact" if r["bytes_measured"] and r["bytes_predicted"] == {k: round(v) for k, v in
+                                                                                 r["bytes_measured"].items()}
+                    else f"predicted {r['bytes_predicted']}, counted {r['bytes_measured']}")
+            detail.append(f"| {name} | {r['rank']} | {r['plan']} | {r['predicted'] * 1e3:.0f} ({r['compute'] * 1e3:.0f}"
+                          f" / {r['comm'] * 1e3:.0f} / {r['bubble'] * 1e3:.0f}) | "
+                          f"{(r['measured'] or 0) * 1e3:.0f} ({runs}) | {err} | {same} |")
+    head = [f"Over all cells: median absolute error {statistics.median(errors):.0%}, worst {max(errors):.0%}, "
+            f"{len(errors)} candidates.", ""] if errors else []
+    return "\n".join(lines + head + summary + ["", *detail]) + "\n"
+
+
+def scatter(rows: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for model in sorted({r["model"] for r in rows}):
+        pts = [(r["measured"] * 1e3, r["predicted"] * 1e3) for r in rows if r["model"] == model and r["measured"]]
+        if pts:
+            ax.scatter(*zip(*pts), label=model, s=18)
+    lim = max((max(r["measured"], r["predicted"]) * 1e3 for r in rows if r["measured"]), default=1) * 1.1
+    ax.plot([1, lim], [1, lim], color="grey", linewidth=0.8, label="predicted = measured")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured median step (ms)")
+    ax.set_ylabel("predicted step (ms)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(ns, argv: list[str]) -> int:
+    import shlex
+
+    from ..errors import ConfigError
+
+    models = [m.strip() for m in (ns.models or ",".join(MODELS)).split(",")]
+    bad = [m for m in models if m not in MODELS]
+    if bad:
+        raise ConfigError(f"--models {','.join(bad)} not in the plan check; valid: {', '.join(MODELS)}")
+    hosts = sorted({int(h) for h in (ns.hosts or "4,8").split(",")})
+    rates = [r.strip() for r in (ns.rates or "1gbit,200mbit").split(",")]
+    out = Path(ns.out or "bench/plan")
+    out.mkdir(parents=True, exist_ok=True)
+    command = "tessel " + " ".join(shlex.quote(a) for a in argv)
+    cluster = {"period_us": round(ns.cpu_period * 1000), "burst_us": round(ns.cpu_burst * 1000), "pin": ns.pin}
+    if ns.cpus:
+        cluster["cpus"] = ns.cpus
+    rows = run(models, hosts, rates, out, ns.repeats, ns.steps or 10, cluster)
+    (out / "results.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+    text = markdown(rows, command)
+    plot = scatter(rows, out / "plan_scatter.png")
+    (out / "report.md").write_text(text)
+    if ns.doc:
+        import os
+
+        doc = Path(ns.doc)
+        update_doc(doc, "plan", text + f"\n![predicted against measured]({os.path.relpath(plot, doc.parent)})\n")
+    print(text)
+    return 0

@@ -1,0 +1,68 @@
+"""Every plan the world and the model allow: enumerate, then drop the infeasible with their reason.
+
+Candidates are every (dp, pp, tp) that multiplies to the world; for tp > 1 the 1-D, 2-D and 3-D layers
+on the grid as square or cubic as tp allows; for pp > 1 the flushed schedules (and, with ``allow_async``,
+those that change the math); micro-batches among 1, 2, 4, 8, pp and 2·pp that divide the dp-local batch.
+torch's schedules and tensor-parallel peer are benchmarks' peers, not the planner's options.
+"""
+
+from __future__ import annotations
+
+from ..config import Config
+from ..errors import PlanError, TesselError
+from ..parallelize import check_model
+from ..plan import ParallelPlan, problems
+from ..tensor.grid import GridSpec
+
+FLUSHED = ("1f1b", "gpipe")
+ASYNC = ("async-predict", "async-stash")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _grids(tp: int) -> list[tuple[str, tuple[int, ...]]]:
+    if tp == 1:
+        return [("1d", (1,))]
+    out = [("1d", (tp,))]
+    for mode in ("2d", "3d"):
+        shape = GridSpec.parse(mode, tp).shape
+        if sum(s > 1 for s in shape) > 1:  # a grid with one real axis is the 1-D layout in disguise
+            out.append((mode, shape))
+    return out
+
+
+def enumerate_plans(cfg: Config, world: int, allow_async: bool = False) -> list[ParallelPlan]:
+    out = []
+    for tp in _divisors(world):
+        for pp in _divisors(world // tp):
+            dp = world // (tp * pp)
+            local = cfg.train.global_batch // dp if cfg.train.global_batch % dp == 0 else 0
+            micro = sorted({m for m in (1, 2, 4, 8, pp, 2 * pp) if local and local % m == 0})
+            schedules = ("1f1b",) if pp == 1 else FLUSHED + (ASYNC if allow_async else ())
+            for mode, grid in _grids(tp):
+                for schedule in schedules:
+                    for m in micro if pp > 1 else micro[:1]:
+                        out.append(ParallelPlan(dp=dp, pp=pp, tp=tp, tp_mode=mode, tp_grid=grid, schedule=schedule,
+                                                micro_batches=m))
+    return out
+
+
+def feasible(plans: list[ParallelPlan], cfg: Config, model, model_checked: bool = False
+             ) -> tuple[list[ParallelPlan], list[tuple[ParallelPlan, str]]]:
+    """(plans that can run, (plan, reason) for those that cannot); ``model``: the plain model on the meta device
+    (changed in place by the checks), not used when ``model_checked``."""
+    ok, dropped = [], []
+    for plan in plans:
+        reasons = problems(plan, cfg)
+        if not reasons and not model_checked:
+            try:
+                check_model(model, plan, cfg)
+            except (PlanError, TesselError) as e:
+                reasons = [str(e)]
+        if reasons:
+            dropped.append((plan, reasons[0]))
+        else:
+            ok.append(plan)
+    return ok, dropped

@@ -1,0 +1,228 @@
+"""Predicted step time, bytes per channel and memory per rank of one candidate plan.
+
+One vocabulary of estimate for every axis: a step is compute + exposed communication + bubble (seconds),
+plus bytes one rank sends per step on each channel and the bytes a rank holds. The byte formulas are
+those of :mod:`tessel.comm` (an all-reduce over P ranks sends 2(P-1)/P of the tensor, a point-to-point
+send its size):
+
+    dp.dense  2(dp-1)/dp · (parameters of the stage's tp shard, tables served by rows excluded) · elem
+    pp        micro-batches · (boundary activations out + gradients back, this rank's tp block) · elem
+    tp        micro-batches · Σ linears of the stage (tessel.tensor.cost.linear_traffic) · elem
+
+Time per micro-batch on stage k is its layers' compute over tp (and over the rank's compute speed) plus
+its tp collectives and its boundary sends at the rates of their groups (:class:`Topology`). A flushed
+schedule takes (m + pp - 1) slowest-stage slots, an asynchronous one m (no flush: the bubble is only the
+imbalance); DDP hides the gradient all-reduce behind backward up to the last bucket; a pipeline's
+gradient sync and optimizer step follow the micro-batches. Tables served by rows are priced by the
+sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added as exposed time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..choices import ASYNC_SCHEDULES, TORCH_SCHEDULES
+from ..pipeline.partition import balance
+from ..plan import ParallelPlan
+from ..sparse.cost import Link, Sparsity
+from ..sparse.cost import estimate as table_estimate
+from ..tensor.cost import linear_traffic
+from ..tensor.grid import AXES
+from ..tensor.layout import plan_for
+from .profile import Profile
+from .topology import Topology
+
+OPT_STATES = {"adamw": 2, "adam": 2, "sgd": 1, "adagrad": 1}  # optimizer state tensors per parameter
+DDP_BUCKETS = 8  # tessel's DDP cuts the gradients into about this many all-reduces (parallelize.auto_bucket_mb)
+
+
+@dataclass
+class Estimate:
+    plan: ParallelPlan
+    compute: float  # seconds of the slowest stage's compute in a step
+    comm: float  # exposed communication seconds
+    bubble: float  # seconds a stage idles (flush, imbalance)
+    bytes: dict[str, float] = field(default_factory=dict)  # channel -> bytes the busiest rank sends per step
+    memory: float = 0.0  # bytes the fullest rank holds
+    tables: dict[str, str] = field(default_factory=dict)  # table -> the strategy the cost model picks
+
+    @property
+    def step(self) -> float:
+        return self.compute + self.comm + self.bubble
+
+
+def _ring(size: int, n: float) -> float:
+    return 2 * (size - 1) / size * n if size > 1 else 0.0
+
+
+def _strides(plan: ParallelPlan) -> dict[str, tuple[int, int]]:
+    """mesh dim -> (size, stride): pp outermost, then dp, then tp (tessel.mesh.DIM_NAMES)."""
+    return {"tp": (plan.tp, 1), "dp": (plan.dp, plan.tp), "pp": (plan.pp, plan.tp * plan.dp)}
+
+
+def _tp_axes(plan: ParallelPlan) -> dict[str, tuple[int, int]]:
+    """grid axis -> (size, stride) inside the tp dim (the last grid axis holds consecutive ranks)."""
+    if plan.tp == 1 or plan.tp_mode in ("1d", "torch-1d"):
+        return {"tp": (plan.tp, 1)}
+    out, stride = {}, 1
+    for name, size in reversed(list(zip(AXES[plan.tp_mode], plan.tp_grid))):
+        out[name] = (size, stride)
+        stride *= size
+    return out
+
+
+def _residual_share(plan: ParallelPlan) -> int:
+    """Into how many blocks the grid cuts the residual stream (what crosses a stage boundary per rank)."""
+    if plan.tp == 1 or plan.tp_mode in ("1d", "torch-1d"):
+        return 1
+    size = dict(zip(AXES[plan.tp_mode], plan.tp_grid))
+    layout = plan_for(plan.tp_mode).residual
+    return math.prod(size.get(a, 1) for a in (*layout.rows, *layout.cols))
+
+
+def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float, topo: Topology
+                ) -> tuple[dict[str, float], float]:
+    """(channel -> elements this rank sends, seconds) for one micro-batch through ``layers``."""
+    if plan.tp == 1:
+        return {}, 0.0
+    axes, (tp_size, tp_stride) = _tp_axes(plan), _strides(plan)["tp"]
+    elems: dict[str, float] = {}
+    seconds = 0.0
+    for i in layers:
+        for h, h2, up, channel in profile.layers[i].linears:
+            # the first layer's input is data: no gradient of it is reduced
+            for axis, e, steps in linear_traffic(plan.tp_mode, plan.tp_grid, rows, h, h2, up, plan.regather, i > 0):
+                size, stride = axes.get(axis, (tp_size, 1))
+                elems[channel] = elems.get(channel, 0.0) + e
+                seconds += e * profile.elem / topo.group_rate(size, stride * tp_stride) + steps * topo.latency
+    return elems, seconds
+
+
+def _served(plan: ParallelPlan, cfg) -> bool:
+    """Whether tables can be served by rows in this layout (else they stay in the dense parameters)."""
+    if cfg.sparse.strategy == "dense":
+        return False
+    if plan.tp > 1 and plan.tp_mode != "1d":
+        return False
+    return not (plan.pp > 1 and plan.schedule in TORCH_SCHEDULES)
+
+
+def _tables(plan: ParallelPlan, cfg, profile: Profile, topo: Topology, compute: float
+            ) -> tuple[dict[str, str], float, float, set[str]]:
+    """(table -> strategy, bytes per step, exposed seconds, tables taken out of the dense sync)."""
+    if plan.dp == 1 or not _served(plan, cfg):
+        return {}, 0.0, 0.0, set()
+    size, stride = _strides(plan)["dp"]
+    link = Link(rate=topo.group_rate(size, stride), latency=topo.latency * 2 * (size - 1), per_elem=2e-9,
+                source="topology")
+    allowed = ("dense", "allgather", "ps", "alltoall") if cfg.sparse.strategy == "auto" else (cfg.sparse.strategy,)
+    hosts = max(1, min(plan.dp, topo.hosts))
+    picks, nbytes, seconds, served = {}, 0.0, 0.0, set()
+    for t in profile.tables:
+        k = t.unique.get(plan.dp)
+        if k is None or t.unique.get(1) is None:
+            continue
+        rows = t.rows // plan.tp
+        s = Sparsity(rows, t.dim, profile.elem, k / plan.tp, t.unique[1] / plan.tp,
+                     min(t.unique[1], k * plan.dp / hosts) / plan.tp, 0.5, t.fed and plan.tp == 1)
+        est = table_estimate(s, plan.dp, hosts, link, compute, cfg.sparse.schedule)
+        est = {o: e for o, e in est.items() if o.split("/")[0] in allowed}
+        if not est or (cfg.sparse.strategy == "auto" and k / max(t.rows, 1) > cfg.sparse.max_touched):
+            continue
+        choice = min(est, key=lambda o: est[o].time)
+        if choice == "dense":
+            continue
+        picks[t.name], served = choice, served | {t.name}
+        nbytes += est[choice].bytes / max(topo.per_host, 1)
+        seconds += est[choice].time
+    return picks, nbytes, seconds, served
+
+
+def estimate(plan: ParallelPlan, cfg, profile: Profile, topo: Topology) -> Estimate:
+    """The step a plan should take on ``topo`` (bounds filled in by the min-max cut if the plan has none)."""
+    m, b = plan.micro_batches, cfg.train.global_batch
+    samples = b / (plan.dp * m)  # per micro-batch on a dp rank
+    rows = samples * profile.tokens_per_sample
+    # the layers' profile times the measured ratio of a real step to it (autograd glue, loss, norm, clip)
+    per_layer = [layer.seconds(samples) * profile.step_factor / topo.speed / plan.tp for layer in profile.layers]
+    bounds = plan.bounds or tuple(balance(per_layer, plan.pieces)) if plan.pp > 1 else ((0, len(per_layer)),)
+    if plan.pp > 1 and not plan.bounds:
+        plan = plan.with_(bounds=tuple(tuple(x) for x in bounds))
+    strides = _strides(plan)
+    pp_rate = topo.group_rate(*strides["pp"])
+    share = _residual_share(plan)
+    stage_compute, stage_slot, tp_elems, pp_elems = [], [], [], []
+    for k, (lo, hi) in enumerate(bounds):
+        c = sum(per_layer[lo:hi])
+        e_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo)
+        # a stage sends its output forward and its input's gradient back, this rank's block of each
+        out = samples * profile.layers[hi - 1].out_per_sample / share if k + 1 < len(bounds) else 0.0
+        inp = samples * profile.layers[lo - 1].out_per_sample / share if k > 0 else 0.0
+        s_pp = (out + inp) * profile.elem / pp_rate + (topo.latency if out or inp else 0.0)
+        stage_compute.append(c)
+        stage_slot.append(c + s_tp + s_pp)
+        tp_elems.append({ch: e * m for ch, e in e_tp.items()})
+        pp_elems.append((out + inp) * m)  # a middle stage sends both
+    slot = max(stage_slot)
+    flushed = plan.pp > 1 and plan.schedule not in ASYNC_SCHEDULES
+    slots = m + plan.pp - 1 if flushed else m
+    compute = max(stage_compute) * m
+    comm_pipe = (slot - max(stage_compute)) * m
+    bubble = slot * slots - compute - comm_pipe
+    picks, table_bytes, table_s, served = _tables(plan, cfg, profile, topo, compute)
+    dense = [_stage_params(profile, plan, lo, hi, served) for lo, hi in bounds]
+    dp_size, dp_stride = strides["dp"]
+    dp_bytes = [_ring(dp_size, p) * profile.elem for p in dense]
+    dp_s = max(dp_bytes) / topo.group_rate(dp_size, dp_stride) + (dp_size > 1) * 2 * (dp_size - 1) * topo.latency
+    if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
+        backward = 2 / 3 * compute
+        dp_s = max(dp_s / DDP_BUCKETS, dp_s - backward)
+    opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
+    # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
+    tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency
+    nbytes = {"dp.dense": max(dp_bytes), "pp": max(pp_elems) * profile.elem}
+    for ch in sorted({ch for e in tp_elems for ch in e}):
+        nbytes[ch] = max(e.get(ch, 0.0) for e in tp_elems) * profile.elem
+    if table_bytes:
+        nbytes["sparse"] = table_bytes
+    mem = _memory(plan, cfg, profile, bounds, samples, served)
+    return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s, bubble,
+                    {k: v for k, v in nbytes.items() if v}, mem, picks)
+
+
+def _layer_params(profile: Profile, plan: ParallelPlan) -> list[int]:
+    """Parameter elements per layer on one rank (a tensor-parallel shard's, replicated pieces whole)."""
+    if plan.tp == 1:
+        return [layer.params for layer in profile.layers]
+    return profile.shard_params(plan.tp_mode, plan.tp_grid)
+
+
+def _stage_params(profile: Profile, plan: ParallelPlan, lo: int, hi: int, served: set[str]) -> float:
+    """Elements the stage's dense sync all-reduces: its layers' parameters less the tables served by rows."""
+    out = 0.0
+    for layer, n in zip(profile.layers[lo:hi], _layer_params(profile, plan)[lo:hi]):
+        out += n - sum(t.rows * t.dim / plan.tp for t in profile.tables if t.name in served and t.name in layer.tables)
+    return out
+
+
+def _memory(plan: ParallelPlan, cfg, profile: Profile, bounds, samples: float, served: set[str]) -> float:
+    """Bytes the fullest rank holds: weights, gradients, optimizer state, weight copies of the asynchronous
+    schedules, and the boundary activations kept for backward (a floor: layer internals are not counted)."""
+    states = OPT_STATES.get(cfg.train.optimizer, 2)
+    if cfg.train.optimizer == "sgd" and not cfg.train.momentum:
+        states = 0
+    worst = 0.0
+    for k, (lo, hi) in enumerate(bounds):
+        params = sum(_layer_params(profile, plan)[lo:hi])
+        copies = 0
+        if plan.pp > 1 and plan.schedule == "async-stash":
+            copies = plan.pp - k  # one version per micro-batch in flight
+        elif plan.pp > 1 and plan.schedule == "async-predict":
+            copies = 1 if plan.predict == "v1" else 2
+        in_flight = plan.micro_batches if plan.schedule in ("gpipe", "torch-gpipe") else min(
+            plan.micro_batches, plan.pp - k)
+        acts = in_flight * samples * sum(layer.out_per_sample for layer in profile.layers[lo:hi]) / (
+            _residual_share(plan) if not plan.regather else plan.tp)
+        worst = max(worst, (params * (2 + states + copies) + acts) * profile.elem)
+    return worst

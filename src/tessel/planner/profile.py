@@ -1,0 +1,196 @@
+"""What the planner knows of a model before any worker starts: per-layer compute, parameters, boundary
+activations and tables, measured once on the plain model on this machine's CPU.
+
+Each layer of the registered chain is timed (forward + backward, one thread, as a worker runs) at two
+micro-batch sizes, and a line ``a + b * samples`` through the two points prices every other size; a
+layer's time under tensor parallelism is that over tp (the layers split every GEMM evenly). Tables are
+surveyed on the dp-local batch of each candidate dp (unique rows per rank) and on the global batch.
+
+    >>> from tessel.config import load_config
+    >>> cfg = load_config(None, ["model.name=classifier", "model.layers=2", "model.hidden=64",
+    ...                          "model.in_features=32", "model.classes=4"])
+    >>> p = measure(cfg, sizes=(2, 8), dps=(1,))
+    >>> [layer.name for layer in p.layers], p.layers[0].params
+    (['net.0', 'net.2', 'net.4'], 2112)
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import tensor
+from ..chain import Runner, chain_of
+from ..data.loader import ShardedLoader
+from ..pipeline.partition import profile
+from ..pipeline.layers import stage_params
+from ..registry import spec_of
+from ..sparse import find_tables
+from ..sparse.detect import measure as measure_tables
+from ..train.build import DTYPES, build, build_data
+from ..train.engine import Engine
+from ..train.optim import build_optimizer
+from ..train.tail import StepTail
+
+
+@dataclass
+class LayerProfile:
+    name: str
+    fixed: float  # seconds of forward + backward independent of the micro-batch size
+    per_sample: float  # seconds per sample of the micro-batch
+    params: int  # elements
+    out_per_sample: int  # elements of the activation it hands on, per sample
+    tables: tuple[str, ...] = ()  # the surveyed tables this layer owns
+    linears: tuple = ()  # its tensor-parallel linears: (features in, out, up, channel) (registered per model)
+    measured: dict = field(default_factory=dict)  # samples -> seconds, where profiled
+
+    def seconds(self, samples: float) -> float:
+        """Measured at this size, else on the line through the nearest measured sizes around it."""
+        if samples in self.measured:
+            return self.measured[samples]
+        pts = sorted(self.measured.items())
+        if len(pts) >= 2:
+            lo = max((p for p in pts if p[0] <= samples), default=pts[0])
+            hi = min((p for p in pts if p[0] > samples), default=pts[-1])
+            if hi[0] != lo[0]:
+                return max(lo[1] + (hi[1] - lo[1]) * (samples - lo[0]) / (hi[0] - lo[0]), 0.0)
+        return max(self.fixed + self.per_sample * samples, 0.0)
+
+
+@dataclass
+class TableProfile:
+    name: str
+    rows: int
+    dim: int
+    fed: bool  # ids come from the batch (the 2-D schedule can prefetch them)
+    unique: dict[int, float] = field(default_factory=dict)  # dp -> unique rows one rank's batch touches
+
+
+@dataclass
+class Profile:
+    layers: list[LayerProfile]
+    tables: list[TableProfile]
+    elem: int  # bytes per element (train.dtype)
+    optimizer_per_elem: float  # seconds of the optimizer step per parameter element
+    tokens_per_sample: int  # rows a sample feeds each linear (seq_len for the LMs, 1 for the classifier)
+    seconds: float = 0.0  # how long measuring took
+    step_factor: float = 1.0  # a real single-process training step's CPU time over the layers' and optimizer's sum
+    cfg: object = None  # the config measured (its model is rebuilt on the meta device for shard sizes)
+    vocab: int = 0
+    _shards: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    def shard_params(self, mode: str, grid: tuple[int, ...]) -> list[int]:
+        """Parameter elements per chain layer that one rank holds under tensor parallelism (mode, grid): the
+        tensor-parallel layers applied to a meta-device model, so replicated norms and biases count whole."""
+        key = (mode, tuple(grid))
+        if key not in self._shards:
+            with torch.device("meta"):
+                model = build(self.cfg, self.vocab)
+            chain = chain_of(model)
+            tensor.apply(model, chain, tensor.GridSpec(mode, tuple(grid)))
+            self._shards[key] = [sum(p.numel() for p in stage_params(model, chain, i, i + 1).values())
+                                 for i in range(len(chain.layers))]
+        return self._shards[key]
+
+
+def _batch(cfg, dataset, global_batch: int, dp: int, dtype) -> tuple:
+    loader = ShardedLoader(dataset, global_batch, 0, dp, seed=cfg.train.seed)
+    return tuple(t.to(dtype) if t.is_floating_point() else t for t in loader.next_batch())
+
+
+def _optimizer_cost(model: torch.nn.Module, cfg) -> float:
+    """Seconds per parameter element of one optimizer step (the second step: the first allocates state)."""
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt = build_optimizer(list(model.parameters()), cfg.train)
+    opt.step()
+    t0 = time.thread_time()
+    opt.step()
+    seconds = time.thread_time() - t0
+    model.zero_grad(set_to_none=True)
+    return seconds / max(sum(p.numel() for p in model.parameters()), 1)
+
+
+def measure(cfg, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...] = (1,)) -> Profile:
+    """Profile ``cfg``'s model at every micro-batch size in ``sizes`` (default: 1 sample and the global batch;
+    other sizes are priced on the line through the nearest two) and survey its tables on the dp-local batch of
+    every dp in ``dps``."""
+    t_start = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a worker runs one thread (OMP_NUM_THREADS=1 in the launcher and the cluster)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.train.seed)
+            dataset = build_data(cfg)
+            dtype = DTYPES[cfg.train.dtype]
+            model = build(cfg, getattr(dataset, "vocab_size", 0)).to(dtype)
+            chain = chain_of(model)
+            b = cfg.train.global_batch
+            sizes = sorted(set(sizes or (1, b)) | {b})
+            x, y = _batch(cfg, dataset, b, 1, dtype)
+            costs = {n: profile(model, chain, x[:n], y[:n], repeats=3) for n in sizes}
+            tables = _tables(cfg, model, dataset, dps, dtype)
+            spec = spec_of(model)
+            linears = spec.linears(model) if spec.linears else [[] for _ in chain.layers]
+            layers = []
+            for i, layer in enumerate(chain.layers):
+                params = sum(p.numel() for p in stage_params(model, chain, i, i + 1).values())
+                owns = tuple(t.name for t in tables if any(t.name == o or t.name.startswith(o + ".")
+                                                           for o in layer.owns))
+                points = {n: c[i].seconds for n, c in costs.items()}
+                small, large = sizes[0], sizes[-1]
+                per = (points[large] - points[small]) / max(large - small, 1)
+                layers.append(LayerProfile(layer.name, points[small] - per * small, per, params,
+                                           _numel(costs[large][i].out_shape), owns, tuple(linears[i]), points))
+            tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
+            opt = _optimizer_cost(model, cfg)
+            whole = sum(costs[b][i].seconds for i in range(len(layers))) + opt * sum(p.numel() for p in
+                                                                                      model.parameters())
+            factor = _real_step(model, chain, cfg, x, y) / max(whole, 1e-9)
+    finally:
+        torch.set_num_threads(threads)
+    return Profile(layers, tables, dtype.itemsize, opt, tokens, time.perf_counter() - t_start, factor, cfg,
+                   getattr(dataset, "vocab_size", 0))
+
+
+def _real_step(model, chain, cfg, x, y, repeats: int = 6) -> float:
+    """CPU seconds of one real training step of the plain model (engine, step tail, optimizer), the fastest of
+    ``repeats`` after a warm-up: what the layers' profile leaves out (autograd across layers, the loss, zeroing,
+    the norm and clip) comes back as the ratio of the two."""
+    model = copy.deepcopy(model)
+    runner = Runner(model, chain_of(model))
+    optimizer = build_optimizer(list(runner.parameters()), cfg.train)
+    engine = Engine(runner, StepTail(list(runner.parameters()), optimizer, cfg.train), None)
+    times = []
+    for step in range(repeats + 1):
+        t0 = time.thread_time()
+        engine.step(x, y, step)
+        times.append(time.thread_time() - t0)
+    return min(times[1:])
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _tables(cfg, model, dataset, dps: tuple[int, ...], dtype) -> list[TableProfile]:
+    infos = [i for i in find_tables(model) if i.unsupported is None]
+    out = {i.name: TableProfile(i.name, i.rows, i.dim, False) for i in infos}
+    for dp in sorted(set(dps) | {1}):
+        if not infos or cfg.train.global_batch % dp:
+            continue
+        measure_tables(model, infos, [_batch(cfg, dataset, cfg.train.global_batch, dp, dtype)])
+        for i in infos:
+            out[i.name].unique[dp] = i.unique_per_step
+            out[i.name].fed = i.fed
+    return list(out.values())

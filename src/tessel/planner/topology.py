@@ -1,0 +1,108 @@
+"""The hardware a plan is made for: ranks, hosts, links, compute speed and memory, as one frozen record.
+
+Every estimate the planner makes reads its rates from a :class:`Topology`. It comes from the command line
+(``tessel plan --hosts 8 --link-mbit 200``), from the emulated cluster's environment (``TESSEL_LINK_MBIT``
+for the shaped link, ``TESSEL_HOST_CPUS`` for each host's CPU budget, both set by ``tessel cluster run``), or
+from defaults for one machine. Ranks fill hosts in order, so the innermost mesh dim (tp) is the closest.
+
+    >>> t = Topology(ranks=8, hosts=4, link_mbit=200)
+    >>> t.per_host, t.spans_hosts(size=2, stride=1), t.spans_hosts(size=2, stride=2)
+    (2, False, True)
+    >>> round(t.group_rate(size=4, stride=2) / 1e6, 1)  # bytes/s: one 200 Mbit/s link per host
+    25.0
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from ..sparse.cost import env_link_mbit
+
+LOOPBACK_MBIT = 8000.0  # gloo over loopback on this kind of machine: CPU-bound, about 1 GB/s per rank pair
+LOCAL_MBIT = 8000.0  # between ranks of one host (shared memory / loopback)
+
+
+@dataclass(frozen=True)
+class Topology:
+    ranks: int
+    hosts: int = 1
+    link_mbit: float = LOOPBACK_MBIT  # each host's link to the others (Mbit/s, one direction)
+    local_mbit: float = LOCAL_MBIT  # between ranks of one host
+    latency: float = 200e-6  # seconds per ring step of a collective (gloo over TCP here)
+    speed: float = 1.0  # compute speed of a rank relative to one core of this machine (0.5: half a core)
+    memory: float = math.inf  # bytes a rank may hold
+    source: str = "defaults"
+
+    def __post_init__(self) -> None:
+        for key in ("link_mbit", "local_mbit", "speed", "memory"):
+            v = getattr(self, key)
+            if not (v > 0 and not math.isnan(v)) or (key != "memory" and not math.isfinite(v)):
+                raise ConfigError(f"topology {key.replace('_', '-')} is {v}; it must be a positive finite number")
+        if not (isinstance(self.ranks, int) and isinstance(self.hosts, int) and 1 <= self.hosts <= self.ranks
+                and self.ranks % self.hosts == 0):
+            raise ConfigError(f"topology of {self.ranks} ranks on {self.hosts} hosts is invalid; hosts must divide "
+                              "the ranks (each host holds the same number)")
+        if not (math.isfinite(self.latency) and self.latency >= 0):
+            raise ConfigError(f"topology latency is {self.latency}; it must be a finite number >= 0")
+
+    @property
+    def per_host(self) -> int:
+        return self.ranks // self.hosts
+
+    def spans_hosts(self, size: int, stride: int) -> bool:
+        """Whether a group of ``size`` ranks ``stride`` apart (a mesh dim) crosses a host boundary."""
+        return size > 1 and size * stride > self.per_host
+
+    def group_rate(self, size: int, stride: int) -> float:
+        """Bytes/s one rank of such a group sends at: the host link is shared by the host's ranks that send
+        across it at the same time (all of them for a dim whose groups each span hosts)."""
+        if not self.spans_hosts(size, stride):
+            return self.local_mbit * 1e6 / 8
+        sharing = min(stride, self.per_host)
+        return self.link_mbit * 1e6 / 8 / sharing
+
+    def describe(self) -> str:
+        mem = "unbounded" if math.isinf(self.memory) else f"{self.memory / 2**30:.1f} GiB"
+        return (f"topology: {self.ranks} ranks on {self.hosts} host{'s' if self.hosts > 1 else ''}, link "
+                f"{self.link_mbit:g} Mbit/s across hosts, {self.local_mbit:g} within, latency "
+                f"{self.latency * 1e6:.0f} us, compute {self.speed:g}x one core, memory per rank {mem} "
+                f"({self.source})")
+
+
+def from_environment(ranks: int, hosts: int = 0, link_mbit: float = 0.0, cpus: float = 0.0,
+                     memory: float = math.inf) -> Topology:
+    """The topology of this job: given values first, then the emulated cluster's environment, then one machine
+    whose cores the ranks share (a rank gets at most one core: workers run one thread each)."""
+    env_hosts = int(os.environ.get("GROUP_WORLD_SIZE", "0") or 0) if not hosts else 0
+    hosts = hosts or (env_hosts if env_hosts and ranks % env_hosts == 0 else 1)
+    given = link_mbit > 0
+    link = link_mbit if given else env_link_mbit()
+    source = "given" if given else "TESSEL_LINK_MBIT" if link else "defaults"
+    cpus = cpus or _env_cpus()
+    if cpus:
+        speed = min(1.0, cpus / (ranks // hosts))
+    else:
+        speed = min(1.0, (os.cpu_count() or 1) / ranks) if hosts == 1 else 1.0
+    return Topology(ranks=ranks, hosts=hosts, link_mbit=link or LOOPBACK_MBIT, speed=speed, memory=memory,
+                    source=source)
+
+
+def _env_cpus() -> float:
+    text = os.environ.get("TESSEL_HOST_CPUS", "")
+    try:
+        v = float(text) if text else 0.0
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v >= 0):
+        raise ConfigError(f"TESSEL_HOST_CPUS is '{text}'; it must be a positive number of cores, or unset")
+    return v
+
+
+# The seeds' clusters, for projections on paper (these machines are not here to measure).
+PARALLAX_CLUSTER = Topology(ranks=48, hosts=8, link_mbit=56_000, local_mbit=128_000, latency=10e-6, speed=1.0,
+                            source="Parallax: 8 machines x 6 GPUs, 56 Gbit/s InfiniBand")
+TACC_CLUSTER = Topology(ranks=64, hosts=16, link_mbit=100_000, local_mbit=600_000, latency=10e-6, speed=1.0,
+                        source="3-D paper: 64 V100 in nodes of 4, NVLink within, 100 Gbit/s across")
