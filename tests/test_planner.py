@@ -36,8 +36,10 @@ TOPO = planner.Topology(ranks=4, hosts=4, link_mbit=1000)
 
 
 def _step_bytes(overrides):
+    import torch.distributed as dist
+
     cfg = load_config(None, overrides)
-    plan = ParallelPlan.from_config(cfg, 4).check(cfg)
+    plan = ParallelPlan.from_config(cfg, dist.get_world_size()).check(cfg)
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
     torch.manual_seed(0)
@@ -53,7 +55,8 @@ def _step_bytes(overrides):
 def _overrides(base, plan):
     cfg = planner.apply(load_config(None, base), plan)
     p = cfg.parallel
-    return [*base, f"parallel.dp={p.dp}", f"parallel.pp={p.pp}", f"parallel.tp={p.tp}", f"tensor.mode={cfg.tensor.mode}",
+    return [*base, f"parallel.dp={p.dp}", f"parallel.pp={p.pp}", f"parallel.tp={p.tp}",
+            f"tensor.mode={cfg.tensor.mode}",
             f"tensor.grid={cfg.tensor.grid}", f"pipeline.schedule={cfg.pipeline.schedule}",
             f"pipeline.split={cfg.pipeline.split}", f"train.micro_batches={cfg.train.micro_batches}"]
 
@@ -146,3 +149,58 @@ def test_train_plan_auto_runs_the_winner(tmp_path):
     saved = ParallelPlan.from_json((tmp_path / "run" / "plan.json").read_text())
     ran = ParallelPlan.from_dict(json.loads((tmp_path / "run" / "summary.json").read_text())["plan"])
     assert ran.with_(tables=()) == saved.with_(bounds=ran.bounds) or ran.with_(tables=()) == saved
+
+
+def _probe():
+    from tessel.planner import probe
+
+    return probe.measure(rounds=5, burst=2)
+
+
+def test_probe_measures_latency_and_speed(world4):
+    out = world4.run(_probe)
+    assert out[0] == out[3]  # every rank returns the group's worst
+    assert out[0]["ranks"] == 4 and out[0]["latency"] > 0 and 0 < out[0]["speed"] <= 1.5
+
+
+def test_paper_projections():
+    from tessel.planner import paper
+
+    rows, text = paper.parallax()
+    # the 800K-word tables are what dense data parallelism all-reduces and the hybrid moves by rows
+    assert rows["hybrid"].bytes["dp.dense"] < rows["dense"].bytes["dp.dense"] / 10
+    assert rows["chosen"].step <= rows["hybrid"].step and "6.02x" in text
+    rows, text = paper.tacc()
+    assert set(rows) == {"1d", "2d", "3d"} and all(e.plan.tp == 64 for e in rows.values())
+    # 1-D all-reduces whole activations per linear, 3-D moves (q-1)/q^3 blocks: fewer bytes per rank
+    assert rows["3d"].bytes["tp"] < rows["1d"].bytes["tp"]
+
+
+def test_saved_plan_that_does_not_fit_the_model_is_one_line(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text(ParallelPlan(dp=1, pp=8).to_json())  # the default Transformer has 4 pipeline layers
+    assert main(["train", "--plan", str(path), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pp=8 stages but the model has only 4 pipeline layers" in err, err
+
+
+PLANS8 = {  # stage boundaries in a 2-D/3-D block, and a middle stage that sends both ways
+    "transformer_lm": [ParallelPlan(dp=1, pp=2, tp=4, tp_mode="3d", tp_grid=(2, 2, 1), micro_batches=2),
+                       ParallelPlan(dp=1, pp=2, tp=4, tp_mode="2d", tp_grid=(2, 2), micro_batches=2)],
+    "classifier": [ParallelPlan(dp=1, pp=2, tp=4, tp_mode="3d", tp_grid=(2, 2, 1), micro_batches=2),
+                   ParallelPlan(dp=1, pp=4, tp=2, tp_grid=(2,), micro_batches=4)],
+}
+
+
+@pytest.mark.parametrize("model", sorted(PLANS8))
+def test_predicted_bytes_equal_measured_on_8_ranks(world8, model):
+    base = TINY[model]
+    cfg = load_config(None, base)
+    profile = measure(cfg, dps=(1,))
+    topo = planner.Topology(ranks=8, hosts=8, link_mbit=1000)
+    for plan in PLANS8[model]:
+        est = estimate(plan, cfg, profile, topo)
+        got = world8.run(_step_bytes, _overrides(base, est.plan))
+        for channel in EXACT:
+            assert est.bytes.get(channel, 0) == max(r.get(channel, 0) for r in got), (plan.describe(), channel,
+                                                                                      est.bytes, got)

@@ -30,6 +30,7 @@ from .errors import CheckpointError, PlanError, Preempted
 from .mesh import build_mesh, init_distributed
 from .parallelize import Parallelized, parallelize
 from .plan import ParallelPlan, regrouped, saved_plan
+from .planner import probe
 from .train import checkpoint
 from .train.build import DTYPES, build, build_data, model_identity
 from .train.integrity import set_aside
@@ -86,8 +87,9 @@ def _planned(cfg: Config, world: int) -> Config:
     if cfg.plan.source != "auto":
         return planner.resolve(cfg, world)[0]
     chosen = None
+    measured = probe.measure()  # every rank takes part: latency under load and the share of a core each gets
     if dist.get_rank() == 0:
-        planned = planner.choose(cfg, planner.topology_of(cfg, world))
+        planned = planner.choose(cfg, planner.topology_of(cfg, world, measured))
         print(planned.table(), flush=True)
         chosen = planned.best.plan.to_json()
     return planner.apply(cfg, ParallelPlan.from_json(comm.all_gather_object(chosen, "meta")[0]))

@@ -62,12 +62,21 @@ def pick(planned: Planned, top: int = 3, others: int = 5) -> list:
     return chosen + [pool[i] for i in idx]
 
 
-def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path) -> tuple[Planned, list, Scenario]:
+def probe_cell(hosts: int, rate: str, cluster: dict) -> dict:
+    """The probe (tessel.planner.probe) on a cluster like the cell's: latency under load and speed per rank."""
+    from ..cluster.emulate import EmulatedCluster
+
+    with EmulatedCluster(hosts, rate=rate, prefix="tspp", **cluster) as emu:
+        res = emu.run(emu.torchrun_commands(["-m", "tessel.planner.probe"], run_id="probe"), timeout=300)
+    return json.loads(res[0].stdout.strip().splitlines()[-1])
+
+
+def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path, measured: dict) -> tuple[Planned, list, Scenario]:
     from ..cluster.emulate import parse_rate
 
     cfg = load_config(None, [*MODELS[model], *COMMON])
-    topo = Topology(ranks=hosts, hosts=hosts, link_mbit=parse_rate(rate) / 1e6, speed=min(1.0, cpus),
-                    source="emulated cluster")
+    topo = Topology(ranks=hosts, hosts=hosts, link_mbit=parse_rate(rate) / 1e6, latency=measured["latency"],
+                    speed=min(1.0, cpus, measured["speed"]), source="emulated cluster, latency and speed probed")
     planned = choose(cfg, topo)
     picked = pick(planned)
     folder = out / "plans" / f"{model}-h{hosts}-{rate}"
@@ -93,9 +102,11 @@ def run(models: list[str], hosts: list[int], rates: list[str], out: Path, repeat
     for h in hosts:
         cpus = cluster.get("cpus") or (os.cpu_count() or 1) / h
         for rate in rates:
+            measured = probe_cell(h, rate, {**cluster, "cpus": cpus})
+            print(f"probe, {h} hosts, {rate}: {measured}", flush=True)
             for model in models:
                 t0 = time.perf_counter()
-                planned, picked, scn = _cell(model, h, rate, cpus, out)
+                planned, picked, scn = _cell(model, h, rate, cpus, out, measured)
                 plan_s = time.perf_counter() - t0
                 scn.steps = steps
                 scn.cluster = {**cluster, "cpus": cpus}
@@ -107,6 +118,7 @@ def run(models: list[str], hosts: list[int], rates: list[str], out: Path, repeat
                     label = short(e.plan).replace(" ", "-")
                     runs = [r for r in records if r["strategy"] == label]
                     rows.append(_row(model, h, rate, rank + 1, e, runs, cell_out, label, plan_s))
+                    rows[-1].update(latency=planned.topology.latency, speed=planned.topology.speed)
     return rows
 
 

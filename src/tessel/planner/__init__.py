@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -123,10 +123,16 @@ def _axes(plan: ParallelPlan) -> int:
     return (plan.pp > 1) + (plan.tp > 1)
 
 
-def topology_of(cfg: Config, ranks: int) -> Topology:
+def topology_of(cfg: Config, ranks: int, measured: dict | None = None) -> Topology:
+    """The topology the config and environment describe; ``measured``: a probe's latency and speed (see
+    :mod:`tessel.planner.probe`), which replace the defaults."""
     p = cfg.plan
     memory = p.memory_gib * 2**30 if p.memory_gib else math.inf
-    return from_environment(ranks, p.hosts, p.link_mbit, memory=memory)
+    topo = from_environment(ranks, p.hosts, p.link_mbit, memory=memory)
+    if measured:
+        topo = replace(topo, latency=measured["latency"], speed=min(topo.speed, measured["speed"]),
+                       source=topo.source + ", latency and speed measured")
+    return topo
 
 
 def choose(cfg: Config, topo: Topology, allow_async: bool | None = None, profile: Profile | None = None) -> Planned:
@@ -187,7 +193,8 @@ def load(path: str | Path) -> ParallelPlan:
     try:
         return ParallelPlan.from_json(path.read_text())
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"plan file '{path}' is not a parallel plan ({e}); write one with tessel plan --json") from None
+        raise ConfigError(f"plan file '{path}' is not a parallel plan ({e}); write one with tessel plan "
+                          "--json") from None
 
 
 def resolve(cfg: Config, world: int = 0) -> tuple[Config, Planned | None]:

@@ -19,7 +19,6 @@ sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from ..choices import ASYNC_SCHEDULES, TORCH_SCHEDULES
@@ -29,7 +28,6 @@ from ..sparse.cost import Link, Sparsity
 from ..sparse.cost import estimate as table_estimate
 from ..tensor.cost import linear_traffic
 from ..tensor.grid import AXES
-from ..tensor.layout import plan_for
 from .profile import Profile
 from .topology import Topology
 
@@ -72,13 +70,11 @@ def _tp_axes(plan: ParallelPlan) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _residual_share(plan: ParallelPlan) -> int:
-    """Into how many blocks the grid cuts the residual stream (what crosses a stage boundary per rank)."""
-    if plan.tp == 1 or plan.tp_mode in ("1d", "torch-1d"):
-        return 1
-    size = dict(zip(AXES[plan.tp_mode], plan.tp_grid))
-    layout = plan_for(plan.tp_mode).residual
-    return math.prod(size.get(a, 1) for a in (*layout.rows, *layout.cols))
+def _out_share(profile: Profile, plan: ParallelPlan) -> list[float]:
+    """Per layer, the share of its output one rank sends across a stage boundary (its tp block)."""
+    if plan.tp == 1:
+        return [1.0] * len(profile.layers)
+    return profile.shard_out(plan.tp_mode, plan.tp_grid)
 
 
 def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float, topo: Topology
@@ -151,14 +147,14 @@ def estimate(plan: ParallelPlan, cfg, profile: Profile, topo: Topology) -> Estim
         plan = plan.with_(bounds=tuple(tuple(x) for x in bounds))
     strides = _strides(plan)
     pp_rate = topo.group_rate(*strides["pp"])
-    share = _residual_share(plan)
+    share = _out_share(profile, plan)
     stage_compute, stage_slot, tp_elems, pp_elems = [], [], [], []
     for k, (lo, hi) in enumerate(bounds):
         c = sum(per_layer[lo:hi])
         e_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo)
         # a stage sends its output forward and its input's gradient back, this rank's block of each
-        out = samples * profile.layers[hi - 1].out_per_sample / share if k + 1 < len(bounds) else 0.0
-        inp = samples * profile.layers[lo - 1].out_per_sample / share if k > 0 else 0.0
+        out = samples * profile.layers[hi - 1].out_per_sample * share[hi - 1] if k + 1 < len(bounds) else 0.0
+        inp = samples * profile.layers[lo - 1].out_per_sample * share[lo - 1] if k > 0 else 0.0
         s_pp = (out + inp) * profile.elem / pp_rate + (topo.latency if out or inp else 0.0)
         stage_compute.append(c)
         stage_slot.append(c + s_tp + s_pp)
@@ -222,7 +218,8 @@ def _memory(plan: ParallelPlan, cfg, profile: Profile, bounds, samples: float, s
             copies = 1 if plan.predict == "v1" else 2
         in_flight = plan.micro_batches if plan.schedule in ("gpipe", "torch-gpipe") else min(
             plan.micro_batches, plan.pp - k)
-        acts = in_flight * samples * sum(layer.out_per_sample for layer in profile.layers[lo:hi]) / (
-            _residual_share(plan) if not plan.regather else plan.tp)
+        shares = _out_share(profile, plan)
+        acts = in_flight * samples * sum(layer.out_per_sample * shares[i] for i, layer in
+                                         enumerate(profile.layers[lo:hi], start=lo))
         worst = max(worst, (params * (2 + states + copies) + acts) * profile.elem)
     return worst

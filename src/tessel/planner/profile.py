@@ -17,6 +17,7 @@ surveyed on the dp-local batch of each candidate dp (unique rows per rank) and o
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -25,8 +26,8 @@ import torch
 from .. import tensor
 from ..chain import Runner, chain_of
 from ..data.loader import ShardedLoader
-from ..pipeline.partition import profile
 from ..pipeline.layers import stage_params
+from ..pipeline.partition import profile
 from ..registry import spec_of
 from ..sparse import find_tables
 from ..sparse.detect import measure as measure_tables
@@ -89,14 +90,28 @@ class Profile:
     def shard_params(self, mode: str, grid: tuple[int, ...]) -> list[int]:
         """Parameter elements per chain layer that one rank holds under tensor parallelism (mode, grid): the
         tensor-parallel layers applied to a meta-device model, so replicated norms and biases count whole."""
+        return self._shard(mode, grid)[0]
+
+    def shard_out(self, mode: str, grid: tuple[int, ...]) -> list[float]:
+        """Per chain layer, the share of its output one rank holds (its block in the layer's output layout):
+        what crosses a stage boundary from that layer under tensor parallelism."""
+        return self._shard(mode, grid)[1]
+
+    def _shard(self, mode: str, grid: tuple[int, ...]) -> tuple[list[int], list[float]]:
         key = (mode, tuple(grid))
         if key not in self._shards:
             with torch.device("meta"):
                 model = build(self.cfg, self.vocab)
             chain = chain_of(model)
-            tensor.apply(model, chain, tensor.GridSpec(mode, tuple(grid)))
-            self._shards[key] = [sum(p.numel() for p in stage_params(model, chain, i, i + 1).values())
-                                 for i in range(len(chain.layers))]
+            tp_chain, _ = tensor.apply(model, chain, tensor.GridSpec(mode, tuple(grid)))
+            params = [sum(p.numel() for p in stage_params(model, chain, i, i + 1).values())
+                      for i in range(len(chain.layers))]
+            rows = math.prod(grid)  # a sample count every row split divides
+            share = []
+            for i, layer in enumerate(self.layers):
+                full = (rows, layer.out_per_sample)
+                share.append(math.prod(tp_chain.local(i, full)) / math.prod(full))
+            self._shards[key] = (params, share)
         return self._shards[key]
 
 
