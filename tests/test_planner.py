@@ -154,13 +154,14 @@ def test_train_plan_auto_runs_the_winner(tmp_path):
 def _probe():
     from tessel.planner import probe
 
-    return probe.measure(rounds=5, burst=2)
+    return probe.measure(rounds=5, burst=2, bulk_rounds=3, bulk_bytes=1 << 16)
 
 
 def test_probe_measures_latency_and_speed(world4):
     out = world4.run(_probe)
     assert out[0] == out[3]  # every rank returns the group's worst
     assert out[0]["ranks"] == 4 and out[0]["latency"] > 0 and 0 < out[0]["speed"] <= 1.5
+    assert 0 < out[0]["mbit"] < math.inf and 0 <= out[0]["overlap"] <= 1
 
 
 def test_paper_projections():

@@ -63,7 +63,7 @@ def pick(planned: Planned, top: int = 3, others: int = 5) -> list:
 
 
 def probe_cell(hosts: int, rate: str, cluster: dict) -> dict:
-    """The probe (tessel.planner.probe) on a cluster like the cell's: latency under load and speed per rank."""
+    """The probe (tessel.planner.probe) on a cluster like the cell's: latency under load, speed and rate per rank."""
     from ..cluster.emulate import EmulatedCluster
 
     with EmulatedCluster(hosts, rate=rate, prefix="tspp", **cluster) as emu:
@@ -76,7 +76,8 @@ def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path, measured: d
 
     cfg = load_config(None, [*MODELS[model], *COMMON])
     topo = Topology(ranks=hosts, hosts=hosts, link_mbit=parse_rate(rate) / 1e6, latency=measured["latency"],
-                    speed=min(1.0, cpus, measured["speed"]), source="emulated cluster, latency and speed probed")
+                    speed=min(1.0, cpus, measured["speed"]), rate_mbit=measured["mbit"],
+                    overlap=measured["overlap"], source="emulated cluster, latency, speed, rate and overlap probed")
     planned = choose(cfg, topo)
     picked = pick(planned)
     folder = out / "plans" / f"{model}-h{hosts}-{rate}"
@@ -118,7 +119,8 @@ def run(models: list[str], hosts: list[int], rates: list[str], out: Path, repeat
                     label = short(e.plan).replace(" ", "-")
                     runs = [r for r in records if r["strategy"] == label]
                     rows.append(_row(model, h, rate, rank + 1, e, runs, cell_out, label, plan_s))
-                    rows[-1].update(latency=planned.topology.latency, speed=planned.topology.speed)
+                    rows[-1].update(latency=planned.topology.latency, speed=planned.topology.speed,
+                                    rate_mbit=planned.topology.rate_mbit, overlap=planned.topology.overlap)
     return rows
 
 

@@ -124,14 +124,15 @@ def _axes(plan: ParallelPlan) -> int:
 
 
 def topology_of(cfg: Config, ranks: int, measured: dict | None = None) -> Topology:
-    """The topology the config and environment describe; ``measured``: a probe's latency and speed (see
+    """The topology the config and environment describe; ``measured``: a probe's latency, speed and rate (see
     :mod:`tessel.planner.probe`), which replace the defaults."""
     p = cfg.plan
     memory = p.memory_gib * 2**30 if p.memory_gib else math.inf
     topo = from_environment(ranks, p.hosts, p.link_mbit, memory=memory)
     if measured:
         topo = replace(topo, latency=measured["latency"], speed=min(topo.speed, measured["speed"]),
-                       source=topo.source + ", latency and speed measured")
+                       rate_mbit=measured["mbit"], overlap=measured["overlap"],
+                       source=topo.source + ", latency, speed, rate and overlap measured")
     return topo
 
 

@@ -12,7 +12,8 @@ send its size):
 Time per micro-batch on stage k is its layers' compute over tp (and over the rank's compute speed) plus
 its tp collectives and its boundary sends at the rates of their groups (:class:`Topology`). A flushed
 schedule takes (m + pp - 1) slowest-stage slots, an asynchronous one m (no flush: the bubble is only the
-imbalance); DDP hides the gradient all-reduce behind backward up to the last bucket; a pipeline's
+imbalance); DDP hides the gradient all-reduce behind backward up to the last bucket, as far as the
+topology's measured overlap lets it; a pipeline's
 gradient sync and optimizer step follow the micro-batches. Tables served by rows are priced by the
 sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added as exposed time.
 """
@@ -173,7 +174,7 @@ def estimate(plan: ParallelPlan, cfg, profile: Profile, topo: Topology) -> Estim
     dp_s = max(dp_bytes) / topo.group_rate(dp_size, dp_stride) + (dp_size > 1) * 2 * (dp_size - 1) * topo.latency
     if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
         backward = 2 / 3 * compute
-        dp_s = max(dp_s / DDP_BUCKETS, dp_s - backward)
+        dp_s -= topo.overlap * min(dp_s * (1 - 1 / DDP_BUCKETS), backward)
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
     tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency

@@ -7,7 +7,11 @@ Run as a torchrun worker on every host (``tessel bench plan`` does, per cell)::
 Rank 0 prints one JSON line: ``latency`` (seconds per ring step of a tiny all-reduce issued between
 compute bursts, as the training step issues its collectives: on a host under a CPU quota a collective can
 wait for a throttled peer, which an idle probe never sees), ``speed`` (thread CPU time over wall time of
-the compute bursts alone: the share of a core a rank gets) and ``idle_latency``.
+the compute bursts alone: the share of a core a rank gets), ``mbit`` (the rate a rank moves a 2 MB all-reduce at
+between bursts, its latency taken out: with a CPU quota gloo's copies and sums can fill a fast link only
+partly), ``overlap`` (how much of that all-reduce, issued asynchronously, hides behind as long a compute
+burst: 1 when the two overlap fully, 0 when they take turns, as gloo's threads and the compute do under a
+tight CPU quota) and ``idle_latency``.
 """
 
 from __future__ import annotations
@@ -19,23 +23,55 @@ import time
 import torch
 import torch.distributed as dist
 
+from .. import comm
+
 
 def _burst(a: torch.Tensor, w: torch.Tensor, n: int) -> None:
     for _ in range(n):
         a @ w
 
 
-def measure(rounds: int = 40, burst: int = 6) -> dict:
+def _loaded(t: torch.Tensor, a: torch.Tensor, w: torch.Tensor, rounds: int, burst: int) -> list[float]:
+    """Seconds of each all-reduce of ``t`` issued after a compute burst, as a step issues its collectives."""
+    out = []
+    for _ in range(rounds):
+        _burst(a, w, burst)
+        t0 = time.perf_counter()
+        comm.all_reduce(t, "probe")
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _overlap(t: torch.Tensor, a: torch.Tensor, w: torch.Tensor, alone: float, rounds: int) -> float:
+    """Share of an all-reduce taking ``alone`` seconds that hides behind a compute burst of about that length."""
+    t0 = time.perf_counter()
+    _burst(a, w, 4)
+    n = max(1, round(4 * alone / (time.perf_counter() - t0)))  # bursts that last as long as the all-reduce
+    compute, both = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        _burst(a, w, n)
+        compute.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        work = comm.all_reduce(t, "probe", async_op=True)
+        _burst(a, w, n)
+        work.wait()
+        both.append(time.perf_counter() - t0)
+    c, b = statistics.median(compute), statistics.median(both)
+    return min(1.0, max(0.0, (c + alone - b) / min(c, alone)))
+
+
+def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: int = 8 << 20) -> dict:
     n = dist.get_world_size()
     steps = max(2 * (n - 1), 1)
     one = torch.zeros(1)
     a, w = torch.randn(64, 512), torch.randn(512, 512)
     for _ in range(5):
-        dist.all_reduce(one)
+        comm.all_reduce(one, "probe")
     idle = []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        dist.all_reduce(one)
+        comm.all_reduce(one, "probe")
         idle.append(time.perf_counter() - t0)
     wall, cpu = [], []
     for _ in range(rounds):  # compute alone: the speed a rank gets
@@ -43,20 +79,20 @@ def measure(rounds: int = 40, burst: int = 6) -> dict:
         _burst(a, w, burst)
         wall.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
-    dist.barrier()
-    loaded = []
-    for _ in range(rounds):  # compute, then a collective, as a step does
-        _burst(a, w, burst)
-        t0 = time.perf_counter()
-        dist.all_reduce(one)
-        loaded.append(time.perf_counter() - t0)
-    mine = torch.tensor([statistics.mean(loaded) / steps, sum(cpu) / sum(wall), statistics.median(idle) / steps],
+    comm.barrier("probe")
+    latency = statistics.mean(_loaded(one, a, w, rounds, burst)) / steps
+    bulk = torch.zeros(bulk_bytes // 4)
+    alone = statistics.median(_loaded(bulk, a, w, bulk_rounds, burst))
+    seconds = alone - steps * latency
+    sent = 2 * (n - 1) / n * bulk_bytes  # what a ring all-reduce makes each rank send
+    mbit = sent * 8 / 1e6 / max(seconds, 1e-6) if n > 1 else float("inf")
+    overlap = _overlap(bulk, a, w, alone, bulk_rounds)
+    mine = torch.tensor([latency, sum(cpu) / sum(wall), statistics.median(idle) / steps, mbit, overlap],
                         dtype=torch.float64)
-    every = [torch.zeros_like(mine) for _ in range(n)]
-    dist.all_gather(every, mine)
-    stack = torch.stack(every)
+    stack = torch.stack(comm.all_gather(mine, "probe"))  # (ranks, 5)
     return {"latency": float(stack[:, 0].max()), "speed": float(stack[:, 1].min()),
-            "idle_latency": float(stack[:, 2].max()), "ranks": n}
+            "idle_latency": float(stack[:, 2].max()), "mbit": float(stack[:, 3].min()),
+            "overlap": float(stack[:, 4].min()), "ranks": n}
 
 
 def main() -> None:

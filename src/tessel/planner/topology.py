@@ -34,17 +34,25 @@ class Topology:
     latency: float = 200e-6  # seconds per ring step of a collective (gloo over TCP here)
     speed: float = 1.0  # compute speed of a rank relative to one core of this machine (0.5: half a core)
     memory: float = math.inf  # bytes a rank may hold
+    # Mbit/s one rank moves collective bytes at, whatever the wire: gloo copies and reduces on the rank's own
+    # CPU, so under a CPU quota a fast link is not filled (measured by tessel.planner.probe; inf: not measured)
+    rate_mbit: float = math.inf
+    # share of an asynchronous collective that hides behind compute running beside it (measured by the probe;
+    # under a tight CPU quota gloo's threads and the compute take turns, so little hides)
+    overlap: float = 1.0
     source: str = "defaults"
 
     def __post_init__(self) -> None:
-        for key in ("link_mbit", "local_mbit", "speed", "memory"):
+        for key in ("link_mbit", "local_mbit", "speed", "memory", "rate_mbit"):
             v = getattr(self, key)
-            if not (v > 0 and not math.isnan(v)) or (key != "memory" and not math.isfinite(v)):
+            if not (v > 0 and not math.isnan(v)) or (key not in ("memory", "rate_mbit") and not math.isfinite(v)):
                 raise ConfigError(f"topology {key.replace('_', '-')} is {v}; it must be a positive finite number")
         if not (isinstance(self.ranks, int) and isinstance(self.hosts, int) and 1 <= self.hosts <= self.ranks
                 and self.ranks % self.hosts == 0):
             raise ConfigError(f"topology of {self.ranks} ranks on {self.hosts} hosts is invalid; hosts must divide "
                               "the ranks (each host holds the same number)")
+        if not 0 <= self.overlap <= 1:
+            raise ConfigError(f"topology overlap is {self.overlap}; it must be a share from 0 to 1")
         if not (math.isfinite(self.latency) and self.latency >= 0):
             raise ConfigError(f"topology latency is {self.latency}; it must be a finite number >= 0")
 
@@ -58,16 +66,19 @@ class Topology:
 
     def group_rate(self, size: int, stride: int) -> float:
         """Bytes/s one rank of such a group sends at: the host link is shared by the host's ranks that send
-        across it at the same time (all of them for a dim whose groups each span hosts)."""
+        across it at the same time (all of them for a dim whose groups each span hosts), and no rank sends
+        faster than its CPU moves bytes (``rate_mbit``)."""
         if not self.spans_hosts(size, stride):
-            return self.local_mbit * 1e6 / 8
+            return min(self.local_mbit, self.rate_mbit) * 1e6 / 8
         sharing = min(stride, self.per_host)
-        return self.link_mbit * 1e6 / 8 / sharing
+        return min(self.link_mbit / sharing, self.rate_mbit) * 1e6 / 8
 
     def describe(self) -> str:
         mem = "unbounded" if math.isinf(self.memory) else f"{self.memory / 2**30:.1f} GiB"
+        moved = "" if math.isinf(self.rate_mbit) else (f" (a rank moves {self.rate_mbit:.0f}, {self.overlap:.0%} "
+                                                      "of it hidden by compute)")
         return (f"topology: {self.ranks} ranks on {self.hosts} host{'s' if self.hosts > 1 else ''}, link "
-                f"{self.link_mbit:g} Mbit/s across hosts, {self.local_mbit:g} within, latency "
+                f"{self.link_mbit:g} Mbit/s across hosts, {self.local_mbit:g} within{moved}, latency "
                 f"{self.latency * 1e6:.0f} us, compute {self.speed:g}x one core, memory per rank {mem} "
                 f"({self.source})")
 
