@@ -64,4 +64,4 @@ def test_toml_errors(tmp_path):
 def test_config_is_plain_dataclasses():
     cfg = Config()
     assert set(cfg.to_dict()) == {"model", "data", "parallel", "train", "checkpoint", "sparse", "pipeline",
-                                  "tensor", "metrics"}
+                                  "tensor", "metrics", "plan"}

@@ -8,8 +8,10 @@ from defaults for one machine. Ranks fill hosts in order, so the innermost mesh 
     >>> t = Topology(ranks=8, hosts=4, link_mbit=200)
     >>> t.per_host, t.spans_hosts(size=2, stride=1), t.spans_hosts(size=2, stride=2)
     (2, False, True)
-    >>> round(t.group_rate(size=4, stride=2) / 1e6, 1)  # bytes/s: one 200 Mbit/s link per host
+    >>> round(t.group_rate(size=4, stride=1) / 1e6, 1)  # bytes/s: one rank per host sends on its 200 Mbit/s link
     25.0
+    >>> round(t.group_rate(size=4, stride=2) / 1e6, 1)  # both ranks of a host send across it: half each
+    12.5
 """
 
 from __future__ import annotations
