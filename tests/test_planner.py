@@ -125,10 +125,12 @@ def test_flushed_bubble_and_async():
 def test_plan_command_and_saved_plan(tmp_path, capsys):
     out = tmp_path / "plan.json"
     argv = ["plan", "--model", "classifier", "--model.hidden", "32", "--model.in_features", "24", "--batch", "8",
-            "--nproc", "4", "--hosts", "4", "--link-mbit", "200", "--json", str(out)]
+            "--nproc", "4", "--hosts", "4", "--link-mbit", "200", "--latency-us", "50", "--speed", "0.5",
+            "--json", str(out)]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "chosen: plan:" in text and "step ms" in text and "candidates:" in text
+    assert "latency 50 us, compute 0.5x one core" in text
     plan = ParallelPlan.from_json(out.read_text())
     assert plan.world == 4
     cfg = planner.resolve(load_config(None, [f"plan.source={out}"]), 4)[0]

@@ -68,6 +68,8 @@ def _plan_parser(sub) -> None:
     p.add_argument("--hosts", type=_count, help="hosts the ranks fill in order (default 1: one machine)")
     p.add_argument("--link-mbit", type=float, help="link rate across hosts in Mbit/s (default TESSEL_LINK_MBIT)")
     p.add_argument("--memory-per-rank", help="memory a rank may hold, e.g. 4GiB or 512MiB (default unbounded)")
+    p.add_argument("--latency-us", type=float, help="microseconds per ring step of a collective (default 200)")
+    p.add_argument("--speed", type=float, help="a rank's compute relative to one core here (default: CPU budget)")
     p.add_argument("--allow-async", action="store_true", help="offer schedules that change the math")
     p.add_argument("--json", help="write the winner here, for tessel train --plan FILE")
     p.add_argument("--top", type=_count, default=5, help="rows of the best candidates shown (default 5)")
@@ -126,11 +128,14 @@ def _plan(ns: argparse.Namespace) -> int:
 
     cfg = config_from_args(ns)
     ranks = cfg.nproc
-    extra = {"hosts": ns.hosts or cfg.plan.hosts, "link_mbit": ns.link_mbit or cfg.plan.link_mbit,
+    extra = {"hosts": ns.hosts or cfg.plan.hosts,
              "memory_gib": _memory(ns.memory_per_rank) or cfg.plan.memory_gib,
              "allow_async": ns.allow_async or cfg.plan.allow_async}
-    if extra["link_mbit"] and not (math.isfinite(extra["link_mbit"]) and extra["link_mbit"] > 0):
-        raise ConfigError(f"--link-mbit {extra['link_mbit']} is not a rate; give a positive number of Mbit/s")
+    for flag, key, value in (("link-mbit", "link_mbit", ns.link_mbit), ("latency-us", "latency_us", ns.latency_us),
+                             ("speed", "speed", ns.speed)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--{flag} {value} is not valid; give a positive finite number")
+        extra[key] = value or getattr(cfg.plan, key)
     for k, v in extra.items():
         setattr(cfg.plan, k, v)
     if cfg.nproc % (cfg.plan.hosts or 1):

@@ -143,6 +143,8 @@ class PlanConfig:
     hosts: int = 0  # hosts the ranks fill, in order; 0: torchrun's node count (1 for local workers)
     link_mbit: float = 0.0  # link rate across hosts; 0: TESSEL_LINK_MBIT if set, else a loopback figure
     memory_gib: float = 0.0  # memory a rank may hold; 0: unbounded
+    latency_us: float = 0.0  # seconds per ring step of a collective, in us; 0: 200 us, or probed under torchrun
+    speed: float = 0.0  # a rank's compute relative to one core of this machine; 0: from the host CPU budget
 
 
 @dataclass

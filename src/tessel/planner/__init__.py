@@ -124,8 +124,8 @@ def _axes(plan: ParallelPlan) -> int:
 
 
 def topology_of(cfg: Config, ranks: int, measured: dict | None = None) -> Topology:
-    """The topology the config and environment describe; ``measured``: a probe's latency, speed and rate (see
-    :mod:`tessel.planner.probe`), which replace the defaults."""
+    """The topology the config and environment describe; ``measured``: a probe's latency, speed, rate and
+    overlap (see :mod:`tessel.planner.probe`), which replace the defaults but not values given in ``plan.*``."""
     p = cfg.plan
     memory = p.memory_gib * 2**30 if p.memory_gib else math.inf
     topo = from_environment(ranks, p.hosts, p.link_mbit, memory=memory)
@@ -133,6 +133,10 @@ def topology_of(cfg: Config, ranks: int, measured: dict | None = None) -> Topolo
         topo = replace(topo, latency=measured["latency"], speed=min(topo.speed, measured["speed"]),
                        rate_mbit=measured["mbit"], overlap=measured["overlap"],
                        source=topo.source + ", latency, speed, rate and overlap measured")
+    if p.latency_us:  # a given value wins over a measured one
+        topo = replace(topo, latency=p.latency_us * 1e-6, source=topo.source + ", latency given")
+    if p.speed:
+        topo = replace(topo, speed=p.speed, source=topo.source + ", speed given")
     return topo
 
 
