@@ -175,7 +175,7 @@ def measure(cfg, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...] = (1
                    getattr(dataset, "vocab_size", 0))
 
 
-def _real_step(model, chain, cfg, x, y, repeats: int = 6) -> float:
+def _real_step(model, chain, cfg, x, y, repeats: int = 2) -> float:
     """CPU seconds of one real training step of the plain model (engine, step tail, optimizer), the fastest of
     ``repeats`` after a warm-up: what the layers' profile leaves out (autograd across layers, the loss, zeroing,
     the norm and clip) comes back as the ratio of the two."""
