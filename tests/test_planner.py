@@ -2,8 +2,8 @@
 ``tessel plan`` / ``--plan`` interfaces.
 
 The byte test runs each candidate's first step on a 4-rank gloo world through the trainer's composer and
-compares what tessel.comm counted, per channel on the busiest rank, with the planner's prediction; the
-channels predicted exactly are dp.dense, pp and tp (tables, embedding and loss channels are not).
+compares what tessel.comm counted, per channel on the busiest rank, with the planner's prediction: dp.dense,
+pp, tp and every tp.* channel (the head and loss, the token table, the norms, the gradient sums) exactly.
 """
 
 import json
@@ -31,7 +31,14 @@ TINY = {
     "classifier": ["model.name=classifier", "model.in_features=24", "model.hidden=32", "model.layers=3",
                    "model.classes=8", "train.global_batch=8", "train.dtype=float64"],
 }
-EXACT = ("dp.dense", "pp", "tp")
+EXACT = ("dp.dense", "pp", "tp")  # and every tp.* channel predicted or sent
+
+
+def _channels(predicted: dict, measured: list[dict]) -> set[str]:
+    tp = {c for c in predicted if c.startswith("tp.")} | {c for r in measured for c in r if c.startswith("tp.")}
+    return set(EXACT) | tp
+
+
 TOPO = planner.Topology(ranks=4, hosts=4, link_mbit=1000)
 
 
@@ -80,7 +87,7 @@ def test_predicted_bytes_equal_measured(world4, model):
     for plan in PLANS[model]:
         est = estimate(plan, cfg, profile, TOPO)  # fills in the stage cut the run is given
         got = world4.run(_step_bytes, _overrides(base, est.plan))
-        for channel in EXACT:
+        for channel in _channels(est.bytes, got):
             measured = max(r.get(channel, 0) for r in got)
             assert est.bytes.get(channel, 0) == measured, (plan.describe(), channel, est.bytes, got)
 
@@ -189,7 +196,8 @@ def test_saved_plan_that_does_not_fit_the_model_is_one_line(tmp_path, capsys):
 
 PLANS8 = {  # stage boundaries in a 2-D/3-D block, and a middle stage that sends both ways
     "transformer_lm": [ParallelPlan(dp=1, pp=2, tp=4, tp_mode="3d", tp_grid=(2, 2, 1), micro_batches=2),
-                       ParallelPlan(dp=1, pp=2, tp=4, tp_mode="2d", tp_grid=(2, 2), micro_batches=2)],
+                       ParallelPlan(dp=1, pp=2, tp=4, tp_mode="2d", tp_grid=(2, 2), micro_batches=2),
+                       ParallelPlan(dp=1, tp=8, tp_mode="3d", tp_grid=(2, 2, 2))],
     "classifier": [ParallelPlan(dp=1, pp=2, tp=4, tp_mode="3d", tp_grid=(2, 2, 1), micro_batches=2),
                    ParallelPlan(dp=1, pp=4, tp=2, tp_grid=(2,), micro_batches=4)],
 }
@@ -204,6 +212,6 @@ def test_predicted_bytes_equal_measured_on_8_ranks(world8, model):
     for plan in PLANS8[model]:
         est = estimate(plan, cfg, profile, topo)
         got = world8.run(_step_bytes, _overrides(base, est.plan))
-        for channel in EXACT:
+        for channel in _channels(est.bytes, got):
             assert est.bytes.get(channel, 0) == max(r.get(channel, 0) for r in got), (plan.describe(), channel,
                                                                                       est.bytes, got)

@@ -5,8 +5,9 @@ topology (the hosts' CPU budget as compute speed, the shaped link rate); its top
 5 others are saved as plan files and run side by side (``--plan FILE``, alternating order over rounds),
 so every run follows exactly the plan that was predicted. Reported per cell: predicted against measured
 median step time, the error of each, their Spearman rank correlation, whether the planner's pick is within
-10% of the best measured candidate, and whether the predicted bytes of dp.dense, pp and tp equal the
-counted bytes of the busiest rank; a scatter plot of predicted against measured over every cell.
+10% of the best measured candidate, and whether the predicted bytes of dp.dense, pp, tp and every tp.*
+channel equal the counted bytes of the busiest rank; a scatter plot of predicted against measured over every
+cell.
 
     tessel bench plan --hosts 4,8 --rates 1gbit,200mbit --repeats 2 --doc docs/benchmarks.md
 """
@@ -25,7 +26,7 @@ from .report import update_doc
 from .runner import run_scenario
 from .scenarios import Scenario
 
-EXACT = ("dp.dense", "pp", "tp")
+EXACT = ("dp.dense", "pp", "tp")  # and every tp.* channel (head and loss, token table, norms, gradient sums)
 
 # The three reference models at sizes a run on 2 cores finishes in seconds per step (config overrides).
 MODELS = {
@@ -133,11 +134,12 @@ def _row(model, hosts, rate, rank, e, runs, cell_out: Path, label: str, plan_s: 
             s = json.loads(f.read_text())
             counted = {c: v["sent_max_rank_total"] / max(s["steps_run"], 1) for c, v in s["bytes"].items()}
             break
+    channels = sorted(set(EXACT) | {c for c in (*e.bytes, *counted) if c.startswith("tp.")})
     return {"model": model, "hosts": hosts, "rate": rate, "rank": rank, "plan": short(e.plan),
             "predicted": e.step, "compute": e.compute, "comm": e.comm, "bubble": e.bubble,
             "measured": measured, "runs": [r["step_time"] for r in runs], "planning_s": plan_s,
-            "bytes_predicted": {c: e.bytes.get(c, 0) for c in EXACT},
-            "bytes_measured": {c: counted.get(c, 0) for c in EXACT} if counted else None}
+            "bytes_predicted": {c: e.bytes.get(c, 0) for c in channels},
+            "bytes_measured": {c: counted.get(c, 0) for c in channels} if counted else None}
 
 
 def _spearman(xs: list[float], ys: list[float]) -> float:
@@ -148,8 +150,9 @@ def _spearman(xs: list[float], ys: list[float]) -> float:
 
 def markdown(rows: list[dict], command: str) -> str:
     lines = ["Predicted against measured step time of the planner's top 3 and 5 other candidates per cell "
-             f"(`{command}`). Error: (predicted − measured) / measured. Bytes: the predicted dp.dense, pp and tp "
-             "bytes of the busiest rank against tessel.comm's count.", ""]
+             f"(`{command}`). Error: (predicted − measured) / measured. Bytes: the predicted dp.dense, pp, tp (and, "
+             "in runs after 2026-11-25, every tp.* channel) bytes of the busiest rank against tessel.comm's count.",
+             ""]
     cells = sorted({(r["model"], r["hosts"], r["rate"]) for r in rows}, key=lambda c: (c[1], c[2], c[0]))
     summary = ["| cell | candidates run | median abs error | worst abs error | Spearman | pick vs best measured | "
                "bytes exact | planning s |", "|---|---|---|---|---|---|---|---|"]

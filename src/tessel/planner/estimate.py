@@ -8,13 +8,18 @@ send its size):
     dp.dense  2(dp-1)/dp · (parameters of the stage's tp shard, tables served by rows excluded) · elem
     pp        micro-batches · (boundary activations out + gradients back, this rank's tp block) · elem
     tp        micro-batches · Σ linears of the stage (tessel.tensor.cost.linear_traffic) · elem
+    tp.head   the head's linear (1-D/2-D/3-D) and the vocabulary-parallel loss, per micro-batch (last stage)
+    tp.embed  the token table's gathers, reduce-scatters or all-reduce, per micro-batch (first stage)
+    tp.norm   LayerNorms over features cut by the grid, per micro-batch
+    tp.grads  once per step: row-replicated pieces' gradients summed, and the fp64 squared norm
 
 Time per micro-batch on stage k is its layers' compute over tp (and over the rank's compute speed) plus
-its tp collectives and its boundary sends at the rates of their groups (:class:`Topology`). A flushed
-schedule takes (m + pp - 1) slowest-stage slots, an asynchronous one m (no flush: the bubble is only the
-imbalance); DDP hides the gradient all-reduce behind backward up to the last bucket, as far as the
-topology's measured overlap lets it; a pipeline's
-gradient sync and optimizer step follow the micro-batches. Tables served by rows are priced by the
+its tp collectives, or its boundary sends at the rate of the pp group (:class:`Topology`) where those take
+longer: sends are asynchronous and travel while the stage computes. A flushed schedule takes (m + pp - 1)
+slowest-stage slots plus one activation's and gradient's trip over every boundary, an asynchronous one m
+slots (no flush: the bubble is only the imbalance); DDP hides the gradient all-reduce behind backward up
+to the last bucket, as far as the topology's measured overlap lets it; a pipeline's gradient sync, the
+tp gradient sums and the optimizer step follow the micro-batches. Tables served by rows are priced by the
 sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added as exposed time.
 """
 
@@ -27,7 +32,7 @@ from ..pipeline.partition import balance
 from ..plan import ParallelPlan
 from ..sparse.cost import Link, Sparsity
 from ..sparse.cost import estimate as table_estimate
-from ..tensor.cost import linear_traffic
+from ..tensor.cost import grad_sum_traffic, linear_traffic, norm_sum_traffic
 from ..tensor.grid import AXES
 from .profile import Profile
 from .topology import Topology
@@ -80,20 +85,48 @@ def _out_share(profile: Profile, plan: ParallelPlan) -> list[float]:
 
 def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float, topo: Topology
                 ) -> tuple[dict[str, float], float]:
-    """(channel -> elements this rank sends, seconds) for one micro-batch through ``layers``."""
+    """(channel -> elements this rank sends, seconds) for one micro-batch of ``rows`` tokens through ``layers``:
+    the linears (``tp``, the head's on ``tp.head``), the norms over split features, the token table, the loss."""
     if plan.tp == 1:
         return {}, 0.0
-    axes, (tp_size, tp_stride) = _tp_axes(plan), _strides(plan)["tp"]
+    shards = profile.tp_layers(plan.tp_mode, plan.tp_grid)
     elems: dict[str, float] = {}
     seconds = 0.0
     for i in layers:
-        for h, h2, up, channel in profile.layers[i].linears:
-            # the first layer's input is data: no gradient of it is reduced
-            for axis, e, steps in linear_traffic(plan.tp_mode, plan.tp_grid, rows, h, h2, up, plan.regather, i > 0):
-                size, stride = axes.get(axis, (tp_size, 1))
-                elems[channel] = elems.get(channel, 0.0) + e
-                seconds += e * profile.elem / topo.group_rate(size, stride * tp_stride) + steps * topo.latency
+        # the first layer's input is data: no gradient of it is reduced
+        moved = [(channel, *t) for h, h2, up, channel in profile.layers[i].linears
+                 for t in linear_traffic(plan.tp_mode, plan.tp_grid, rows, h, h2, up, plan.regather, i > 0)]
+        moved += [t for traffic in shards.traffic[i] for t in traffic(rows)]
+        seconds += _tally(plan, profile, topo, moved, elems, profile.elem)
     return elems, seconds
+
+
+def _tp_step(plan: ParallelPlan, profile: Profile, layers: range, topo: Topology) -> tuple[float, float]:
+    """(bytes, seconds) this rank sends once per step on ``tp.grads``: the row-replicated pieces' gradients
+    summed over their axes, and the squared norm (one fp64 element) over the whole grid."""
+    if plan.tp == 1:
+        return 0.0, 0.0
+    shards = profile.tp_layers(plan.tp_mode, plan.tp_grid)
+    partial: dict[tuple[str, ...], int] = {}
+    for i in layers:
+        for axes, n in shards.partial[i].items():
+            partial[axes] = partial.get(axes, 0) + n
+    elems: dict[str, float] = {}
+    seconds = _tally(plan, profile, topo, [("tp.grads", *t) for t in grad_sum_traffic(partial, shards.sizes)],
+                     elems, profile.elem)
+    seconds += _tally(plan, profile, topo, [("tp.norm2", *t) for t in norm_sum_traffic(shards.sizes)], elems, 8)
+    return elems.get("tp.grads", 0.0) * profile.elem + elems.get("tp.norm2", 0.0) * 8, seconds
+
+
+def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: dict[str, float], elem: int) -> float:
+    """Add ``moved`` [(channel, grid axis, elements, ring steps)] to ``elems``; returns their seconds on ``topo``."""
+    axes, (tp_size, tp_stride) = _tp_axes(plan), _strides(plan)["tp"]
+    seconds = 0.0
+    for channel, axis, e, steps in moved:
+        size, stride = axes.get(axis, (tp_size, 1))
+        elems[channel] = elems.get(channel, 0.0) + e
+        seconds += e * elem / topo.group_rate(size, stride * tp_stride) + steps * topo.latency
+    return seconds
 
 
 def _served(plan: ParallelPlan, cfg) -> bool:
@@ -149,24 +182,29 @@ def estimate(plan: ParallelPlan, cfg, profile: Profile, topo: Topology) -> Estim
     strides = _strides(plan)
     pp_rate = topo.group_rate(*strides["pp"])
     share = _out_share(profile, plan)
-    stage_compute, stage_slot, tp_elems, pp_elems = [], [], [], []
+    stage_compute, stage_slot, tp_elems, pp_elems, tp_step, hops = [], [], [], [], [], []
     for k, (lo, hi) in enumerate(bounds):
         c = sum(per_layer[lo:hi])
         e_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo)
         # a stage sends its output forward and its input's gradient back, this rank's block of each
         out = samples * profile.layers[hi - 1].out_per_sample * share[hi - 1] if k + 1 < len(bounds) else 0.0
         inp = samples * profile.layers[lo - 1].out_per_sample * share[lo - 1] if k > 0 else 0.0
-        s_pp = (out + inp) * profile.elem / pp_rate + (topo.latency if out or inp else 0.0)
+        # sends are posted asynchronously and travel while the stage computes its next op: a micro-batch's slot
+        # is the longer of the stage's work and its boundary traffic (what its host's link carries)
+        s_pp = (out + inp) * profile.elem / pp_rate
         stage_compute.append(c)
-        stage_slot.append(c + s_tp + s_pp)
+        stage_slot.append(max(c + s_tp, s_pp) + (topo.latency if out or inp else 0.0))
+        hops.append(2 * out * profile.elem / pp_rate)  # one activation forward and its gradient back
         tp_elems.append({ch: e * m for ch, e in e_tp.items()})
+        tp_step.append(_tp_step(plan, profile, range(lo, hi), topo))  # once per step, after the micro-batches
         pp_elems.append((out + inp) * m)  # a middle stage sends both
     slot = max(stage_slot)
     flushed = plan.pp > 1 and plan.schedule not in ASYNC_SCHEDULES
     slots = m + plan.pp - 1 if flushed else m
     compute = max(stage_compute) * m
     comm_pipe = (slot - max(stage_compute)) * m
-    bubble = slot * slots - compute - comm_pipe
+    # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
+    bubble = slot * slots - compute - comm_pipe + (sum(hops) if flushed else 0.0)
     picks, table_bytes, table_s, served = _tables(plan, cfg, profile, topo, compute)
     dense = [_stage_params(profile, plan, lo, hi, served) for lo, hi in bounds]
     dp_size, dp_stride = strides["dp"]
@@ -181,10 +219,12 @@ def estimate(plan: ParallelPlan, cfg, profile: Profile, topo: Topology) -> Estim
     nbytes = {"dp.dense": max(dp_bytes), "pp": max(pp_elems) * profile.elem}
     for ch in sorted({ch for e in tp_elems for ch in e}):
         nbytes[ch] = max(e.get(ch, 0.0) for e in tp_elems) * profile.elem
+    nbytes["tp.grads"] = max(b for b, _ in tp_step)
     if table_bytes:
         nbytes["sparse"] = table_bytes
     mem = _memory(plan, cfg, profile, bounds, samples, served)
-    return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s, bubble,
+    tp_grads_s = max(s for _, s in tp_step)
+    return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s, bubble,
                     {k: v for k, v in nbytes.items() if v}, mem, picks)
 
 

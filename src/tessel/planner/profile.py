@@ -91,29 +91,54 @@ class Profile:
     def shard_params(self, mode: str, grid: tuple[int, ...]) -> list[int]:
         """Parameter elements per chain layer that one rank holds under tensor parallelism (mode, grid): the
         tensor-parallel layers applied to a meta-device model, so replicated norms and biases count whole."""
-        return self._shard(mode, grid)[0]
+        return self._shard(mode, grid).params
 
     def shard_out(self, mode: str, grid: tuple[int, ...]) -> list[float]:
         """Per chain layer, the share of its output one rank holds (its block in the layer's output layout):
         what crosses a stage boundary from that layer under tensor parallelism."""
-        return self._shard(mode, grid)[1]
+        return self._shard(mode, grid).share
 
-    def _shard(self, mode: str, grid: tuple[int, ...]) -> tuple[list[int], list[float]]:
+    def tp_layers(self, mode: str, grid: tuple[int, ...]) -> TensorShards:
+        return self._shard(mode, grid)
+
+    def _shard(self, mode: str, grid: tuple[int, ...]) -> TensorShards:
         key = (mode, tuple(grid))
         if key not in self._shards:
             with torch.device("meta"):
                 model = build(self.cfg, self.vocab)
             chain = chain_of(model)
-            tp_chain, _ = tensor.apply(model, chain, tensor.GridSpec(mode, tuple(grid)))
-            params = [sum(p.numel() for p in stage_params(model, chain, i, i + 1).values())
-                      for i in range(len(chain.layers))]
+            tp_chain, handle = tensor.apply(model, chain, tensor.GridSpec(mode, tuple(grid)))
             rows = math.prod(grid)  # a sample count every row split divides
-            share = []
+            out = TensorShards(handle.grid.sizes)
             for i, layer in enumerate(self.layers):
+                params = stage_params(model, chain, i, i + 1)
+                out.params.append(sum(p.numel() for p in params.values()))
                 full = (rows, layer.out_per_sample)
-                share.append(math.prod(tp_chain.local(i, full)) / math.prod(full))
-            self._shards[key] = (params, share)
+                out.share.append(math.prod(tp_chain.local(i, full)) / math.prod(full))
+                partial: dict[tuple[str, ...], int] = {}
+                for p in params.values():
+                    if p.tp_partial:
+                        partial[p.tp_partial] = partial.get(p.tp_partial, 0) + p.numel()
+                out.partial.append(partial)
+                # norms and the token table (the linears are priced from the registered list); the loss on the last
+                modules = [m for o in chain.layers[i].owns for m in model.get_submodule(o).modules()]
+                out.traffic.append([m.traffic for m in modules if hasattr(m, "traffic")])
+            if hasattr(tp_chain.loss, "traffic"):
+                out.traffic[-1].append(tp_chain.loss.traffic)
+            self._shards[key] = out
         return self._shards[key]
+
+
+@dataclass
+class TensorShards:
+    """One rank's view of the model under one tensor-parallel grid, per chain layer."""
+
+    sizes: dict[str, int]  # grid axis -> ranks
+    params: list[int] = field(default_factory=list)  # parameter elements held
+    share: list[float] = field(default_factory=list)  # share of the layer's output held
+    partial: list[dict] = field(default_factory=list)  # row-cut axes -> elements whose gradients are summed there
+    traffic: list[list] = field(default_factory=list)  # (tokens) -> [(channel, axis, elements, steps)]: norms,
+    #                                                    token table, loss (tensor.cost)
 
 
 def _batch(cfg, dataset, global_batch: int, dp: int, dtype) -> tuple:

@@ -39,6 +39,69 @@ def linear_traffic(mode: str, shape: tuple[int, ...], m: int, h: int, h2: int, u
     return out
 
 
+def _count(sizes: dict[str, int], axes) -> int:
+    return math.prod(sizes.get(a, 1) for a in axes)
+
+
+def _ring(q: int, n: float) -> float:
+    return 2 * (q - 1) / q * n
+
+
+def embedding_traffic(spec, sizes: dict[str, int], weight: int, dim: int, rows: int) -> list[tuple[str, float, int]]:
+    """(grid axis, elements one rank sends, ring steps) of the token table per micro-batch of ``rows`` tokens
+    (the dp rank's whole micro-batch), forward + backward: the vocabulary shard of ``weight`` elements gathered
+    and its gradient reduce-scattered back; the looked-up block (``dim`` features per token) reduce-scattered
+    (3-D) or all-reduced (1-D, no backward: the output feeds replicated work)."""
+    out = []
+    q = sizes.get(spec.w_gather, 1)
+    if q > 1:
+        out.append((spec.w_gather, 2 * (q - 1) * weight, 2 * (q - 1)))
+    looked_up = rows / _count(sizes, spec.ids_rows) * dim
+    q = sizes.get(spec.reduce_scatter, 1)
+    if q > 1:
+        out.append((spec.reduce_scatter, 2 * (q - 1) * looked_up / q, 2 * (q - 1)))
+    q = sizes.get(spec.all_reduce, 1)
+    if q > 1:
+        out.append((spec.all_reduce, _ring(q, looked_up), 2 * (q - 1)))
+    return out
+
+
+def norm_traffic(layout, sizes: dict[str, int], rows: int) -> list[tuple[str, float, int]]:
+    """A LayerNorm over features cut by ``layout.cols``: per row its sum and sum of squares all-reduced forward,
+    and two sums of the gradient backward (``rows``: the dp rank's micro-batch tokens, before the row cut)."""
+    q = sizes.get(layout.cols, 1)
+    if q == 1:
+        return []
+    local = rows / _count(sizes, layout.rows)
+    return [(layout.cols, 2 * _ring(q, 2 * local), 4 * (q - 1))]
+
+
+def loss_traffic(layout, sizes: dict[str, int], rows: int) -> list[tuple[str, float, int]]:
+    """Megatron's vocabulary-parallel cross-entropy on logits in ``layout``, forward only (its backward is
+    local): each row's max, then its sum of exponentials and target logit, over the vocabulary axis; the
+    loss summed once over each axis that cuts the rows."""
+    out = []
+    q = sizes.get(layout.cols, 1)
+    if q > 1:
+        local = rows / _count(sizes, layout.rows)
+        out.append((layout.cols, _ring(q, local) + _ring(q, 2 * local), 4 * (q - 1)))
+    out += [(a, _ring(sizes[a], 1), 2 * (sizes[a] - 1)) for a in layout.rows if sizes.get(a, 1) > 1]
+    return out
+
+
+def grad_sum_traffic(partial: dict[tuple[str, ...], int], sizes: dict[str, int]) -> list[tuple[str, float, int]]:
+    """Per step: the gradients of pieces replicated over row-cut axes (``partial``: their axes -> elements on
+    this rank) summed over each of those axes in turn (tessel.tensor.TensorParallel.reduce_grads)."""
+    return [(a, _ring(sizes[a], n), 2 * (sizes[a] - 1)) for axes, n in partial.items() for a in axes
+            if sizes.get(a, 1) > 1 and n]
+
+
+def norm_sum_traffic(sizes: dict[str, int]) -> list[tuple[str, float, int]]:
+    """Per step: the squared gradient norm (one fp64 element, whatever the training dtype) summed over every
+    grid axis; elements here are fp64 ones."""
+    return [(a, _ring(q, 1), 2 * (q - 1)) for a, q in sizes.items() if q > 1]
+
+
 def _block(h: int, f: int) -> list[tuple[int, int, bool]]:
     """(features in, features out, up) of a block's linears: q/k/v as one, out_proj, fc_in, fc_out."""
     return [(h, 3 * h, True), (h, h, False), (h, f, True), (f, h, False)]

@@ -15,7 +15,7 @@ from torch import nn
 
 from .. import comm
 from ..errors import PlanError
-from . import ops
+from . import cost, ops
 from .grid import Grid, Split
 from .layout import EmbeddingSpec, Layout, LinearSpec
 
@@ -99,6 +99,10 @@ class TPLayerNorm(nn.Module):
         self.weight = shard_param(grid, full.weight, split, layout.rows, f"{name}.weight")
         self.bias = shard_param(grid, full.bias, split, layout.rows, f"{name}.bias")
 
+    def traffic(self, rows: int) -> list[tuple[str, str, float, int]]:
+        """(channel, grid axis, elements sent, ring steps) per micro-batch of ``rows`` tokens (tensor.cost)."""
+        return [("tp.norm", *t) for t in cost.norm_traffic(self.layout, self.grid.sizes, rows)]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         group = self.grid.group(self.layout.cols)
         if group is None:
@@ -117,6 +121,7 @@ class TPEmbedding(nn.Module):
         rows = self.weight.shape[0] * grid.size(spec.w_gather)
         self.lo = (grid.block((spec.vocab,))[0] * rows) if spec.vocab else 0
         self.rows = rows
+        self.shard = (self.weight.numel(), self.weight.shape[1])  # elements, features per token: kept if served
         self.table: nn.Module | None = None  # this rank's rows served over the dp group (tessel.sparse)
 
     def row_part(self) -> tuple[nn.Embedding, int] | None:
@@ -130,6 +135,10 @@ class TPEmbedding(nn.Module):
         """Look rows up in ``table`` (a tessel.sparse row table over the same rows) instead of the parameter."""
         del self.weight  # the table holds (and updates) the rows now: no dense gradient, no dp all-reduce
         self.table = table
+
+    def traffic(self, rows: int) -> list[tuple[str, str, float, int]]:
+        """(channel, grid axis, elements sent, ring steps) per micro-batch of ``rows`` tokens (tensor.cost)."""
+        return [("tp.embed", *t) for t in cost.embedding_traffic(self.spec, self.grid.sizes, *self.shard, rows)]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids``: the dp rank's whole batch (B, T); returns this rank's block of the residual layout."""

@@ -12,8 +12,6 @@ sharded GEMM split by heads, exactly as in the plain model's code path.
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,7 +21,7 @@ from ..errors import PlanError
 from ..models import DenseClassifier, TransformerLM
 from ..models.transformer_lm import CausalSelfAttention
 from ..registry import register_model
-from . import ops
+from . import cost, ops
 from .grid import Grid
 from .layers import (
     TPEmbedding,
@@ -97,13 +95,22 @@ def _check_plain(root: nn.Module) -> None:
                         "draw different masks); set dropout 0")
 
 
-def sharded_loss(logits: torch.Tensor, targets: torch.Tensor, grid: Grid, layout: Layout) -> torch.Tensor:
-    """Mean cross-entropy over the dp rank's whole micro-batch from this rank's block of the logits (any
-    rows and class split); the same value on every rank of the grid."""
-    with ops.channel("tp.head"):
-        total = targets.numel()
-        mine = rows_of(grid, targets, layout.rows, "targets").reshape(-1)
-        return vocab_cross_entropy(logits.reshape(-1, logits.shape[-1]), mine, layout, grid, total)
+class ShardedLoss:
+    """Mean cross-entropy over the dp rank's whole micro-batch from this rank's block of the logits (any rows
+    and class split, ``layout``); the same value on every rank of the grid."""
+
+    def __init__(self, grid: Grid, layout: Layout) -> None:
+        self.grid, self.layout = grid, layout
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with ops.channel("tp.head"):
+            total = targets.numel()
+            mine = rows_of(self.grid, targets, self.layout.rows, "targets").reshape(-1)
+            return vocab_cross_entropy(logits.reshape(-1, logits.shape[-1]), mine, self.layout, self.grid, total)
+
+    def traffic(self, rows: int) -> list[tuple[str, str, float, int]]:
+        """(channel, grid axis, elements sent, ring steps) per micro-batch of ``rows`` targets (tensor.cost)."""
+        return [("tp.head", *t) for t in cost.loss_traffic(self.layout, self.grid.sizes, rows)]
 
 
 def _tp_chain(chain: Chain, grid: Grid, layouts: list[Layout], first: Layout | None = None) -> Chain:
@@ -113,7 +120,7 @@ def _tp_chain(chain: Chain, grid: Grid, layouts: list[Layout], first: Layout | N
     if first is not None:
         head = layers[0]
         layers[0] = Layer(head.name, head.owns, lambda r, x: head.run(r, block_of(grid, x, first, "input")))
-    return Chain(layers, partial(sharded_loss, grid=grid, layout=layouts[-1]),
+    return Chain(layers, ShardedLoss(grid, layouts[-1]),
                  lambda i, shape: block_shape(grid, shape, layouts[i]))
 
 
