@@ -163,11 +163,14 @@ TENSOR = Scenario(
 
 # The composition issue's setting: one Transformer LM over 8 hosts, plain DDP against the best single axis (an
 # 8-stage SpecTrain pipeline, 3-D tensor parallelism on the 2x2x2 cube) and composed plans. Blocks dominate
-# the weights (vocabulary 512), and there are enough of them for 8 stages.
+# the weights (vocabulary 512), and there are enough of them for 8 stages. The two dp x pp async-predict plans
+# are the composed plans `tessel plan --allow-async` ranks best for this model on 8 hosts (dp2 x pp4 at
+# 200 Mbit/s, dp4 x pp2 at 1 Gbit/s).
 COMPOSE = Scenario(
     name="compose",
     about="composed parallelism on 8 hosts: DDP (8 replicas) against the best single axis (pp=8 async-predict, "
-          "tp=8 3-D 2x2x2) and composed plans (dp2 x pp2 x tp2 1-D, pp2 x tp4 3-D 2x2x1 with 1f1b and async-predict)",
+          "tp=8 3-D 2x2x2) and composed plans (dp2 x pp2 x tp2 1-D, pp2 x tp4 3-D 2x2x1 with 1f1b and async-predict, "
+          "dp2 x pp4 and dp4 x pp2 async-predict)",
     models={"transformer_lm": ["--model", "transformer_lm", "--model.layers", "6", "--model.dim", "256",
                                "--model.heads", "8", "--data.vocab_size", "512", "--seq-len", "64", "--batch", "32",
                                "--micro-batches", "2"]},
@@ -177,7 +180,9 @@ COMPOSE = Scenario(
                 "dp2-pp2-tp2-1d": ["--dp", "2", "--pp", "2", "--tp", "2", "--tp-mode", "1d"],
                 "pp2-tp4-3d": ["--pp", "2", "--tp", "4", "--tp-mode", "3d"],
                 "pp2-tp4-3d-async-predict": ["--pp", "2", "--tp", "4", "--tp-mode", "3d", "--pipeline.schedule",
-                                             "async-predict"]},
+                                             "async-predict"],
+                "dp2-pp4-async-predict": ["--dp", "2", "--pp", "4", "--pipeline.schedule", "async-predict"],
+                "dp4-pp2-async-predict": ["--dp", "4", "--pp", "2", "--pipeline.schedule", "async-predict"]},
     baseline="ddp",
     hosts=[8],
     unshaped=False,
