@@ -251,6 +251,27 @@ def test_predict_v1_backward_uses_rebuilt_weights():
     torch.testing.assert_close(leaves["weight"].grad, torch.ones(5, 2).t() @ x.detach())
 
 
+def test_predict_v1_rebuilds_a_weight_that_is_a_view():
+    """A parameter that sits at an offset inside a larger storage (a block of a bigger tensor) is rebuilt from its
+    own elements, not from the storage's start."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2, bias=False)
+    big = torch.randn(4, 3)
+    lin.weight = torch.nn.Parameter(big[2:])  # rows 2..3: contiguous, storage offset 6
+    assert lin.weight.storage_offset() == 6
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    lin.weight.grad = torch.ones_like(lin.weight)
+    opt.step()
+    w = StageWeights(dict(lin.named_parameters()), opt, "predict", stage=0, stages=2, variant="v1")
+    x = torch.randn(5, 3, requires_grad=True)
+    weights, _, ctx, _ = w.make(ahead=1)
+    with ctx:
+        out = torch.func.functional_call(lin, weights, (x,))
+    del weights
+    out.sum().backward()  # stage 0: the backward reads the live weights, rows 2..3 of big
+    torch.testing.assert_close(x.grad, torch.ones(5, 2) @ lin.weight.detach())
+
+
 @pytest.mark.parametrize("mode,expect", [("stash", "old"), ("stale", "new")])
 def test_stash_keeps_forward_weights_stale_does_not(mode, expect):
     torch.manual_seed(0)

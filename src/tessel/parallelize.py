@@ -204,6 +204,7 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, cfg: Config, b
         root, handle = tensor.parallelize(root, plan.tp_mode, mesh, None, sequence_parallel=plan.sequence_parallel)
     elif plan.tp > 1:
         chain, handle = tensor.apply(root, chain, tensor.GridSpec(plan.tp_mode, plan.tp_grid), mesh, plan.regather)
+        handle.grid.live_weights = plan.pp > 1 and pipeline.backward_reads_newer(plan.schedule, plan.predict)
         shards = handle
     tables = None
     # torch's own tensor parallelism and pipeline schedules (the peers) keep their tables dense

@@ -22,6 +22,7 @@ from ..chain import Chain
 from ..errors import PlanError
 from .layers import check_no_shared, prune
 from .partition import StagePlan, parse_split, plan_stages
+from .predict import backward_reads_newer
 from .runtime import PipelineEngine, summary
 from .schedules import chunks, held
 from .stage import Stage
@@ -52,4 +53,5 @@ def cut(model: torch.nn.Module, chain: Chain, stages: int, split: str, sample: t
     return plan
 
 
-__all__ = ["PipelineEngine", "Stage", "StagePlan", "check_model", "chunks", "cut", "held", "prune", "summary"]
+__all__ = ["PipelineEngine", "Stage", "StagePlan", "backward_reads_newer", "check_model", "chunks", "cut", "held",
+           "prune", "summary"]

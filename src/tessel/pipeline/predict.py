@@ -44,6 +44,17 @@ MODES = ("stale", "stash", "predict")
 VARIANTS = ("v1", "v2")
 
 
+def backward_reads_newer(schedule: str, variant: str) -> bool:
+    """Whether a stage's backward reads newer weights than its forward: ``async`` (the live weights, updated in
+    place meanwhile) and ``async-predict`` v1 (predicted again at backward time). Layers that keep a weight they
+    derived at the forward (a concatenation, a gathered shard) must derive it again in backward then.
+
+    >>> backward_reads_newer("async-predict", "v1"), backward_reads_newer("async-stash", "v1")
+    (True, False)
+    """
+    return schedule == "async" or (schedule == "async-predict" and variant == "v1")
+
+
 def staleness(stage: int, stages: int, variant: str) -> tuple[int, int]:
     """(forward s, backward s) of SpecTrain's two variants for stage ``stage`` of ``stages`` (0 = input), one
     update per mini-batch; :func:`tessel.pipeline.schedules.ahead` gives the forward s for any schedule."""
@@ -88,12 +99,15 @@ class _RebuildSaved:
     """Saved-tensor hooks: a saved predicted weight is packed as a token and rebuilt on unpack."""
 
     def __init__(self, predicted: dict[str, torch.Tensor], rebuild) -> None:
-        self.by_storage = {t.untyped_storage().data_ptr(): name for name, t in predicted.items()}
+        self.by_storage = {t.untyped_storage().data_ptr(): (name, t.storage_offset()) for name, t in predicted.items()}
         self.rebuild, self.cache = rebuild, {}
 
     def pack(self, t: torch.Tensor):
-        name = self.by_storage.get(t.untyped_storage().data_ptr()) if t.layout == torch.strided else None
-        return t if name is None else (name, t.size(), t.stride(), t.storage_offset())
+        found = self.by_storage.get(t.untyped_storage().data_ptr()) if t.layout == torch.strided else None
+        if found is None:
+            return t
+        name, base = found  # the saved tensor (the weight, or a view such as its transpose) relative to the weight
+        return name, t.size(), t.stride(), t.storage_offset() - base
 
     def unpack(self, packed):
         if isinstance(packed, torch.Tensor):
@@ -101,7 +115,8 @@ class _RebuildSaved:
         name, size, stride, offset = packed
         if name not in self.cache:
             self.cache[name] = self.rebuild(name)
-        return self.cache[name].as_strided(size, stride, offset)
+        rebuilt = self.cache[name]  # may itself sit at an offset in its storage (a parameter that is a view)
+        return rebuilt.as_strided(size, stride, rebuilt.storage_offset() + offset)
 
     def context(self):
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)

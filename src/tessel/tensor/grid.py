@@ -112,6 +112,9 @@ class Grid:
         self.sizes = dict(spec.axes)
         self.groups = {n: mesh.get_group(n) if mesh else None for n in self.names}
         self.coords = {n: mesh.get_local_rank(n) if mesh else 0 for n in self.names}
+        # backward reads the weights as they are then, not as the forward used them (tessel.tensor.ops.matmul):
+        # set by the composer for the asynchronous schedules whose backward reads newer weights
+        self.live_weights = False
 
     def size(self, axis: str | None) -> int:
         return self.sizes[axis] if axis else 1
@@ -136,7 +139,9 @@ class Grid:
                 raise PlanError(f"{what}: dim {d} of size {full.shape[d]} does not split into {count} equal blocks "
                                 f"over grid axes {'x'.join(axes)} ({self.spec}); choose sizes divisible by {count}")
             out = out.chunk(count, d)[index]
-        return out.contiguous()
+        # a copy, not a view: a dim-0 block of a contiguous tensor is contiguous already, and as a view it would
+        # keep the whole tensor's storage alive on every rank (and sit at an offset inside it)
+        return out.clone(memory_format=torch.contiguous_format)
 
     def replicas(self, split: Split) -> int:
         """How many ranks of the grid hold the same block (the axes that do not cut the tensor)."""

@@ -29,9 +29,9 @@ def shard_param(grid: Grid, full: torch.Tensor, split: Split, partial: tuple[str
 def linear(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor | None], spec: LinearSpec,
            grid: Grid, regather: bool) -> torch.Tensor:
     """One sharded GEMM for several linears that share their input (q, k, v), outputs side by side."""
-    w = weights[0] if len(weights) == 1 else torch.cat(weights)
     x = ops.copy(x, grid.group(spec.copy))
-    y = ops.matmul(x, w, grid.group(spec.x_gather), spec.x_dim, grid.group(spec.w_gather), 1, regather)
+    y = ops.matmul(x, weights, grid.group(spec.x_gather), spec.x_dim, grid.group(spec.w_gather), 1, regather,
+                   grid.live_weights)
     y = ops.reduce_scatter(y, grid.group(spec.reduce_scatter), 0)
     y = ops.all_reduce(y, grid.group(spec.all_reduce))
     if biases[0] is not None:

@@ -122,36 +122,51 @@ def copy(x: torch.Tensor, group) -> torch.Tensor:
 
 class _Matmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, x_group, x_dim, w_group, w_dim, regather):
+    def forward(ctx, x, x_group, x_dim, w_group, w_dim, regather, live, *ws):
+        w = ws[0] if len(ws) == 1 else torch.cat(ws)  # q, k, v side by side
         # the two gathers run on different groups at once
         xa, wa = start_gather(x, x_group, x_dim), start_gather(w, w_group, w_dim)
         xa, wa = xa(), wa()
-        ctx.args, ctx.channel = (x_group, x_dim, w_group, w_dim, regather), current()
-        ctx.save_for_backward(*((x, w) if regather else (xa, wa)))
+        ctx.args, ctx.channel = (x_group, x_dim, w_group, w_dim, regather, live, len(ws)), current()
+        ctx.rows = [t.shape[0] for t in ws]
+        # live: keep the weight tensors the forward was given, not their concatenation or gathered copy, so the
+        # backward reads them as they are then (an optimizer update in between, or weights predicted again)
+        ctx.save_for_backward(x if regather else xa, *(ws if regather or live else (wa,)))
         return torch.matmul(xa, wa.t())
 
     @staticmethod
     def backward(ctx, dy):
-        x_group, x_dim, w_group, w_dim, regather = ctx.args
-        xa, wa = ctx.saved_tensors
+        x_group, x_dim, w_group, w_dim, regather, live, n = ctx.args
+        xa, *ws = ctx.saved_tensors
         c = ctx.channel
-        if regather:
-            xa, wa = start_gather(xa, x_group, x_dim, c), start_gather(wa, w_group, w_dim, c)
-            xa, wa = xa(), wa()
+        if regather or live:
+            w = ws[0] if len(ws) == 1 else torch.cat(ws)
+            wa = start_gather(w, w_group, w_dim, c)
+            if regather:
+                xa = start_gather(xa, x_group, x_dim, c)()
+            wa = wa()
+        else:
+            wa = ws[0]
         dx = dw = None
         # dX's reduce-scatter travels while dW is computed (Colossal-AI's async gradient reduce-scatter)
         if ctx.needs_input_grad[0]:
             dx = start_reduce_scatter(torch.matmul(dy, wa), x_group, x_dim, c)
-        if ctx.needs_input_grad[1]:
+        if any(ctx.needs_input_grad[7:]):
             dwa = dy.reshape(-1, dy.shape[-1]).t() @ xa.reshape(-1, xa.shape[-1])
             dw = start_reduce_scatter(dwa, w_group, w_dim, c)
-        return dx and dx(), dw and dw(), None, None, None, None, None
+        dws = dw().split(ctx.rows) if dw is not None else (None,) * n
+        return (dx and dx(), None, None, None, None, None, None, *dws)
 
 
-def matmul(x: torch.Tensor, w: torch.Tensor, x_group=None, x_dim: int = 0, w_group=None, w_dim: int = 1,
-           regather: bool = False) -> torch.Tensor:
-    """``gather(x, x_group, x_dim) @ gather(w, w_group, w_dim).T`` (w in nn.Linear's [out, in] layout).
+def matmul(x: torch.Tensor, w: torch.Tensor | list[torch.Tensor], x_group=None, x_dim: int = 0, w_group=None,
+           w_dim: int = 1, regather: bool = False, live: bool = False) -> torch.Tensor:
+    """``gather(x, x_group, x_dim) @ gather(w, w_group, w_dim).T`` (w in nn.Linear's [out, in] layout; a list of
+    weights that share the input is concatenated by output rows, as q, k and v are).
 
     Backward reduce-scatters dX over ``x_group`` and dW over ``w_group``: each is a partial sum there.
+    ``live``: the backward concatenates and gathers the weights again from the tensors the forward was given,
+    as they are by then (asynchronous pipelines whose backward reads newer weights than their forward: the
+    gather's bytes are sent twice).
     """
-    return _Matmul.apply(x, w, x_group, x_dim, w_group, w_dim, regather)
+    ws = list(w) if isinstance(w, (list, tuple)) else [w]
+    return _Matmul.apply(x, x_group, x_dim, w_group, w_dim, regather, live, *ws)
