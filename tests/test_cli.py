@@ -44,8 +44,8 @@ def test_config_errors(capsys, tmp_path):
     one_line_error(capsys, ["train", "--pp", "5", "--nproc", "5"], "pp=5", "valid: pp <= 4")
     one_line_error(capsys, ["train", "--pp", "2", "--pipeline.split", "3,3"], "pipeline.split '3,3'", "e.g. '2,2'")
     one_line_error(capsys, ["train", "--pp", "2", "--pipeline.schedule", "zb"], "pipeline.schedule", "async-predict")
-    one_line_error(capsys, ["train", "--tp", "2", "--tp-mode", "1d", "--model.softmax", "sampled"],
-                   "model.softmax=sampled with tp > 1", "valid with tp > 1: model.softmax=full")
+    one_line_error(capsys, ["train", "--tp", "4", "--tp-mode", "2d", "--model.softmax", "sampled"],
+                   "model.softmax=sampled with tp-mode 2d", "valid: --tp-mode 1d, or model.softmax=full")
     one_line_error(capsys, ["train", "--tp", "2", "--tp-mode", "1d", "--sparse.tables", "pos_emb=ps,nosuch=ps"],
                    "nosuch")
     one_line_error(capsys, ["train", "--pp", "2", "--pipeline.schedule", "async-predict", "--optimizer", "adagrad"],

@@ -33,6 +33,7 @@ MODELS = {
     "transformer": ["model.name=transformer_lm", "model.dim=16", "model.layers=2", "model.heads=2",
                     "data.vocab_size=64", "data.seq_len=8", "pipeline.split=2,2"],
 }
+MODELS["transformer-sampled"] = [*MODELS["transformer"], "model.softmax=sampled", "model.num_sampled=16"]
 LAYOUTS = {"pp2-dp2": ["parallel.pp=2", "parallel.dp=2"], "tp2-dp2": ["parallel.tp=2", "tensor.mode=1d"],
            "dp2-pp2-tp2": ["parallel.dp=2", "parallel.pp=2", "parallel.tp=2", "tensor.mode=1d"]}
 
@@ -125,6 +126,21 @@ def test_tables_under_pipeline_stages_match_single_process(world4, model, strate
 def test_vocabulary_shard_served_under_tensor_parallelism(world4, strategy, optimizer):
     out = world4.run(check_parity, "transformer", "tp2-dp2", strategy, "1f1b", optimizer)
     assert all(o[0] == {"tok_emb": strategy} for o in out)
+
+
+@pytest.mark.parametrize("strategy,optimizer", [("ps", "adagrad"), ("alltoall", "sgd"), ("dense", "adagrad")])
+def test_sampled_head_served_under_tensor_parallelism(world4, strategy, optimizer):
+    """1-D tp keeps the last hidden state whole on every rank, so each runs the whole sampled head; its tables
+    are served over that rank's dp group beside the vocabulary shard of the token table."""
+    out = world4.run(check_parity, "transformer-sampled", "tp2-dp2", strategy, "1f1b", optimizer)
+    served = {} if strategy == "dense" else {"tok_emb": strategy, "head.weight": strategy, "head.bias": strategy}
+    assert all(o[0] == served for o in out)
+
+
+def test_sampled_head_under_pp_tp_dp(world8):
+    out = world8.run(check_parity, "transformer-sampled", "dp2-pp2-tp2", "alltoall", "gpipe", "adagrad")
+    head = {"head.weight": "alltoall", "head.bias": "alltoall"}
+    assert [o[0] for o in out] == [{"tok_emb": "alltoall"}] * 4 + [head] * 4  # first stage: shards; last: whole
 
 
 def test_tables_under_pp_tp_dp(world8):

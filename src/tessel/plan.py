@@ -207,9 +207,10 @@ def _sparse(plan: ParallelPlan, cfg) -> str | None:
     if "torch-sparse" in given:
         return (f"sparse torch-sparse under {where}: it is torch DDP's sparse-gradient path, which only an "
                 "unpipelined, untensor-parallel model has; valid there: dense, allgather, ps, alltoall, auto")
-    if plan.tp > 1 and cfg.model.softmax == "sampled":
-        return ("model.softmax=sampled with tp > 1: tensor parallelism splits the output layer by vocabulary and "
-                "needs the full softmax; valid with tp > 1: model.softmax=full (sampled works with pp and dp)")
+    if plan.tp > 1 and cfg.model.softmax == "sampled" and plan.tp_mode != "1d":
+        return (f"model.softmax=sampled with tp-mode {plan.tp_mode}: the sampled head reads whole hidden states, "
+                "which only 1-D tensor parallelism keeps on every rank (its tables are then served over dp); valid: "
+                "--tp-mode 1d, or model.softmax=full")
     if given and plan.tp > 1 and plan.tp_mode != "1d":
         return (f"sparse {', '.join(sorted(given))} with tp-mode {plan.tp_mode}: only the 1-D vocabulary shard of a "
                 "table is served row by row (2-D/3-D cut its columns, torch-1d shards it inside torch); valid: "

@@ -191,27 +191,32 @@ COMPOSE = Scenario(
             "--metrics.plot", "false", "--checkpoint.enabled", "false"],
 )
 
-# Sparse tables inside composed layouts (8 hosts, a 200K vocabulary): the pipeline's first stage serves the input
-# table and its last the sampled softmax's; under 1-D tensor parallelism each rank's vocabulary shard is served.
+# Sparse tables inside composed layouts (a 200K vocabulary, dp filling what pp or tp leave: dp2 on 4 hosts, dp4 on
+# 8, one global batch): the pipeline's first stage serves the input table and its last the sampled softmax's; under
+# 1-D tensor parallelism each rank serves its vocabulary shard of the token table and, with a sampled softmax, the
+# whole head's tables.
 _TABLES = {"dense": ["--sparse", "dense"], "ps": ["--sparse", "ps"], "alltoall": ["--sparse", "alltoall"],
            "auto": ["--sparse", "auto"]}
 _TABLES_COMMON = ["--batch", "32", "--optimizer", "adagrad", "--lr", "0.05", "--timeout", "300",
                   "--metrics.progress", "log", "--metrics.plot", "false", "--checkpoint.enabled", "false"]
 TABLES_PP = Scenario(
     name="tables-pp",
-    about="sparse tables under pipeline parallelism: pp2 x dp4 on 8 hosts, LSTM LM with a 200K vocabulary and "
-          "sampled softmax, tables dense (all-reduced over each stage's dp group) vs ps vs alltoall vs auto",
+    about="sparse tables under pipeline parallelism: pp2 x dp (dp2 on 4 hosts, dp4 on 8), LSTM LM with a 200K "
+          "vocabulary and sampled softmax, tables dense (all-reduced over each stage's dp group) vs ps vs alltoall "
+          "vs auto",
     models={"lstm_lm": ["--model", "lstm_lm", "--model.softmax", "sampled", "--data.vocab_size", "200000",
-                        "--pp", "2", "--dp", "4", "--micro-batches", "2"]},
-    strategies=dict(_TABLES), baseline="dense", hosts=[8], unshaped=False, steps=6, common=list(_TABLES_COMMON))
+                        "--pp", "2", "--micro-batches", "2"]},
+    strategies=dict(_TABLES), baseline="dense", hosts=[4, 8], unshaped=False, steps=6, common=list(_TABLES_COMMON))
 TABLES_TP = Scenario(
     name="tables-tp",
-    about="sparse tables under tensor parallelism: tp2 x dp4 (1-D) on 8 hosts, Transformer LM with a 200K "
-          "vocabulary (full softmax: its vocabulary-parallel head stays dense), the token table's shards dense "
-          "vs ps vs alltoall vs auto",
-    models={"transformer_lm": ["--model", "transformer_lm", "--data.vocab_size", "200000", "--tp", "2",
-                               "--tp-mode", "1d", "--dp", "4"]},
-    strategies=dict(_TABLES), baseline="dense", hosts=[8], unshaped=False, steps=6, common=list(_TABLES_COMMON))
+    about="sparse tables under tensor parallelism: tp2 x dp (1-D; dp2 on 4 hosts, dp4 on 8), Transformer LM with "
+          "a 200K vocabulary and a sampled softmax (its head's tables served whole by every tp rank) or the full "
+          "softmax (its vocabulary-parallel head stays a dense weight), tables dense vs ps vs alltoall vs auto",
+    models={"transformer_lm_sampled": ["--model", "transformer_lm", "--model.softmax", "sampled", "--data.vocab_size",
+                                       "200000", "--tp", "2", "--tp-mode", "1d"],
+            "transformer_lm": ["--model", "transformer_lm", "--data.vocab_size", "200000", "--tp", "2", "--tp-mode",
+                               "1d"]},
+    strategies=dict(_TABLES), baseline="dense", hosts=[4, 8], unshaped=False, steps=6, common=list(_TABLES_COMMON))
 
 SCENARIOS = {s.name: s for s in (DDP, SPARSE, OVERLAP, PIPELINE, PIPELINE_M1, TENSOR, COMPOSE, TABLES_PP, TABLES_TP)}
 

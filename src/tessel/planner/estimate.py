@@ -153,9 +153,9 @@ def _tables(plan: ParallelPlan, cfg, profile: Profile, topo: Topology, compute: 
         k = t.unique.get(plan.dp)
         if k is None or t.unique.get(1) is None:
             continue
-        rows = t.rows // plan.tp
-        s = Sparsity(rows, t.dim, profile.elem, k / plan.tp, t.unique[1] / plan.tp,
-                     min(t.unique[1], k * plan.dp / hosts) / plan.tp, 0.5, t.fed and plan.tp == 1)
+        parts = _table_parts(profile, plan, t.name)  # a 1-D vocabulary shard holds 1/tp of the rows
+        s = Sparsity(t.rows // parts, t.dim, profile.elem, k / parts, t.unique[1] / parts,
+                     min(t.unique[1], k * plan.dp / hosts) / parts, 0.5, t.fed and parts == 1)
         est = table_estimate(s, plan.dp, hosts, link, compute, cfg.sparse.schedule)
         est = {o: e for o, e in est.items() if o.split("/")[0] in allowed}
         if not est or (cfg.sparse.strategy == "auto" and k / max(t.rows, 1) > cfg.sparse.max_touched):
@@ -239,8 +239,16 @@ def _stage_params(profile: Profile, plan: ParallelPlan, lo: int, hi: int, served
     """Elements the stage's dense sync all-reduces: its layers' parameters less the tables served by rows."""
     out = 0.0
     for layer, n in zip(profile.layers[lo:hi], _layer_params(profile, plan)[lo:hi]):
-        out += n - sum(t.rows * t.dim / plan.tp for t in profile.tables if t.name in served and t.name in layer.tables)
+        out += n - sum(t.rows * t.dim / _table_parts(profile, plan, t.name) for t in profile.tables
+                       if t.name in served and t.name in layer.tables)
     return out
+
+
+def _table_parts(profile: Profile, plan: ParallelPlan, name: str) -> int:
+    """Blocks a table's rows are cut into on this plan (1-D tp: the token table by tp; a sampled head stays whole)."""
+    if plan.tp == 1:
+        return 1
+    return profile.tp_layers(plan.tp_mode, plan.tp_grid).table_parts.get(name, plan.tp)
 
 
 def _memory(plan: ParallelPlan, cfg, profile: Profile, bounds, samples: float, served: set[str]) -> float:

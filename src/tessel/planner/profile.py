@@ -125,6 +125,11 @@ class Profile:
                 out.traffic.append([m.traffic for m in modules if hasattr(m, "traffic")])
             if hasattr(tp_chain.loss, "traffic"):
                 out.traffic[-1].append(tp_chain.loss.traffic)
+            named = dict(model.named_parameters())
+            for t in self.tables:  # a vocabulary shard's rows are cut over the grid; a whole table (sampled head) not
+                split = getattr(named.get(f"{t.name}.weight"), "tp_split", None)
+                axes = dict(split.dims).get(0, ()) if split is not None else ()
+                out.table_parts[t.name] = math.prod(handle.grid.size(a) for a in axes)
             self._shards[key] = out
         return self._shards[key]
 
@@ -139,6 +144,7 @@ class TensorShards:
     partial: list[dict] = field(default_factory=list)  # row-cut axes -> elements whose gradients are summed there
     traffic: list[list] = field(default_factory=list)  # (tokens) -> [(channel, axis, elements, steps)]: norms,
     #                                                    token table, loss (tensor.cost)
+    table_parts: dict[str, int] = field(default_factory=dict)  # table -> blocks its rows are cut into (1: whole)
 
 
 def _batch(cfg, dataset, global_batch: int, dp: int, dtype) -> tuple:

@@ -97,11 +97,11 @@ class SparseTables:
         replicated = torch.zeros((), dtype=torch.float64)
         flat_ps = [t for t in self.tables.values() if isinstance(t, PSTable) and not t.hosts and t.world > 1]
         if len(flat_ps) > 1:
-            sharded += sum(sq.double() for sq in push_fused(flat_ps, upto))
+            sharded += sum(sq.double() * self._once(t) for t, sq in zip(flat_ps, push_fused(flat_ps, upto)))
         for t in self.tables.values():
             if len(flat_ps) > 1 and t in flat_ps:
                 continue
-            sq = t.reduce(upto).double()
+            sq = t.reduce(upto).double() * self._once(t)
             if t.sharded:
                 sharded += sq
             else:
@@ -112,6 +112,13 @@ class SparseTables:
         if self.shards_group is not None:  # tensor-parallel shards of one table hold disjoint rows: sum them
             comm.all_reduce(total, "sparse.norm", group=self.shards_group)
         return total
+
+    def _once(self, table: RowTable) -> float:
+        """Under tensor parallelism a whole table (a sampled head) is on every rank of the tp group, and the
+        norm is summed over that group: such a table counts 1/tp there, a vocabulary shard counts whole."""
+        if self.shards_group is None or table.tp_shard:
+            return 1.0
+        return 1.0 / dist.get_world_size(self.shards_group)
 
     def step(self, lr: float | None = None, scale: float = 1.0) -> None:
         """Update the rows reduced by ``reduce``, gradients times ``scale`` (a clipping coefficient)."""
@@ -329,6 +336,7 @@ def serve(model: nn.Module, found: Survey, strategy: str = "ps", optimizer: str 
         holder = targets[name][2]
         if holder is not None:
             holder.serve_rows(t)  # the shard's rows now come from the table, its weight is no parameter any more
+            t.tp_shard = True
         else:
             _set_module(model, name, t)
     return SparseTables(choices, tables, group, lr, clock, link)

@@ -49,6 +49,7 @@ class RowTable(nn.Module, metaclass=ABCMeta):
         self.tag = 0
         self._update: tuple[torch.Tensor, torch.Tensor] | None = None  # (local rows, averaged grads)
         self.last_rows = 0  # unique rows this rank looked up in its last forward (for reports)
+        self.tp_shard = False  # rows of a tensor-parallel vocabulary shard (else the whole table on every tp rank)
 
     @abstractmethod
     def _lookup(self, uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from ..models import DenseClassifier, TransformerLM
 from ..models.transformer_lm import CausalSelfAttention
 from ..registry import register_model
 from . import cost, ops
-from .grid import Grid
+from .grid import Grid, Split
 from .layers import (
     TPEmbedding,
     TPLayerNorm,
@@ -113,23 +113,34 @@ class ShardedLoss:
         return [("tp.head", *t) for t in cost.loss_traffic(self.layout, self.grid.sizes, rows)]
 
 
-def _tp_chain(chain: Chain, grid: Grid, layouts: list[Layout], first: Layout | None = None) -> Chain:
+def _tp_chain(chain: Chain, grid: Grid, layouts: list[Layout], first: Layout | None = None,
+              loss=None) -> Chain:
     """``chain`` running on tensor-parallel layers whose outputs have ``layouts``; ``first``: the layout the
-    first layer's whole input is cut into (None: the layer cuts its input itself, as the embedding does)."""
+    first layer's whole input is cut into (None: the layer cuts its input itself, as the embedding does);
+    ``loss``: the chain's own loss where the last layout is whole (None: the vocabulary-parallel one)."""
     layers = list(chain.layers)
     if first is not None:
         head = layers[0]
         layers[0] = Layer(head.name, head.owns, lambda r, x: head.run(r, block_of(grid, x, first, "input")))
-    return Chain(layers, ShardedLoss(grid, layouts[-1]),
+    return Chain(layers, loss or ShardedLoss(grid, layouts[-1]),
                  lambda i, shape: block_shape(grid, shape, layouts[i]))
+
+
+def _replicated(module: nn.Module) -> None:
+    """Mark ``module``'s parameters as whole on every rank of the grid: same inputs, same gradients (counted
+    once in the norm, a Replicate placement in checkpoints)."""
+    for p in module.parameters():
+        p.tp_split, p.tp_partial = Split(), ()
 
 
 def apply_transformer(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, regather: bool = False) -> Chain:
     """Replace the TransformerLM's submodules present on this stage by their tensor-parallel versions in place
     (same parameter names); returns the chain that runs them, with the vocabulary-parallel loss."""
-    if getattr(root, "softmax", "full") != "full":
-        raise PlanError("tensor parallelism needs model.softmax 'full' (the vocabulary is split over the grid); "
-                        "the sampled softmax is a data-parallel table, use it with tp=1")
+    sampled = getattr(root, "softmax", "full") == "sampled"
+    if sampled and plan.mode != "1d":
+        raise PlanError(f"model.softmax=sampled with tensor mode {plan.mode}: the sampled head reads whole hidden "
+                        "states, which only 1-D tensor parallelism keeps on every rank; valid: --tp-mode 1d, or "
+                        "model.softmax full")
     if _present(root, "head") and _present(root, "tok_emb") and root.head.weight is root.tok_emb.weight:
         raise PlanError("tensor parallelism does not support model.tie_embeddings (the table and the head are "
                         "cut differently); set tie_embeddings false")
@@ -142,9 +153,14 @@ def apply_transformer(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, reg
             root.blocks[i] = TPBlock(block, plan, grid, regather, f"blocks.{i}")
     if _present(root, "head"):
         root.ln_f = TPLayerNorm(root.ln_f, plan.residual, grid, "ln_f")
-        root.head = TPLinear(root.head, plan.up, grid, regather, "head", channel="tp.head")
+        if sampled:  # 1-D: every rank has the whole hidden state and runs the whole head (a table, served over dp)
+            _replicated(root.head)
+        else:
+            root.head = TPLinear(root.head, plan.up, grid, regather, "head", channel="tp.head")
     # embedding and blocks hand on the residual stream; the head's logits are cut like an up-projection's output
-    return _tp_chain(chain, grid, [plan.residual] * (len(chain.layers) - 1) + [plan.up.out])
+    last = plan.residual if sampled else plan.up.out
+    return _tp_chain(chain, grid, [plan.residual] * (len(chain.layers) - 1) + [last],
+                     loss=chain.loss if sampled else None)
 
 
 def apply_classifier(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, regather: bool = False) -> Chain:
@@ -164,10 +180,12 @@ def apply_classifier(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, rega
 
 def transformer_linears(m: TransformerLM) -> list[list[tuple[int, int, bool, str]]]:
     """What apply_transformer makes of each chain layer: the embedding (its own channel, not a linear), per
-    block q/k/v as one h -> 3h, out_proj, fc_in, fc_out, and the vocabulary-parallel head."""
+    block q/k/v as one h -> 3h, out_proj, fc_in, fc_out, and the vocabulary-parallel head (none for a sampled
+    softmax, which every rank runs whole)."""
     h, f = m.tok_emb.weight.shape[1], m.blocks[0].mlp.fc_in.weight.shape[0] if len(m.blocks) else 0
     block = [(h, 3 * h, True, "tp"), (h, h, False, "tp"), (h, f, True, "tp"), (f, h, False, "tp")]
-    return [[], *[block for _ in m.blocks], [(h, m.head.weight.shape[0], True, "tp.head")]]
+    head = [] if m.softmax == "sampled" else [(h, m.head.weight.shape[0], True, "tp.head")]  # sampled: replicated
+    return [[], *[block for _ in m.blocks], head]
 
 
 def classifier_linears(m: DenseClassifier) -> list[list[tuple[int, int, bool, str]]]:
