@@ -71,6 +71,8 @@ CASES = [
     case("bench ddp --cpu-period nan", "--cpu-period nan must be a number of ms from 1 to 1000"),
     case("bench ddp --cpu-period 0.5", "--cpu-period 0.5 must be a number of ms from 1 to 1000"),
     case("bench ddp --cpu-burst 20", "--cpu-burst 20 must be a number of ms from 0 to the period (10)"),
+    case("bench ddp --nic-cpu -0.1", "--nic-cpu -0.1 must be 0 or a positive number of cores per host"),
+    case("bench ddp --nic-cpu inf", "--nic-cpu inf must be 0 or a positive number of cores per host"),
     case("bench ddp --cpus inf", "--cpus inf must be a positive number of cores per host"),
     case("bench ddp --cpus 0", "--cpus 0 must be a positive number of cores per host"),
     case("cluster up --hosts 2 --cpus inf", "cpus must be a finite number of at least 0.1 per host"),

@@ -142,6 +142,39 @@ def test_period_burst_pin_and_rate_changed_in_place():
         EmulatedCluster(2, cpus=0.5, prefix=PREFIX, burst_us=6_000)
 
 
+GLOO_JOB = """
+import sys, time, torch, torch.distributed as dist
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="tcp://10.77.0.1:29511", rank=rank, world_size=2)
+for _ in range(8):  # the cluster moves gloo's threads as it sees them (every 50 ms)
+    dist.all_reduce(torch.ones(1000))
+    time.sleep(0.1)
+import os, pathlib
+for task in pathlib.Path("/proc/self/task").iterdir():
+    name = (task / "comm").read_text().strip()
+    cpu = next(line.split(":")[2] for line in (task / "cgroup").read_text().splitlines()
+               if "cpu" in line.split(":")[1].split(","))
+    print(name, cpu)
+dist.destroy_process_group()
+"""
+
+
+def test_nic_group_takes_gloo_threads():
+    with EmulatedCluster(2, "1gbit", prefix=PREFIX, nic_cpus=0.2) as c:
+        assert [(g / "cpu.cfs_quota_us").read_text().strip() for g in (c.cgroup(0), emulate.cgroups.nic_group(
+            PREFIX, 0))] == [str(int((os.cpu_count() - 0.4) / 2 * PERIOD_US)), str(int(0.2 * PERIOD_US))]
+        out = [r.stdout for r in c.run([[PY, "-c", GLOO_JOB, str(i)] for i in range(2)], timeout=60)]
+        assert EmulatedCluster.attach(PREFIX).nic_cpus == 0.2
+    for host, text in enumerate(out):
+        threads = [line.rsplit(" ", 1) for line in text.splitlines()]
+        gloo = [g for name, g in threads if name in emulate.cgroups.GLOO_THREADS]
+        rest = [g for name, g in threads if name not in emulate.cgroups.GLOO_THREADS]
+        assert gloo and set(gloo) == {f"/tessel/{PREFIX}-h{host}-nic"}, text
+        assert set(rest) == {f"/tessel/{PREFIX}-h{host}"}, text  # the main thread and the rest compute
+    with pytest.raises(ClusterError, match="nic_cpus must be 0 .* under the machine's"):
+        EmulatedCluster(4, prefix=PREFIX, nic_cpus=0.5)
+
+
 def test_idle_host_does_not_lend_its_cpu():
     loop = [PY, "-c", BUSY.format(n=4_000_000)]
     with EmulatedCluster(2, cpus=0.5, prefix=PREFIX) as c:

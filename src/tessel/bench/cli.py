@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
     p.add_argument("--cpu-burst", type=float, default=0.0,
                    help="unused quota a host may carry into a later period, in ms (cpu.cfs_burst_us; default 0)")
     p.add_argument("--pin", action="store_true", help="pin host i to core i mod cores (a cpuset per host)")
+    p.add_argument("--nic-cpu", type=float, default=0.0,
+                   help="give each host a NIC: gloo's communication threads get a CPU budget of their own, this "
+                        "many cores per host, taken from the hosts' default budget (default 0: none)")
     p.add_argument("--doc", help="also replace this scenario's section of a Markdown file, e.g. docs/benchmarks.md")
 
 
@@ -78,7 +81,11 @@ def _cpu(ns) -> dict:
     if ns.cpus is not None and not (math.isfinite(ns.cpus) and ns.cpus > 0):
         raise ConfigError(f"--cpus {ns.cpus:g} must be a positive number of cores per host, e.g. 0.4")
     cpus = {"cpus": ns.cpus} if ns.cpus is not None else {}
-    return {**cpus, "period_us": round(ns.cpu_period * 1000), "burst_us": round(ns.cpu_burst * 1000), "pin": ns.pin}
+    if not (math.isfinite(ns.nic_cpu) and ns.nic_cpu >= 0):
+        raise ConfigError(f"--nic-cpu {ns.nic_cpu:g} must be 0 or a positive number of cores per host, e.g. 0.1")
+    nic = {"nic_cpus": ns.nic_cpu} if ns.nic_cpu else {}
+    return {**cpus, **nic, "period_us": round(ns.cpu_period * 1000), "burst_us": round(ns.cpu_burst * 1000),
+            "pin": ns.pin}
 
 
 def _check_extras() -> None:

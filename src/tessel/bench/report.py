@@ -130,13 +130,21 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
     return rows
 
 
+def _host_cpus(env: dict[str, Any]) -> str:
+    c = env.get("cluster") or {}
+    if c.get("cpus"):
+        return f"{c['cpus']:g}"
+    return "(cores - hosts x NIC) / hosts" if c.get("nic_cpus") else env["cpus_per_host"]
+
+
 def _cpu_settings(env: dict[str, Any]) -> str:
     c = env.get("cluster") or {}
     if not c:
         return ""
     text = f" as a quota per {c['period_us'] / 1000:g} ms CFS period"
     return text + (f", burst {c['burst_us'] / 1000:g} ms" if c["burst_us"] else "") + (
-        ", host i pinned to core i mod cores" if c["pin"] else "")
+        ", host i pinned to core i mod cores" if c["pin"] else "") + (
+        f", gloo's threads on a NIC group of {c['nic_cpus']:g} CPU per host" if c.get("nic_cpus") else "")
 
 
 def runs_per_cell(rows: list[dict[str, Any]]) -> str:
@@ -162,7 +170,7 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
     head = (f"Scenario `{scn.name}`: {scn.about}. Baseline for ratios: `{scn.baseline}`.\n\n"
             "Reproduce (as root, on an idle machine): " + "; then ".join(f"`{c}`" for c in commands) + "\n\n"
             f"Environment: torch {env['torch']}, Python {env['python']}, {env['cores']} cores shared by the "
-            f"emulated hosts (each host {(env.get('cluster') or {}).get('cpus') or env['cpus_per_host']} CPU"
+            f"emulated hosts (each host {_host_cpus(env)} CPU"
             f"{_cpu_settings(env)}, "
             f"{env['threads_per_worker']} thread per worker), "
             f"{env['steps_per_run']} steps per run (median over steps after 3 warm-up steps), "
@@ -195,8 +203,8 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
             *([f"{r['sparse_comm'] * 1e3:.1f} ({r['sparse_hidden']:.0%})" if r.get("sparse_hidden") is not None
                else "–"] if hidden else []),
         ]) + " |")
-    return (head + "\n".join(lines) + "\n" + auto_table(rows) + pipeline_table(rows) + tensor_table(rows)
-            + compose_table(rows, scn))
+    return (head + "\n".join(lines) + "\n" + auto_table(rows) + pipeline_table(rows)
+            + tensor_table(rows, projection=scn.name == "tensor") + compose_table(rows, scn))
 
 
 def _pipeline_stats(runs: list[dict | None]) -> dict[str, Any] | None:

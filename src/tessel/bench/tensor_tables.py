@@ -11,7 +11,9 @@ from .cells import cell, versus
 TORCH_PEERS = ("torch-1d", "torch-1d-sp")  # torch's parallelize_module without and with sequence parallelism
 
 
-def tensor_table(rows: list[dict[str, Any]]) -> str:
+def tensor_table(rows: list[dict[str, Any]], projection: bool = True) -> str:
+    """The table of tensor-parallel rows; ``projection``: followed by the cost model's 64-GPU projection (the
+    tensor scenario's section carries it, not every section that has tp runs)."""
     tps = [r for r in rows if r.get("tensor")]
     if not tps:
         return ""
@@ -47,6 +49,8 @@ def tensor_table(rows: list[dict[str, Any]]) -> str:
             human_bytes(act) if act else "–",
             f"{act / act_1d:.3f}" if act and act_1d else "–",
         ]) + " |")
+    if not projection:
+        return "\n".join(lines) + "\n"
     return ("\n".join(lines) + "\n\nCost-model projection to 64 GPUs (computed by `tessel.tensor.cost`, not measured; "
             "assumptions in docs/tensor.md): one GPT-style block, hidden 8192, MLP 4x, sequences of 2048.\n\n"
             + projection_markdown(h=8192, seq=2048, batches=(1, 4, 16)))

@@ -1,5 +1,11 @@
 """An emulated host's CPU budget: a cgroup v1 cpu group (CFS quota per period, optional burst) and, when
-pinned, a cpuset group holding it on one core. Made by ``EmulatedCluster``, found and removed by prefix.
+pinned, a cpuset group holding it on one core; optionally a second cpu group, the host's *NIC*, with a
+budget of its own for gloo's communication threads. Made by ``EmulatedCluster``, found and removed by prefix.
+
+A real network card moves bytes without the host's cores; gloo on an emulated host moves them on the host's
+CPU quota, so traffic overlapped with compute slows the compute it should hide behind. cgroup v1 accepts a
+single thread id in a group's ``tasks``, so :func:`move_gloo_threads` puts each host's gloo threads (named
+``gloo_tcp_loop`` and ``pt_gloo_runloop``) into its NIC group as they appear.
 
     >>> host_groups("nosuchprefix")
     []
@@ -32,9 +38,16 @@ def cpuset_group(prefix: str, host: int) -> Path:
     return CPUSET_ROOT / "tessel" / f"{prefix}-h{host}"
 
 
+def nic_group(prefix: str, host: int) -> Path:
+    return CGROUP_ROOT / "tessel" / f"{prefix}-h{host}-nic"
+
+
+GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")  # gloo's transport loop and ProcessGroupGloo's workers
+
+
 def host_groups(prefix: str) -> list[Path]:
-    """The hosts' cpu groups and, where pinned, their cpuset groups."""
-    pattern = re.compile(rf"{re.escape(prefix)}-h\d+")
+    """The hosts' cpu groups, their NIC groups and, where pinned, their cpuset groups."""
+    pattern = re.compile(rf"{re.escape(prefix)}-h\d+(-nic)?")
     parents = [root / "tessel" for root in (CGROUP_ROOT, CPUSET_ROOT) if (root / "tessel").is_dir()]
     return sorted(p for parent in parents for p in parent.iterdir() if p.is_dir() and pattern.fullmatch(p.name))
 
@@ -63,6 +76,51 @@ def make(prefix: str, host: int, cpus: float, period_us: int, burst_us: int, pin
         except OSError as e:
             raise CgroupError(f"pin needs the cgroup v1 cpuset controller at {CPUSET_ROOT}, which failed here "
                               f"({e.strerror}); run without pin") from None
+
+
+def make_nic(prefix: str, host: int, cpus: float, period_us: int) -> None:
+    """Host ``host``'s NIC group: a cpu group beside the host's with a quota of ``cpus * period_us``."""
+    group = nic_group(prefix, host)
+    group.mkdir(parents=True)
+    (group / "cpu.cfs_period_us").write_text(str(period_us))
+    (group / "cpu.cfs_quota_us").write_text(str(int(cpus * period_us)))
+
+
+class ThreadMover:
+    """Moves gloo's threads from each host's cpu group to its NIC group; call ``poll()`` while jobs run.
+
+    A thread is named just after it starts, so an unnamed-looking thread is looked at a few more times before
+    it is taken for a compute thread and skipped from then on."""
+
+    LOOKS = 5
+
+    def __init__(self, prefix: str, hosts: int) -> None:
+        self.prefix, self.hosts = prefix, hosts
+        self.looked: dict[int, int] = {}  # thread id -> times seen with another name
+        self.moved = 0
+
+    def poll(self) -> int:
+        """Move the gloo threads now in the hosts' groups; returns how many moved."""
+        n = 0
+        for host in range(self.hosts):
+            try:
+                tids = (cpu_group(self.prefix, host) / "tasks").read_text().split()
+            except OSError:
+                continue
+            for tid in map(int, tids):
+                if self.looked.get(tid, 0) >= self.LOOKS:
+                    continue
+                try:
+                    name = Path(f"/proc/{tid}/comm").read_text().strip()
+                    if name in GLOO_THREADS:
+                        (nic_group(self.prefix, host) / "tasks").write_text(str(tid))
+                        n += 1
+                        continue
+                except OSError:  # it ended meanwhile
+                    continue
+                self.looked[tid] = self.looked.get(tid, 0) + 1
+        self.moved += n
+        return n
 
 
 def remove(prefix: str) -> None:

@@ -223,7 +223,9 @@ class EmulatedCluster:
     netem); ``cpus`` is each host's CPU budget (default: this machine's cores / hosts), given as a quota of
     ``cpus * period_us`` per CFS period of ``period_us``; ``burst_us`` lets a host carry up to that much
     unused quota into a later period (``cpu.cfs_burst_us``); ``pin`` puts host i on core i mod cores (a
-    cpuset), so hosts do not migrate between cores.
+    cpuset), so hosts do not migrate between cores. ``nic_cpus`` > 0 gives each host a NIC: gloo's
+    communication threads move into a group of their own with that budget (:mod:`.cgroups`), taken from the
+    hosts' default budget ((cores - hosts * nic_cpus) / hosts), so traffic no longer competes with compute.
 
     >>> with EmulatedCluster(2, "200mbit", prefix="doc") as c:
     ...     [r.stdout for r in c.run([["hostname", "-I"]] * 2)]
@@ -231,7 +233,8 @@ class EmulatedCluster:
     """
 
     def __init__(self, hosts: int, rate: str | None = "1gbit", delay: str = "0ms", cpus: float | None = None,
-                 prefix: str = "tsl", period_us: int = PERIOD_US, burst_us: int = 0, pin: bool = False):
+                 prefix: str = "tsl", period_us: int = PERIOD_US, burst_us: int = 0, pin: bool = False,
+                 nic_cpus: float = 0.0):
         if not isinstance(hosts, int) or not 1 <= hosts <= 254:
             raise ClusterError(f"hosts must be an integer from 1 to 254 (one address each in {SUBNET}.0/24), "
                                f"not {hosts!r}")
@@ -240,9 +243,16 @@ class EmulatedCluster:
             raise ClusterError(f"prefix {prefix!r} must be 1-8 lowercase letters or digits, starting with a letter")
         self.hosts, self.rate, self.delay, self.prefix = hosts, rate and str(rate), str(delay), prefix
         self.rate_bits, self.delay_s = rate and parse_rate(rate), parse_delay(delay)
-        self.cpus = float(cpus) if cpus is not None else (os.cpu_count() or 1) / hosts
         if not isinstance(period_us, int) or not 1000 <= period_us <= 1_000_000:  # the kernel's limits
             raise ClusterError(f"period_us must be an integer from 1000 to 1000000 (1 ms to 1 s), not {period_us!r}")
+        cores = os.cpu_count() or 1
+        if not (isinstance(nic_cpus, (int, float)) and math.isfinite(nic_cpus) and nic_cpus >= 0
+                and (nic_cpus == 0 or nic_cpus * period_us >= 1000) and hosts * nic_cpus < cores):
+            raise ClusterError(f"nic_cpus must be 0 (no NIC group) or a finite budget of at least {1000 / period_us:g} "
+                               f"core per host (1 ms per {period_us} us period) whose total over {hosts} hosts stays "
+                               f"under the machine's {cores} cores, not {nic_cpus!r}")
+        self.nic_cpus = float(nic_cpus)
+        self.cpus = float(cpus) if cpus is not None else (cores - hosts * self.nic_cpus) / hosts
         if not self.cpus * period_us >= 1000 or not math.isfinite(self.cpus):  # the smallest quota is 1 ms a period
             raise ClusterError(f"cpus must be a finite number of at least {1000 / period_us:g} per host (a quota of "
                                f"1 ms per {period_us} us period), not {cpus!r}")
@@ -277,7 +287,7 @@ class EmulatedCluster:
         try:
             s = json.loads(_state_file(prefix).read_text())
             c = cls(s["hosts"], s["rate"], s["delay"], s["cpus"], prefix, s.get("period_us", PERIOD_US),
-                    s.get("burst_us", 0), s.get("pin", False))
+                    s.get("burst_us", 0), s.get("pin", False), s.get("nic_cpus", 0.0))
         except (OSError, ValueError, KeyError):
             c = None
         if c is None or set(_namespaces(prefix)) != {f"{prefix}-sw", *c.host_names}:
@@ -302,7 +312,7 @@ class EmulatedCluster:
     def _save_state(self) -> None:
         _state_file(self.prefix).write_text(json.dumps(
             {"hosts": self.hosts, "rate": self.rate, "delay": self.delay, "cpus": self.cpus,
-             "period_us": self.period_us, "burst_us": self.burst_us, "pin": self.pin}))
+             "period_us": self.period_us, "burst_us": self.burst_us, "pin": self.pin, "nic_cpus": self.nic_cpus}))
 
     def set_rate(self, rate: str | None) -> None:
         """Reshape every link to ``rate`` (None: unshaped) in place, keeping hosts and processes.
@@ -338,6 +348,8 @@ class EmulatedCluster:
             self._shape(sw, port)  # switch -> host
             try:
                 cgroups.make(self.prefix, i, self.cpus, self.period_us, self.burst_us, self.pin)
+                if self.nic_cpus:
+                    cgroups.make_nic(self.prefix, i, self.nic_cpus, self.period_us)
             except CgroupError as e:
                 raise ClusterError(str(e)) from None
 
@@ -370,6 +382,7 @@ class EmulatedCluster:
         '10.77.0.2'
         """
         return {"prefix": self.prefix, "up": self.is_up, "rate": self.rate, "delay": self.delay, "cpus": self.cpus,
+                "nic_cpus": self.nic_cpus,
                 "hosts": [{"name": n, "address": a, "cgroup": str(self.cgroup(i))}
                           for i, (n, a) in enumerate(zip(self.host_names, self.addresses))],
                 "leftovers": leftovers(self.prefix)}
@@ -423,6 +436,7 @@ class EmulatedCluster:
         # The shell joins the host's cgroups before exec'ing into the namespace, so every descendant is counted.
         script = 'for f in $0; do echo $$ > "$f" || exit 126; done; exec ip netns exec "$@"'
         procs, files, ends, failed, start = [], [], [None] * self.hosts, None, time.monotonic()
+        mover = cgroups.ThreadMover(self.prefix, self.hosts) if self.nic_cpus else None
         try:
             for i, cmd in enumerate(commands):
                 out = [tempfile.TemporaryFile() for _ in range(2)] if capture else [None, None]
@@ -443,7 +457,9 @@ class EmulatedCluster:
                                 failed = i
                 if timeout is not None and time.monotonic() - start > timeout and failed is None:
                     failed = next(i for i, e in enumerate(ends) if e is None)
-                time.sleep(0.01)
+                if mover is not None:  # gloo starts its threads when a job makes its process groups
+                    mover.poll()
+                time.sleep(0.01 if mover is None else 0.05)
         finally:
             self._stop(procs)
         results = []
