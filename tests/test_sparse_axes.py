@@ -239,3 +239,24 @@ def test_pipelined_tables_resume_bit_identical_and_load_into_one_process(tmp_pat
     load_weights(path, plain, {"model": checkpoint.read_meta(path)["model"]})
     assert torch.equal(plain.embedding.weight.detach(), a["model"]["embedding.weight"])
     assert torch.equal(plain.head.weight.weight.detach(), a["model"]["head.weight.weight"])
+
+
+def test_sampled_head_under_tp_resumes_bit_identical_and_loads_into_one_process(tmp_path):
+    """tp2 x dp2 with the sampled softmax and ps tables through the command line: every tp rank's dp group saves
+    the whole head (one copy lands in the checkpoint), the token table as the vocabulary shards' DTensor."""
+    from test_cli import _resumed_equals_uninterrupted
+
+    args = ["--model.softmax", "sampled", "--model.num_sampled", "16", "--model.dim", "16", "--model.layers", "1",
+            "--model.heads", "2", "--vocab", "200", "--seq-len", "8", "--batch", "8", "--metrics.progress", "log",
+            "--tp", "2", "--tp-mode", "1d", "--dp", "2", "--optimizer", "adamw", "--train.weight_decay", "0.1",
+            "--sparse", "ps", "--steps", "6"]
+    a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args)
+    assert {"tok_emb.weight", "head.weight.weight", "head.bias.weight"} <= set(a["model"])
+    assert not torch.equal(before["model"]["head.weight.weight"], a["model"]["head.weight.weight"])
+    cfg = load_config(None, ["model.softmax=sampled", "model.num_sampled=16", "model.dim=16", "model.layers=1",
+                             "model.heads=2", "data.vocab_size=200", "data.seq_len=8"])
+    plain = build(cfg, 200)
+    path = full / "checkpoints" / "step-00000006"
+    load_weights(path, plain, {"model": checkpoint.read_meta(path)["model"]})
+    assert torch.equal(plain.tok_emb.weight.detach(), a["model"]["tok_emb.weight"])
+    assert torch.equal(plain.head.weight.weight.detach(), a["model"]["head.weight.weight"])

@@ -21,7 +21,7 @@ from tessel.models.transformer_lm import MLP, CausalSelfAttention, TransformerLM
 from tessel.parallelize import apply_ddp
 from tessel.plan import ParallelPlan
 from tessel.tensor import GridSpec, TensorParallel, check_shapes, parallelize
-from tessel.tensor.cost import block_bytes
+from tessel.tensor.cost import block_bytes, linear_traffic
 from tessel.tensor.grid import Grid
 from tessel.tensor.layers import TPEmbedding, TPLayerNorm, TPLinear, rows_of, vocab_cross_entropy
 from tessel.tensor.layout import Layout, check_chain, plan_for
@@ -168,6 +168,40 @@ def test_layers_regather_3d(world8):
     # the 2x2x2 cube formula, 2(q-1)(M h + M h' + h h')/q^3 elements of 8 bytes, plus the re-gathers
     m, h, h2 = B * T, H, 2 * H
     assert got[0]["up"] == (2 * (q - 1) * (m * h + m * h2 + h * h2) + (q - 1) * (m * h + h * h2)) * 8 // q**3
+
+
+def check_live_linear():
+    """A 3-D up-projection whose backward must read its weight as it is then (async, async-predict v1): the
+    weight shard is changed between forward and backward; returns (bytes sent, input-gradient error)."""
+    dims, gspec, mesh, grid = _grid("3d", 8, "")
+    grid.live_weights = True
+    torch.manual_seed(3)
+    full = torch.nn.Linear(H, 2 * H).double()
+    up = TPLinear(full, plan_for("3d").up, grid, False, "up")
+    x_full, dy_full = _rand(B, T, H, seed=1), _rand(B, T, 2 * H, seed=7)
+    x = _block(grid, x_full, plan_for("3d").up.inp).clone().requires_grad_(True)
+    comm.counter.reset()
+    y = up(x)
+    with torch.no_grad():  # an update lands between forward and backward, on every shard
+        up.weight.mul_(2.0)
+        full.weight.mul_(2.0)
+    y.backward(_block(grid, dy_full, plan_for("3d").up.out))
+    sent = sum(v["sent"] for c, v in comm.counter.total().items() if c.startswith("tp"))
+    want = dy_full.reshape(-1, 2 * H) @ full.weight.detach()  # the backward at the new weights
+    got_full = want.reshape(B, T, H)
+    err = float((x.grad - _block(grid, got_full, plan_for("3d").up.inp)).abs().max())
+    return sent, err
+
+
+def test_live_weights_gathered_again_in_backward(world8):
+    got = world8.run(check_live_linear)
+    q, m, h, h2 = 2, B * T, H, 2 * H
+    # the cube formula 2(q-1)(M h + M h' + h h')/q^3, plus the weight gathered once more in backward
+    want = (2 * (q - 1) * (m * h + m * h2 + h * h2) + (q - 1) * h * h2) * 8 // q**3
+    assert got[0][0] == want
+    assert all(err < ATOL for _, err in got)
+    # the planner prices it the same way
+    assert sum(e for _, e, _ in linear_traffic("3d", (2, 2, 2), m, h, h2, True, live=True)) * 8 == want
 
 
 def check_lm(mode, tp, shape, optimizer, steps=3, regather=False, sequence_parallel=False):

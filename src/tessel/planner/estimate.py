@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..choices import ASYNC_SCHEDULES, TORCH_SCHEDULES
+from ..pipeline import backward_reads_newer
 from ..pipeline.partition import balance
 from ..plan import ParallelPlan
 from ..sparse.cost import Link, Sparsity
@@ -90,12 +91,13 @@ def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float
     if plan.tp == 1:
         return {}, 0.0
     shards = profile.tp_layers(plan.tp_mode, plan.tp_grid)
+    live = plan.pp > 1 and backward_reads_newer(plan.schedule, plan.predict)  # weights gathered again in backward
     elems: dict[str, float] = {}
     seconds = 0.0
     for i in layers:
         # the first layer's input is data: no gradient of it is reduced
         moved = [(channel, *t) for h, h2, up, channel in profile.layers[i].linears
-                 for t in linear_traffic(plan.tp_mode, plan.tp_grid, rows, h, h2, up, plan.regather, i > 0)]
+                 for t in linear_traffic(plan.tp_mode, plan.tp_grid, rows, h, h2, up, plan.regather, i > 0, live)]
         moved += [t for traffic in shards.traffic[i] for t in traffic(rows)]
         seconds += _tally(plan, profile, topo, moved, elems, profile.elem)
     return elems, seconds

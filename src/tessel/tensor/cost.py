@@ -18,10 +18,11 @@ from .layout import plan_for
 
 
 def linear_traffic(mode: str, shape: tuple[int, ...], m: int, h: int, h2: int, up: bool,
-                   regather: bool = False, input_grad: bool = True) -> list[tuple[str, float, int]]:
+                   regather: bool = False, input_grad: bool = True, live: bool = False) -> list[tuple[str, float, int]]:
     """(grid axis, elements one rank sends over it, ring steps) for one linear, forward + backward:
     M rows, h -> h2 features. The formulas of :mod:`tessel.tensor.layout`. ``input_grad=False``: the input is
-    data (a model's first linear), so no gradient of it is reduced."""
+    data (a model's first linear), so no gradient of it is reduced. ``live``: the backward gathers the weight
+    again (asynchronous schedules whose backward reads newer weights, see tessel.tensor.ops.matmul)."""
     p = math.prod(shape)
     if mode in ("1d", "torch-1d"):  # column: dX all-reduce; row: Y all-reduce
         if up and not input_grad:
@@ -30,8 +31,9 @@ def linear_traffic(mode: str, shape: tuple[int, ...], m: int, h: int, h2: int, u
     spec = plan_for(mode).up if up else plan_for(mode).down
     size = dict(zip(AXES[mode], shape))
     gathered = 3 if regather else 2  # forward gather and its backward reduce-scatter, plus the re-gather
+    w_gathered = 3 if regather or live else 2
     out = []
-    for axis, elems, times in [(spec.x_gather, m * h, gathered - (not input_grad)), (spec.w_gather, h * h2, gathered),
+    for axis, elems, times in [(spec.x_gather, m * h, gathered - (not input_grad)), (spec.w_gather, h * h2, w_gathered),
                                (spec.reduce_scatter, m * h2, 2)]:
         q = size.get(axis, 1)
         if q > 1:  # each collective moves (q-1)/P of the full tensor per rank
