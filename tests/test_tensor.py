@@ -181,7 +181,10 @@ def check_live_linear():
     x_full, dy_full = _rand(B, T, H, seed=1), _rand(B, T, 2 * H, seed=7)
     x = _block(grid, x_full, plan_for("3d").up.inp).clone().requires_grad_(True)
     comm.counter.reset()
-    y = up(x)
+    # as the asynchronous runtime does: the forward runs on aliases of the parameters (their own version
+    # counters), so an in-place update before the backward reaches what the backward reads
+    aliases = {n: p.data.requires_grad_(True) for n, p in up.named_parameters()}
+    y = torch.func.functional_call(up, aliases, (x,))
     with torch.no_grad():  # an update lands between forward and backward, on every shard
         up.weight.mul_(2.0)
         full.weight.mul_(2.0)
