@@ -10,6 +10,7 @@ import pytest
 from tessel.bench import report, runner, scenarios, stats
 from tessel.bench.compose_tables import compose_table
 from tessel.cli import main
+from tessel.cluster.emulate import HostFailed, HostResult
 
 
 def _run(model, strategy, hosts, rate, repeat, step, sent=0.0, throughput=None):
@@ -231,6 +232,33 @@ def test_rounds_alternate_rates_and_pipelined_runs_share_one_cut(tmp_path, monke
     assert given.count(None) == 1 + 9  # the first pipelined run profiles; ddp (pp 1) is never given a split
     first = runner.split_of({"pipeline": staged[0]["pipeline"]})
     assert set(given) - {None} == {first}
+
+
+class _FailingCluster(_FakeCluster):
+    """A fake cluster on which every async-predict run fails on host 1, as a crashed worker does."""
+
+    def run(self, commands, timeout):
+        args = commands[0]
+        if "async-predict" in args:
+            results = [HostResult(i, args, 1 if i == 1 else -15, "", f"Traceback ...\nRuntimeError: boom on host {i}\n"
+                                  "=====", 1.0) for i in range(self.hosts)]
+            raise HostFailed("host 1 (tslb-h1) exited with code 1; the other hosts were stopped: =====", 1, 1, results)
+        return super().run(commands, timeout)
+
+
+def test_a_failed_run_keeps_each_hosts_stderr_and_the_round_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "EmulatedCluster", _FailingCluster)
+    _FakeCluster.log = []
+    scn = scenarios.get("pipeline")
+    scn.models = {"classifier": scn.models["classifier"]}
+    scn.strategies = {k: scn.strategies[k] for k in ("ddp", "async-predict")}
+    scn.rates, scn.unshaped = ["1gbit"], False
+    said: list[str] = []
+    records = runner.run_scenario(scn, tmp_path, repeats=2, log=said.append)
+    assert [r["strategy"] for r in records] == ["ddp", "ddp"]  # the failed runs are left out, the others kept
+    failed = tmp_path / "runs" / "classifier-async-predict-h4-1gbit-r0"
+    assert "RuntimeError: boom on host 1" in (failed / "host1.stderr").read_text()
+    assert any("FAILED" in line and str(failed) in line for line in said)
 
 
 def test_pipeline_waits_per_stage_by_neighbour():

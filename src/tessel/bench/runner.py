@@ -118,8 +118,13 @@ def run_scenario(scn: Scenario, out: Path, repeats: int = 3, prefix: str = "tslb
                     try:
                         emu.run(emu.torchrun_commands(args, run_id=f"b{done}"), timeout=900)
                     except HostFailed as e:
-                        # One failed run must not throw away the others: report it and go on.
-                        log(f"[{done}/{total}] {run_dir.name} FAILED: {str(e).splitlines()[0]}")
+                        # One failed run must not throw away the others: report it, keep what the hosts said
+                        # (torchrun's own last line is a banner, not the error), and go on.
+                        run_dir.mkdir(parents=True, exist_ok=True)
+                        for r in e.results:
+                            (run_dir / f"host{r.host}.stderr").write_text(r.stderr or "")
+                        log(f"[{done}/{total}] {run_dir.name} FAILED: {str(e).splitlines()[0]} (stderr of each "
+                            f"host in {run_dir})")
                         continue
                     summary = json.loads((run_dir / "summary.json").read_text())
                     if pp not in (None, "1") and cut not in cuts and split_of(summary):
