@@ -232,13 +232,8 @@ def test_pipelined_tables_resume_bit_identical_and_load_into_one_process(tmp_pat
     a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args)
     assert {"embedding.weight", "head.weight.weight", "head.bias.weight"} <= set(a["model"])
     assert "state.head.weight.weight.exp_avg" in a["tables"]
-    cfg = load_config(None, ["model.name=lstm_lm", "model.softmax=sampled", "model.num_sampled=16", "model.dim=12",
-                             "model.hidden=16", "data.vocab_size=200", "data.seq_len=8"])
-    plain = build(cfg, 200)
-    path = full / "checkpoints" / "step-00000006"
-    load_weights(path, plain, {"model": checkpoint.read_meta(path)["model"]})
-    assert torch.equal(plain.embedding.weight.detach(), a["model"]["embedding.weight"])
-    assert torch.equal(plain.head.weight.weight.detach(), a["model"]["head.weight.weight"])
+    _loads_into_one_process(full, a, ["model.name=lstm_lm", "model.softmax=sampled", "model.num_sampled=16",
+                                      "model.dim=12", "model.hidden=16"], ("embedding.weight", "head.weight.weight"))
 
 
 def test_sampled_head_under_tp_resumes_bit_identical_and_loads_into_one_process(tmp_path):
@@ -253,10 +248,16 @@ def test_sampled_head_under_tp_resumes_bit_identical_and_loads_into_one_process(
     a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args)
     assert {"tok_emb.weight", "head.weight.weight", "head.bias.weight"} <= set(a["model"])
     assert not torch.equal(before["model"]["head.weight.weight"], a["model"]["head.weight.weight"])
-    cfg = load_config(None, ["model.softmax=sampled", "model.num_sampled=16", "model.dim=16", "model.layers=1",
-                             "model.heads=2", "data.vocab_size=200", "data.seq_len=8"])
-    plain = build(cfg, 200)
+    _loads_into_one_process(full, a, ["model.softmax=sampled", "model.num_sampled=16", "model.dim=16",
+                                      "model.layers=1", "model.heads=2"], ("tok_emb.weight", "head.weight.weight"))
+
+
+def _loads_into_one_process(full, saved, overrides, names):
+    """The run's last checkpoint (vocabulary 200, sequence 8, step 6) loads into a plain model: each named table
+    equals what the resumed run saved."""
+    plain = build(load_config(None, overrides + ["data.vocab_size=200", "data.seq_len=8"]), 200)
     path = full / "checkpoints" / "step-00000006"
     load_weights(path, plain, {"model": checkpoint.read_meta(path)["model"]})
-    assert torch.equal(plain.tok_emb.weight.detach(), a["model"]["tok_emb.weight"])
-    assert torch.equal(plain.head.weight.weight.detach(), a["model"]["head.weight.weight"])
+    weights = dict(plain.named_parameters())
+    for name in names:
+        assert torch.equal(weights[name].detach(), saved["model"][name]), name

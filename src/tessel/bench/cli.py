@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import sys
@@ -19,7 +20,8 @@ from . import scenarios
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark strategies side by side on an emulated cluster", description=__doc__)
+    p = sub.add_parser("bench", help="benchmark strategies side by side on an emulated cluster", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # keep the example commands one per line
     p.add_argument("scenario", help=f"one of: {', '.join(scenarios.SCENARIOS)}, plan")
     p.add_argument("--hosts", help="comma-separated host counts (default 1,2,4)")
     p.add_argument("--rates", help="comma-separated link rates (default 1gbit,200mbit)")
