@@ -232,6 +232,29 @@ def test_interrupt_cleans_up(sig):
     assert not any(emulate._live(pid) for pid in pids)
 
 
+HELD = """
+from tessel.cluster.emulate import EmulatedCluster
+with EmulatedCluster(2, prefix="{prefix}", nic_cpus=0.2, pin=True) as c:
+    c.run([["sleep", "30"]] * 2)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_removes_nic_and_cpuset_groups(sig):
+    """A cluster with a NIC group and a cpuset group per host, stopped by a signal: every group goes."""
+    p = subprocess.Popen([PY, "-c", HELD.format(prefix=PREFIX)], stderr=subprocess.PIPE, text=True)
+    want = {f"{PREFIX}-h{i}{kind}" for i in range(2) for kind in ("", "-nic")}
+    deadline = time.monotonic() + 30
+    while not (want <= {g.name for g in emulate.cgroups.host_groups(PREFIX)}
+               and any("cpuset" in str(g) for g in emulate.cgroups.host_groups(PREFIX))
+               and Path(f"/sys/fs/cgroup/cpu/tessel/{PREFIX}-h1/cgroup.procs").read_text().strip()):
+        assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else ""
+        time.sleep(0.05)
+    p.send_signal(sig)
+    p.wait(timeout=15)
+    assert leftovers(PREFIX) == [], p.stderr.read()
+
+
 def test_up_recovers_from_a_crashed_run():
     crash = (f"import os, subprocess\nfrom tessel.cluster.emulate import EmulatedCluster\n"
              f"EmulatedCluster(2, prefix='{PREFIX}').up()\n"

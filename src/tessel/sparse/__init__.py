@@ -272,8 +272,8 @@ def serve(model: nn.Module, found: Survey, strategy: str = "ps", optimizer: str 
             if overrides.get(info.name, "dense") not in ("dense", "auto"):  # named for it: refuse, never run dense
                 raise PlanError(f"table '{info.name}' is cut by columns under this tensor-parallel layout; "
                                 f"{overrides[info.name]} serves whole rows; valid for it: dense")
-            c = Choice(info, "dense", "a tensor-parallel layer holds it, not as whole rows (1-D vocabulary "
-                                      "shards are served)")
+            c = Choice(info, "dense", "held by a tensor-parallel layer, not as a table of whole rows; only 1-D "
+                                      "vocabulary shards are served by rows")
         if fixed and info.name in fixed:
             c = Choice(info, fixed[info.name][0], "fixed by the plan (given, or a checkpoint's)", fixed[info.name][1])
         if c is not None and c.strategy == "auto":
