@@ -106,6 +106,16 @@ def test_header_states_the_runs_each_cell_had(tmp_path):
     assert statistics.median([0.125, 0.135, 0.115, 0.125]) * 1e3 == 125.0 and "| 4 | 125.0 (115.0–135.0) |" in text
 
 
+def test_every_row_has_a_cell_under_each_header(tmp_path):
+    # A row with one cell more than its header shifts every later column under the wrong name.
+    text = report.write(_records(), _scenario(), tmp_path, 3, ["tessel bench ddp"])
+    table = [ln for ln in text.splitlines() if ln.startswith("| model | strategy |")]
+    rows = text.split(table[0])[1].split("\n\n")[0].strip().splitlines()[1:]
+    width = table[0].count(" | ") + 1
+    assert "| balanced link | efficiency |" in table[0] and rows
+    assert all(row.count(" | ") + 1 == width for row in rows)
+
+
 def test_write_report_plots_and_doc_section(tmp_path):
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\n<!-- bench:ddp -->\nold numbers\n<!-- /bench:ddp -->\n\nkept text\n")

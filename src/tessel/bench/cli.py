@@ -175,6 +175,7 @@ def main(ns, argv: list[str]) -> int:
         if full.baseline in scn.strategies:
             scn.baseline = full.baseline
     repeats = max(r["repeat"] for r in records) + 1
-    print(write(records, scn, out, repeats, commands, Path(ns.doc) if ns.doc else None))
+    saved_env = prev.get("environment") if ns.report_only and prev else None  # the runs' machine, not today's
+    print(write(records, scn, out, repeats, commands, Path(ns.doc) if ns.doc else None, saved_env))
     print(f"results.json, report.md and plots in {out}", file=sys.stderr)
     return 0

@@ -177,8 +177,8 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
             f"{runs_per_cell(rows)}. Ratios and efficiency: geometric mean over rounds with the 95% interval in "
             "brackets; a difference whose interval includes 1 is noise.\n\n")
     cols = ["model", "strategy", "hosts", "link", "runs", "step ms: median (min–max)", "spread", "throughput/s",
-            "vs baseline", "compute-only ms", "comm bound ms", "bound by", "efficiency", "sent/step busiest rank",
-            "peak mem/rank"]
+            "vs baseline", "compute-only ms", "comm bound ms", "bound by", "balanced link", "efficiency",
+            "sent/step busiest rank", "peak mem/rank"]
     if any(r["table_mem"] for r in rows):
         cols.append("table+opt mem/rank")
     hidden = any(r.get("sparse_hidden") is not None for r in rows)
@@ -409,9 +409,12 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def write(records, scn: Scenario, out: Path, repeats: int, commands: list[str], doc: Path | None = None) -> str:
-    """results.json, report.md and plots under ``out``; optionally replace this scenario's section of ``doc``."""
-    env = environment(scn, repeats)
+def write(records, scn: Scenario, out: Path, repeats: int, commands: list[str], doc: Path | None = None,
+          env: dict[str, Any] | None = None) -> str:
+    """results.json, report.md and plots under ``out``; optionally replace this scenario's section of ``doc``.
+
+    ``env``: the machine the runs were taken on, when re-rendering saved runs (else this machine, now)."""
+    env = env or environment(scn, repeats)
     rows = aggregate(records, scn)
     (out / "results.json").write_text(json.dumps({"environment": env, "commands": commands, "rows": rows,
                                                   "runs": records}, indent=1))
