@@ -65,6 +65,8 @@ CASES = [
     case("bench ddp --out {file}/sub", "--out '{file}/sub' cannot be created (Not a directory)"),
     case("bench ddp --append --out {corrupt}", "results.json is not a results file tessel wrote"),
     case("bench ddp --report-only --out {corrupt}", "results.json is not a results file tessel wrote"),
+    case("bench ddp --report-only --reprice", "--reprice re-prices a saved planner check: use it with 'plan"),
+    case("bench plan --report-only --out {corrupt}", "results.json is not a planner check tessel wrote"),
     case("bench ddp --doc {folder}/missing/bench.md", "folder '{folder}/missing' does not exist"),
     case("bench ddp --doc {folder}", "it is a folder"),
     case("bench ddp --rates 1e400", "rate '1e400' is not understood"),

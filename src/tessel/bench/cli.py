@@ -5,6 +5,7 @@
     tessel bench sparse --models classifier --strategies dense,ps --hosts 4 --append   # add runs to bench/sparse
     tessel bench ddp --report-only --doc docs/benchmarks.md                          # re-render, run nothing
     tessel bench pipeline --repeats 2 --steps 16 --doc docs/benchmarks.md   # 4 stages vs DDP and torch's schedules
+    tessel bench plan --report-only --reprice --doc docs/benchmarks.md   # today's planner against saved runs
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def add_parser(sub) -> None:
                    help="keep the runs already in OUT/results.json that this invocation does not redo")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: rebuild report.md, plots (and --doc) from OUT/results.json")
+    p.add_argument("--reprice", action="store_true",
+                   help="plan only, with --report-only: price the saved candidates again with the planner as it is "
+                        "now (a fresh profile, each cell's saved topology) against the run's measurements")
     p.add_argument("--cpus", type=float, help="CPU budget of each host in cores (default: cores / hosts)")
     p.add_argument("--cpu-period", type=float, default=10.0,
                    help="CFS period of each host's CPU quota in ms, 1 to 1000 (default 10)")
@@ -116,6 +120,8 @@ def main(ns, argv: list[str]) -> int:
     from .runner import run_scenario
 
     _check_extras()
+    if ns.reprice and not (ns.scenario == "plan" and ns.report_only):
+        raise ConfigError("--reprice re-prices a saved planner check: use it with 'plan --report-only'")
     if ns.scenario == "plan":  # the planner's predictions against measurement (its own cells and report)
         from . import plan_check
 

@@ -15,9 +15,10 @@ send its size):
 
 Time per micro-batch on stage k is its layers' compute over tp (and over the rank's compute speed) plus
 its tp collectives, or its boundary sends at the rate of the pp group (:class:`Topology`) where those take
-longer: sends are asynchronous and travel while the stage computes. A flushed schedule takes (m + pp - 1)
-slowest-stage slots plus one activation's and gradient's trip over every boundary, an asynchronous one m
-slots (no flush: the bubble is only the imbalance); DDP hides the gradient all-reduce behind backward up
+longer: sends are asynchronous and travel while the stage computes. A flushed schedule takes one slot of every
+stage (the first micro-batch's way through) and m - 1 slowest-stage slots, plus one activation's and
+gradient's trip over every boundary; an asynchronous one m slowest slots (no flush: the bubble is only the
+imbalance); DDP hides the gradient all-reduce behind backward up
 to the last bucket, as far as the topology's measured overlap lets it; a pipeline's gradient sync, the
 tp gradient sums and the optimizer step follow the micro-batches. Tables served by rows are priced by the
 sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added as exposed time.
@@ -202,11 +203,13 @@ def estimate(plan: ParallelPlan, cfg, profile: Profile, topo: Topology) -> Estim
         pp_elems.append((out + inp) * m)  # a middle stage sends both
     slot = max(stage_slot)
     flushed = plan.pp > 1 and plan.schedule not in ASYNC_SCHEDULES
-    slots = m + plan.pp - 1 if flushed else m
+    # a flushed step is the first micro-batch's trip through every stage (each at its own slot) and then one
+    # slowest slot per further micro-batch; an asynchronous one is m slowest slots (no flush)
+    span = sum(stage_slot) + (m - 1) * slot if flushed else m * slot
     compute = max(stage_compute) * m
     comm_pipe = (slot - max(stage_compute)) * m
     # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
-    bubble = slot * slots - compute - comm_pipe + (sum(hops) if flushed else 0.0)
+    bubble = span - compute - comm_pipe + (sum(hops) if flushed else 0.0)
     picks, table_bytes, table_s, served = _tables(plan, cfg, profile, topo, compute)
     dense = [_stage_params(profile, plan, lo, hi, served) for lo, hi in bounds]
     dp_size, dp_stride = strides["dp"]

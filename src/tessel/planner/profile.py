@@ -191,20 +191,39 @@ def measure(cfg, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...] = (1
                 params = sum(p.numel() for p in stage_params(model, chain, i, i + 1).values())
                 owns = tuple(t.name for t in tables if any(t.name == o or t.name.startswith(o + ".")
                                                            for o in layer.owns))
-                points = {n: c[i].seconds for n, c in costs.items()}
+                points = _steady({n: c[i].seconds for n, c in costs.items()})
                 small, large = sizes[0], sizes[-1]
                 per = (points[large] - points[small]) / max(large - small, 1)
                 layers.append(LayerProfile(layer.name, points[small] - per * small, per, params,
                                            _numel(costs[large][i].out_shape), owns, tuple(linears[i]), points))
             tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
             opt = _optimizer_cost(model, cfg)
-            whole = sum(costs[b][i].seconds for i in range(len(layers))) + opt * sum(p.numel() for p in
-                                                                                      model.parameters())
-            factor = _real_step(model, chain, cfg, x, y) / max(whole, 1e-9)
+            whole = sum(layer.measured[b] for layer in layers) + opt * sum(p.numel() for p in model.parameters())
+            # a real step does the layers' work and more (autograd glue, loss, clip): a ratio under 1 can only
+            # be a profiled run that the machine slowed, and it would scale every plan's compute down
+            factor = max(1.0, _real_step(model, chain, cfg, x, y) / max(whole, 1e-9))
     finally:
         torch.set_num_threads(threads)
     return Profile(layers, tables, dtype.itemsize, opt, tokens, time.perf_counter() - t_start, factor, cfg,
                    getattr(dataset, "vocab_size", 0))
+
+
+def _steady(points: dict[int, float]) -> dict[int, float]:
+    """A layer's seconds per micro-batch size, with the slowdowns this machine adds to single runs taken out:
+    a larger micro-batch never costs more per sample than a smaller one (the GEMMs only get more efficient),
+    and never less in all than a smaller one. Without this, one size profiled while the machine was busy
+    (2x at one size was seen) makes every plan at that size look twice as slow.
+
+        >>> _steady({1: 1.0, 8: 4.0, 32: 40.0, 64: 30.0})
+        {1: 1.0, 8: 4.0, 32: 16.0, 64: 30.0}
+    """
+    sizes = sorted(points)
+    out = dict(points)
+    for a, b in zip(sizes, sizes[1:]):
+        out[b] = min(out[b], out[a] * b / a)
+    for a, b in zip(reversed(sizes[:-1]), reversed(sizes[1:])):
+        out[a] = min(out[a], out[b])
+    return out
 
 
 def _real_step(model, chain, cfg, x, y, repeats: int = 3) -> float:
