@@ -97,8 +97,14 @@ def test_candidates_and_feasibility():
     plans = enumerate_plans(cfg, 8)
     assert all(p.world == 8 for p in plans)
     assert not any(p.schedule.startswith("async") for p in plans)  # only with allow_async
-    assert any(p.schedule == "async-predict" for p in enumerate_plans(cfg, 8, allow_async=True))
-    assert {(p.tp_mode, p.tp_grid) for p in plans if p.tp == 8} == {("1d", (8,)), ("2d", (4, 2)), ("3d", (2, 2, 2))}
+    offered = {(p.schedule, p.predict) for p in enumerate_plans(cfg, 8, allow_async=True) if p.pp > 1}
+    assert offered == {("1f1b", "v1"), ("gpipe", "v1"), ("async", "v1"), ("async-stash", "v1"),
+                       ("async-predict", "v1"), ("async-predict", "v2")}
+    # every grid of 8 ranks with at least two real axes (one real axis is the 1-D layout)
+    assert {(p.tp_mode, p.tp_grid) for p in plans if p.tp == 8} == {
+        ("1d", (8,)), ("2d", (2, 4)), ("2d", (4, 2)), ("3d", (2, 2, 2)), ("3d", (1, 2, 4)), ("3d", (1, 4, 2)),
+        ("3d", (2, 1, 4)), ("3d", (4, 1, 2)), ("3d", (2, 4, 1)), ("3d", (4, 2, 1))}
+    assert {p.tp_grid for p in plans if p.tp == 4 and p.tp_mode == "3d"} == {(1, 2, 2), (2, 1, 2), (2, 2, 1)}
     done = planner.choose(cfg, planner.Topology(ranks=8, hosts=8, link_mbit=200))
     # 4 layers (embed, 2 blocks, head) cannot make 8 stages; every refusal carries its reason
     assert any(p.pp == 8 and "8 stages" in why for p, why in done.dropped)
@@ -108,6 +114,15 @@ def test_candidates_and_feasibility():
     # the plan round-trips through the config every package reads
     applied = planner.apply(cfg, best)
     assert ParallelPlan.from_config(applied, 8).with_(bounds=best.bounds) == best
+    # plans priced alike rank by how little they change the math: SpecTrain's prediction before stale weights
+    loose = planner.choose(cfg, planner.Topology(ranks=8, hosts=8, link_mbit=200), allow_async=True,
+                           profile=done.profile)
+    first = loose.ranked[0].plan
+    twins = [e.plan for e in loose.ranked if e.plan.with_(schedule="1f1b", predict="v1") ==
+             first.with_(schedule="1f1b", predict="v1") and math.isclose(e.step, loose.ranked[0].step)]
+    order = [(p.schedule, p.predict) for p in twins if p.schedule.startswith("async")]
+    assert order == [("async-predict", "v1"), ("async-predict", "v2"), ("async-stash", "v1"), ("async", "v1")][
+        :len(order)] and len(order) >= 2
     # a memory budget under the winner's need drops it
     tight = planner.choose(cfg, planner.Topology(ranks=8, hosts=8, link_mbit=200, memory=done.best.memory - 1),
                            profile=done.profile)

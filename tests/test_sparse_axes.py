@@ -183,6 +183,28 @@ def test_table_bytes_under_pipeline_ps(world4):
     assert all("ps.pull" not in o[0] for o in out[2:])  # the last stage has no table with a full softmax
 
 
+def test_table_bytes_under_pp_tp_dp_ps(world8):
+    """dp2 x pp2 x tp2, ps: each first-stage rank serves its vocabulary shard (32 rows x 16) over its dp group
+    (the rank with the same tp coordinate), so the pull/push formula of pp2 x dp2 holds per shard; the norm
+    sums over dp, then over the tp shards (one fp64 each). The last stage has no table."""
+    out = world8.run(check_bytes, "transformer", "dp2-pp2-tp2", "ps")
+    row, idb = 16 * 8, 8
+    for r in range(4):  # mesh (pp, dp, tp), tp innermost: rank r's dp partner is r ^ 2
+        got, looked, owners, me = out[r]
+        _, other_looked, _, other = out[r ^ 2]
+        owner = owners["tok_emb"]
+        mine = [[i for i in ids if owner[i] != me] for ids in looked["tok_emb"]]
+        theirs = [[i for i in ids if owner[i] != other] for ids in other_looked["tok_emb"]]
+        assert got["ps.pull"] == {"sent": sum(idb * len(a) + row * len(b) for a, b in zip(mine, theirs)),
+                                  "recv": sum(idb * len(b) + row * len(a) for a, b in zip(mine, theirs))}
+        push_out = len({i for ids in mine for i in ids})
+        push_in = len({i for ids in theirs for i in ids})
+        assert got["ps.push"] == {"sent": push_out * (idb + row), "recv": push_in * (idb + row)}
+        assert got["ps.meta"] == {"sent": 3 * 8, "recv": 3 * 8}
+        assert got["sparse.norm"] == {"sent": 2 * 8, "recv": 2 * 8}
+    assert all(not any(c.startswith(("ps.", "sparse.")) for c in o[0]) for o in out[4:])
+
+
 def test_table_bytes_under_tensor_parallel_alltoall(world4):
     """tp2 x dp2, column-split alltoall of each rank's vocabulary shard (32 rows x 16): per lookup the unique
     local ids go to the other owner, each owner answers its 8 columns of every row asked, and the gradients

@@ -115,12 +115,21 @@ def short(plan: ParallelPlan) -> str:
     if plan.tp > 1:
         s += f" {plan.tp_mode}" + (f" {'x'.join(map(str, plan.tp_grid))}" if plan.tp_mode != "1d" else "")
     if plan.pp > 1:
-        s += f" {plan.schedule}"
+        s += f" {plan.schedule}" + (f" {plan.predict}" if plan.schedule == "async-predict" else "")
     return s + f" m{plan.micro_batches}"
 
 
 def _axes(plan: ParallelPlan) -> int:
     return (plan.pp > 1) + (plan.tp > 1)
+
+
+# Between plans priced alike, the one that changes the math least: exact schedules, then SpecTrain's prediction
+# (within noise of 1f1b at convergence, docs/pipeline.md), stashing, and stale weights last.
+STALENESS = {("async-predict", "v1"): 1, ("async-predict", "v2"): 2, ("async-stash", "v1"): 3, ("async", "v1"): 4}
+
+
+def _staleness(plan: ParallelPlan) -> int:
+    return STALENESS.get((plan.schedule, plan.predict), 0) if plan.pp > 1 else 0
 
 
 def topology_of(cfg: Config, ranks: int, measured: dict | None = None) -> Topology:
@@ -166,7 +175,7 @@ def choose(cfg: Config, topo: Topology, allow_async: bool | None = None, profile
     ests = [estimate(p, base, profile, topo) for p in ok]
     fits = [e for e in ests if e.memory <= topo.memory]
     over = [e for e in ests if e.memory > topo.memory]
-    fits.sort(key=lambda e: (round(e.step, 6), _axes(e.plan), e.memory))
+    fits.sort(key=lambda e: (round(e.step, 6), _axes(e.plan), _staleness(e.plan), e.memory))
     return Planned(fits, dropped, topo, profile, time.perf_counter() - t0, over)
 
 

@@ -1,8 +1,10 @@
 """Every plan the world and the model allow: enumerate, then drop the infeasible with their reason.
 
-Candidates are every (dp, pp, tp) that multiplies to the world; for tp > 1 the 1-D, 2-D and 3-D layers
-on the grid as square or cubic as tp allows; for pp > 1 the flushed schedules (and, with ``allow_async``,
-those that change the math); micro-batches among 1, 2, 4, 8, pp and 2·pp that divide the dp-local batch.
+Candidates are every (dp, pp, tp) that multiplies to the world; for tp > 1 the 1-D layers and the 2-D and
+3-D layers on every grid of tp ranks with at least two real axes (a cuboid grid suits a model whose widths
+differ); for pp > 1 the flushed schedules (and, with ``allow_async``, those that change the math: stale
+``async``, ``async-stash``, and ``async-predict`` with either prediction variant); micro-batches among 1,
+2, 4, 8, pp and 2·pp that divide the dp-local batch.
 torch's schedules and tensor-parallel peer are benchmarks' peers, not the planner's options.
 """
 
@@ -12,14 +14,21 @@ from ..config import Config
 from ..errors import PlanError, TesselError
 from ..parallelize import check_model
 from ..plan import ParallelPlan, problems
-from ..tensor.grid import GridSpec
+from ..tensor.grid import AXES
 
-FLUSHED = ("1f1b", "gpipe")
-ASYNC = ("async-predict", "async-stash")
+FLUSHED = (("1f1b", "v1"), ("gpipe", "v1"))
+ASYNC = (("async-predict", "v1"), ("async-predict", "v2"), ("async-stash", "v1"), ("async", "v1"))
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _shapes(n: int, parts: int) -> list[tuple[int, ...]]:
+    """Every ordered way to write n as a product of ``parts`` sizes."""
+    if parts == 1:
+        return [(n,)]
+    return [(d, *rest) for d in _divisors(n) for rest in _shapes(n // d, parts - 1)]
 
 
 def _grids(tp: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -27,9 +36,8 @@ def _grids(tp: int) -> list[tuple[str, tuple[int, ...]]]:
         return [("1d", (1,))]
     out = [("1d", (tp,))]
     for mode in ("2d", "3d"):
-        shape = GridSpec.parse(mode, tp).shape
-        if sum(s > 1 for s in shape) > 1:  # a grid with one real axis is the 1-D layout in disguise
-            out.append((mode, shape))
+        # a grid with one real axis is the 1-D layout in disguise
+        out += [(mode, shape) for shape in _shapes(tp, len(AXES[mode])) if sum(s > 1 for s in shape) > 1]
     return out
 
 
@@ -40,12 +48,12 @@ def enumerate_plans(cfg: Config, world: int, allow_async: bool = False) -> list[
             dp = world // (tp * pp)
             local = cfg.train.global_batch // dp if cfg.train.global_batch % dp == 0 else 0
             micro = sorted({m for m in (1, 2, 4, 8, pp, 2 * pp) if local and local % m == 0})
-            schedules = ("1f1b",) if pp == 1 else FLUSHED + (ASYNC if allow_async else ())
+            schedules = FLUSHED[:1] if pp == 1 else FLUSHED + (ASYNC if allow_async else ())
             for mode, grid in _grids(tp):
-                for schedule in schedules:
+                for schedule, predict in schedules:
                     for m in micro if pp > 1 else micro[:1]:
                         out.append(ParallelPlan(dp=dp, pp=pp, tp=tp, tp_mode=mode, tp_grid=grid, schedule=schedule,
-                                                micro_batches=m))
+                                                predict=predict, micro_batches=m))
     return out
 
 
