@@ -38,6 +38,7 @@ LAYOUTS = {  # name -> config keys (world 8)
     "pp2-tp4-2d": ["parallel.pp=2", "parallel.tp=4", "tensor.mode=2d"],
     "pp2-tp4-3d": ["parallel.pp=2", "parallel.tp=4", "tensor.mode=3d", "tensor.grid=2x2x1"],
     "pp2-tp4-1d": ["parallel.pp=2", "parallel.tp=4", "tensor.mode=1d"],
+    "pp2-tp4-3d-z2": ["parallel.pp=2", "parallel.tp=4", "tensor.mode=3d", "tensor.grid=2x1x2"],  # gathers weights
     "dp2-pp2-tp2-1d": ["parallel.dp=2", "parallel.pp=2", "parallel.tp=2", "tensor.mode=1d"],
     "pp2-tp2-dp2-3d": ["parallel.dp=2", "parallel.pp=2", "parallel.tp=2", "tensor.mode=3d", "tensor.grid=2x1x1"],
     "tp4-1d-dp2": ["parallel.tp=4", "tensor.mode=1d"],
@@ -143,7 +144,8 @@ def check_async(layout, schedule, variant, steps):
 
 @pytest.mark.parametrize("layout,schedule,variant", [
     ("pp2-tp4-3d", "async", "v1"), ("pp2-tp4-3d", "async-stash", "v1"), ("pp2-tp4-3d", "async-predict", "v1"),
-    ("pp2-tp4-3d", "async-predict", "v2"), ("pp2-tp4-1d", "async-predict", "v1")])
+    ("pp2-tp4-3d", "async-predict", "v2"), ("pp2-tp4-1d", "async-predict", "v1"),
+    ("pp2-tp4-3d-z2", "async-predict", "v1"), ("pp2-tp4-3d-z2", "async", "v1"), ("pp2-tp4-2d", "async", "v1")])
 def test_async_composed_equals_plain_pipeline(world8, world2, layout, schedule, variant):
     """Tensor parallelism is exact, so pp2 x tp4 runs every asynchronous schedule with the very staleness and
     numbers of the plain 2-stage pipeline: losses and stage norms equal step by step. async-stash and

@@ -19,7 +19,7 @@ from tessel.mesh import build_mesh
 from tessel.parallelize import parallelize
 from tessel.pipeline.partition import balance, parse_split, plan_stages
 from tessel.pipeline.predict import StageWeights, staleness
-from tessel.pipeline.schedules import ahead, async_ops, drain_ops, sync_ops
+from tessel.pipeline.schedules import ahead, async_ops, check_micro, drain_ops, sync_ops
 from tessel.plan import ParallelPlan
 from tessel.train.build import build, build_data
 
@@ -108,6 +108,13 @@ def test_parity_pp4(world4, name, schedule, optimizer, micro):
 def test_parity_pp2_dp2(world4, schedule):
     owned = world4.run(check_parity, "classifier", schedule, 2, "adamw", 2)
     assert owned[0] == owned[1] and owned[2] == owned[3]  # mesh (pp, dp): ranks 0,1 hold stage 0
+
+
+def test_torch_gpipe_at_one_micro_batch_matches_single_process(world2):
+    # SpecTrain's regime (one micro-batch per step): torch's GPipe runs it, its Schedule1F1B refuses it
+    world2.run(check_parity, "classifier", "torch-gpipe", 2, "sgd", 1)
+    with pytest.raises(PlanError, match="torch-1f1b needs train.micro_batches >= pp"):
+        check_micro("torch-1f1b", 2, 1)
 
 
 @pytest.mark.parametrize("schedule", ["torch-gpipe", "torch-1f1b", "torch-interleaved-1f1b", "torch-interleaved-zb",

@@ -131,10 +131,11 @@ PIPELINE = Scenario(
 # pp micro-batches, so the flushed peer is tessel's 1f1b (at one micro-batch the same op order as gpipe).
 PIPELINE_M1 = Scenario(
     name="pipeline-m1",
-    about="pipeline parallelism at one micro-batch per step on 4 hosts: DDP against tessel's flushed 1f1b, "
+    about="pipeline parallelism at one micro-batch per step on 4 hosts: DDP against the flushed schedules (tessel's "
+          "1f1b and torch's ScheduleGPipe, the one torch schedule that runs fewer micro-batches than stages), "
           "async-stash (PipeDream) and async-predict (SpecTrain), same stages and batch as the pipeline scenario",
     models={m: [*flags, "--micro-batches", "1"] for m, flags in PIPELINE.models.items()},
-    strategies={k: PIPELINE.strategies[k] for k in ("ddp", "1f1b", "async-stash", "async-predict")},
+    strategies={k: PIPELINE.strategies[k] for k in ("ddp", "torch-gpipe", "1f1b", "async-stash", "async-predict")},
     baseline="1f1b", hosts=[4], unshaped=False, steps=16, common=list(PIPELINE.common),
 )
 
