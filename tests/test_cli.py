@@ -161,6 +161,18 @@ def test_pipeline_resume_is_bit_identical(tmp_path, schedule):
     assert not torch.equal(before["model"]["net.0.weight"], a["model"]["net.0.weight"])
 
 
+def test_loss_logged_by_the_rank_holding_the_last_stage(tmp_path):
+    """torch's ZBV schedule puts the last of 4 stages on pp rank 0, beside the first: that rank logs the loss."""
+    args = [*TINY, "--model", "classifier", "--model.layers", "3", "--model.hidden", "32", "--pp", "2",
+            "--micro-batches", "2", "--optimizer", "sgd", "--steps", "2", "--pipeline.schedule", "torch-zbv",
+            "--checkpoint.enabled", "false", "--out", "run"]
+    r = tessel("train", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if '"loss"' in line]
+    assert len(losses) == 2 and all(x > 1.0 for x in losses)  # 8 classes: about ln 8, not 0
+
+
 def _workers(launcher_pid: int) -> dict[int, int]:
     """local rank -> pid of the tessel workers below ``launcher_pid``."""
     found = {}

@@ -324,8 +324,6 @@ def _cfg(*extra):
     (["tensor.mode=3d", "tensor.grid=2x2"], 8, "tensor.grid '2x2' is invalid for mode 3d"),
     (["tensor.mode=2d", "tensor.grid=2x3"], 8, "has 6 ranks but tp=8"),
     (["model.name=lstm_lm"], 2, "applies to models transformer_lm and classifier, not lstm_lm"),
-    (["parallel.pp=2", "pipeline.schedule=torch-1f1b", "train.micro_batches=2"], 4,
-     "torch's PipelineStage traces each stage on meta tensors"),
     (["tensor.mode=torch-1d", "parallel.dp=2"], 4, "runs transformer_lm alone"),
     (["tensor.sequence_parallel=true"], 2, "only the torch-1d peer runs"),
     (["parallel.pp=2", "sparse.strategy=torch-sparse", "train.optimizer=sgd"], 4, "torch-sparse under pp and tp"),

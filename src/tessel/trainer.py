@@ -206,9 +206,11 @@ def run(cfg: Config) -> dict[str, Any]:
 
     unit = "samples" if cfg.model.name == "classifier" else "tokens"
     per_step = cfg.train.global_batch * (1 if unit == "samples" else cfg.data.seq_len)
-    # the last pipeline stage is the one that knows the loss; its first rank logs
-    log_rank = dist.get_process_group_ranks(mesh.get_group("pp"))[-1] if rank == 0 else None
-    log_rank = comm.all_gather_object(log_rank, "meta")[0]
+    # the rank holding the last pipeline stage knows the loss: the one on rank 0's pp group logs
+    pp_ranks = comm.all_gather_object(dist.get_process_group_ranks(mesh.get_group("pp")) if rank == 0 else None,
+                                      "meta")[0]
+    knows = comm.all_gather_object(par.engine.computes_loss, "meta")
+    log_rank = next(r for r in reversed(pp_ranks) if knows[r])
     logger = MetricsLogger(cfg.metrics.out, cfg.train.steps, start, cfg.metrics.progress, cfg.metrics.log_every,
                            cfg.metrics.tensorboard, enabled=rank == log_rank, resume=begin.path is not None)
     run_bytes: dict[str, dict[str, int]] = {}

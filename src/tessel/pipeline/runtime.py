@@ -52,6 +52,7 @@ class PipelineEngine:
     the stage's gradients over the stage's replicas, its ``norm_group`` is the pp group)."""
 
     needs_batch = property(lambda self: self.stage.first or self.stage.last)
+    computes_loss = property(lambda self: self.stage.last)  # torch's ZBV puts the last stage on pp rank 0
 
     def __init__(self, stage: Stage, chain: Chain, tail: StepTail, schedule: str, variant: str = "v1",
                  plan=None, tables=None) -> None:
@@ -311,8 +312,8 @@ def _torch_schedule(stage: Stage, chain: Chain, schedule: str, micro: int, plan)
            "torch-interleaved-zb": pipelining.ScheduleInterleavedZeroBubble,
            "torch-zbv": pipelining.ScheduleZBVZeroBubble}[schedule]
     if schedule not in TORCH_MULTI_SCHEDULES:
-        return cls(pipelining.PipelineStage(stage.runner, stage.index, stage.stages, device, group=stage.group), micro,
-                   loss_fn=chain.loss)
+        return cls(pipelining.PipelineStage(_Contiguous(stage.runner), stage.index, stage.stages, device,
+                                            group=stage.group), micro, loss_fn=chain.loss)
     root = stage.runner.root
     parts = []
     for i in stage.held:
@@ -320,6 +321,20 @@ def _torch_schedule(stage: Stage, chain: Chain, schedule: str, micro: int, plan)
         # each stage its own module tree with only its layers, over the very Parameters the optimizer steps:
         # zero-bubble schedules take a stage's weight gradients over all of its module's parameters
         tree = prune(copy.deepcopy(root, memo={id(p): p for p in root.parameters()}), chain, lo, hi)
-        parts.append(pipelining.PipelineStage(Runner(tree, chain, lo, hi), i, len(plan.bounds), device,
+        parts.append(pipelining.PipelineStage(_Contiguous(Runner(tree, chain, lo, hi)), i, len(plan.bounds), device,
                                               group=stage.group))
     return cls(parts, micro, loss_fn=chain.loss)
+
+
+class _Contiguous(torch.nn.Module):
+    """A stage as torch's PipelineStage sends it: gloo sends only contiguous tensors, and under a 2-D grid a
+    rank's block of the residual (what crosses the boundary) and its gradient are strided views."""
+
+    def __init__(self, runner: torch.nn.Module) -> None:
+        super().__init__()
+        self.runner = runner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad:  # the input gradient this stage sends back
+            x.register_hook(torch.Tensor.contiguous)
+        return self.runner(x).contiguous()

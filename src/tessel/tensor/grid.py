@@ -116,6 +116,11 @@ class Grid:
         # set by the composer for the asynchronous schedules whose backward reads newer weights
         self.live_weights = False
 
+    def __deepcopy__(self, memo) -> Grid:
+        # this rank's place on the mesh and its process groups: a copied layer (a pipeline stage's module tree
+        # for torch's multi-stage schedules) stands on the same grid, and a process group cannot be copied
+        return self
+
     def size(self, axis: str | None) -> int:
         return self.sizes[axis] if axis else 1
 

@@ -38,6 +38,7 @@ class Engine:
     ``activation_bytes``: what the first micro-batch's forward kept for backward, on the first step."""
 
     needs_batch = True  # every rank reads its batch (only pipeline middle stages do not)
+    computes_loss = True  # every rank (in a pipeline only the rank holding the last stage)
 
     def __init__(self, model: torch.nn.Module, tail: StepTail, tables=None) -> None:
         self.model, self.tail, self.tables = model, tail, tables
