@@ -164,44 +164,39 @@ def check_bytes(model, layout, strategy):
     return comm.counter.end_step(), looked, owners, dist.get_rank(mesh.get_group("dp"))
 
 
-def test_table_bytes_under_pipeline_ps(world4):
-    """pp2 x dp2, ps, 2 micro-batches: each forward pulls its unique ids from their owner, the step pushes the
-    union once; only the other dp rank's share crosses (8-byte ids, 16 x 8-byte rows)."""
-    out = world4.run(check_bytes, "transformer", "pp2-dp2", "ps")
+def _assert_ps_bytes(mine_out, partner_out, norm_sums: int) -> None:
+    """One rank's ps channels against its dp partner's lookups: each forward pulls its unique ids owned by the
+    partner (8-byte ids, 16 x 8-byte rows), the step pushes the union once; one 8-byte count per exchange
+    (2 pulls, 1 push); the norm: one fp64 per sum."""
+    (got, looked, owners, me), (_, other_looked, _, other) = mine_out, partner_out
     row, idb = 16 * 8, 8
-    for (got, looked, owners, me), (_, other_looked, _, other) in zip(out[:2], out[1::-1]):
-        owner = owners["tok_emb"]
-        mine = [[i for i in ids if owner[i] != me] for ids in looked["tok_emb"]]
-        theirs = [[i for i in ids if owner[i] != other] for ids in other_looked["tok_emb"]]
-        assert got["ps.pull"] == {"sent": sum(idb * len(a) + row * len(b) for a, b in zip(mine, theirs)),
-                                  "recv": sum(idb * len(b) + row * len(a) for a, b in zip(mine, theirs))}
-        push_out = len({i for ids in mine for i in ids})
-        push_in = len({i for ids in theirs for i in ids})
-        assert got["ps.push"] == {"sent": push_out * (idb + row), "recv": push_in * (idb + row)}
-        assert got["ps.meta"] == {"sent": 3 * 8, "recv": 3 * 8}  # one count per exchange: 2 pulls, 1 push
-        assert got["sparse.norm"] == {"sent": 8, "recv": 8}
+    owner = owners["tok_emb"]
+    mine = [[i for i in ids if owner[i] != me] for ids in looked["tok_emb"]]
+    theirs = [[i for i in ids if owner[i] != other] for ids in other_looked["tok_emb"]]
+    assert got["ps.pull"] == {"sent": sum(idb * len(a) + row * len(b) for a, b in zip(mine, theirs)),
+                              "recv": sum(idb * len(b) + row * len(a) for a, b in zip(mine, theirs))}
+    push_out = len({i for ids in mine for i in ids})
+    push_in = len({i for ids in theirs for i in ids})
+    assert got["ps.push"] == {"sent": push_out * (idb + row), "recv": push_in * (idb + row)}
+    assert got["ps.meta"] == {"sent": 3 * 8, "recv": 3 * 8}
+    assert got["sparse.norm"] == {"sent": norm_sums * 8, "recv": norm_sums * 8}
+
+
+def test_table_bytes_under_pipeline_ps(world4):
+    """pp2 x dp2, ps, 2 micro-batches: only the other dp rank's share of the rows crosses."""
+    out = world4.run(check_bytes, "transformer", "pp2-dp2", "ps")
+    for r in range(2):  # mesh (pp, dp): ranks 0 and 1 hold the first stage
+        _assert_ps_bytes(out[r], out[1 - r], norm_sums=1)
     assert all("ps.pull" not in o[0] for o in out[2:])  # the last stage has no table with a full softmax
 
 
 def test_table_bytes_under_pp_tp_dp_ps(world8):
     """dp2 x pp2 x tp2, ps: each first-stage rank serves its vocabulary shard (32 rows x 16) over its dp group
     (the rank with the same tp coordinate), so the pull/push formula of pp2 x dp2 holds per shard; the norm
-    sums over dp, then over the tp shards (one fp64 each). The last stage has no table."""
+    sums over dp, then over the tp shards. The last stage has no table."""
     out = world8.run(check_bytes, "transformer", "dp2-pp2-tp2", "ps")
-    row, idb = 16 * 8, 8
     for r in range(4):  # mesh (pp, dp, tp), tp innermost: rank r's dp partner is r ^ 2
-        got, looked, owners, me = out[r]
-        _, other_looked, _, other = out[r ^ 2]
-        owner = owners["tok_emb"]
-        mine = [[i for i in ids if owner[i] != me] for ids in looked["tok_emb"]]
-        theirs = [[i for i in ids if owner[i] != other] for ids in other_looked["tok_emb"]]
-        assert got["ps.pull"] == {"sent": sum(idb * len(a) + row * len(b) for a, b in zip(mine, theirs)),
-                                  "recv": sum(idb * len(b) + row * len(a) for a, b in zip(mine, theirs))}
-        push_out = len({i for ids in mine for i in ids})
-        push_in = len({i for ids in theirs for i in ids})
-        assert got["ps.push"] == {"sent": push_out * (idb + row), "recv": push_in * (idb + row)}
-        assert got["ps.meta"] == {"sent": 3 * 8, "recv": 3 * 8}
-        assert got["sparse.norm"] == {"sent": 2 * 8, "recv": 2 * 8}
+        _assert_ps_bytes(out[r], out[r ^ 2], norm_sums=2)
     assert all(not any(c.startswith(("ps.", "sparse.")) for c in o[0]) for o in out[4:])
 
 
