@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tessel.bench import cli as bench_cli
 from tessel.bench import report, runner, scenarios, stats
 from tessel.bench.compose_tables import compose_table
 from tessel.cli import main
@@ -242,6 +243,22 @@ def test_rounds_alternate_rates_and_pipelined_runs_share_one_cut(tmp_path, monke
     assert given.count(None) == 1 + 9  # the first pipelined run profiles; ddp (pp 1) is never given a split
     first = runner.split_of({"pipeline": staged[0]["pipeline"]})
     assert set(given) - {None} == {first}
+
+
+def test_compute_only_adds_unshaped_runs_to_a_scenario_without_them(tmp_path, monkeypatch):
+    """--compute-only: the pipeline scenario (no unshaped runs by default) gets its compute-only time, hence its
+    balanced link and efficiency."""
+    monkeypatch.setattr(runner, "EmulatedCluster", _FakeCluster)
+    monkeypatch.setattr(bench_cli, "_check_extras", lambda: None)
+    _FakeCluster.log = []
+    assert not scenarios.get("pipeline").unshaped
+    argv = ["bench", "pipeline", "--models", "classifier", "--strategies", "1f1b,async-predict", "--rates", "50mbit",
+            "--repeats", "1", "--compute-only", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert [e[1] for e in _FakeCluster.log if e[0] == "run"] == [None, None, "50mbit", "50mbit"]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert {r["rate"] for r in saved["runs"]} == {"unshaped", "50mbit"}
+    assert [r["compute_only"] for r in saved["rows"]] == [0.1, 0.1]  # each 50mbit row carries its compute-only
 
 
 class _FailingCluster(_FakeCluster):

@@ -6,6 +6,7 @@
     tessel bench ddp --report-only --doc docs/benchmarks.md                          # re-render, run nothing
     tessel bench pipeline --repeats 2 --steps 16 --doc docs/benchmarks.md   # 4 stages vs DDP and torch's schedules
     tessel bench plan --report-only --reprice --doc docs/benchmarks.md   # today's planner against saved runs
+    tessel bench pipeline --models classifier --rates 50mbit --compute-only   # at the balanced link, with efficiency
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def add_parser(sub) -> None:
                    help="keep the runs already in OUT/results.json that this invocation does not redo")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: rebuild report.md, plots (and --doc) from OUT/results.json")
+    p.add_argument("--compute-only", action="store_true",
+                   help="also run each host count > 1 on unshaped links, for the scenarios that do not by default "
+                        "(pipeline, tensor, compose, tables-*): their compute-only time, balanced link and efficiency")
     p.add_argument("--reprice", action="store_true",
                    help="plan only, with --report-only: price the saved candidates again with the planner as it is "
                         "now (a fresh profile, each cell's saved topology) against the run's measurements")
@@ -128,6 +132,7 @@ def main(ns, argv: list[str]) -> int:
         return plan_check.main(ns, argv)
     scn = scenarios.get(ns.scenario)
     scn.cluster = _cpu(ns)
+    scn.unshaped = scn.unshaped or ns.compute_only
     if ns.hosts:
         try:
             scn.hosts = sorted({int(h) for h in ns.hosts.split(",")})
