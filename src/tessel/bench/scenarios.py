@@ -127,8 +127,8 @@ PIPELINE = Scenario(
 )
 
 # SpecTrain's own regime: one micro-batch per step, where a flush costs most (each stage idles while the
-# other N - 1 work) and the asynchronous stages run up to N - 1 updates ahead. torch's schedules need at least
-# pp micro-batches, so the flushed peer is tessel's 1f1b (at one micro-batch the same op order as gpipe).
+# other N - 1 work) and the asynchronous stages run up to N - 1 updates ahead. Of torch's schedules only
+# ScheduleGPipe runs fewer micro-batches than stages: it and tessel's 1f1b are the flushed peers.
 PIPELINE_M1 = Scenario(
     name="pipeline-m1",
     about="pipeline parallelism at one micro-batch per step on 4 hosts: DDP against the flushed schedules (tessel's "
