@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tessel.bench import cli as bench_cli
-from tessel.bench import report, runner, scenarios, stats
+from tessel.bench import drift, report, runner, scenarios, stats
 from tessel.bench.compose_tables import compose_table
 from tessel.cli import main
 from tessel.cluster.emulate import HostFailed, HostResult
@@ -181,6 +181,23 @@ def test_bench_cli_errors(tmp_path, capsys):
     assert "valid: transformer_lm, lstm_lm, classifier" in capsys.readouterr().err
     assert main(["bench", "ddp", "--report-only", "--out", str(tmp_path)]) == 2
     assert "run the benchmark first" in capsys.readouterr().err
+    for bad in ("nan", "5", "inf"):
+        assert main(["bench", "drift", "--seconds", bad, "--out", str(tmp_path)]) == 2
+        assert "--seconds" in capsys.readouterr().err
+
+
+def test_drift_floor_on_a_machine_that_halves_its_speed():
+    # ten windows at full speed, then twenty at half: 10 windows of work take 10 windows from window 0, 20 from
+    # window 10, and 15 from window 5 (5 at full speed do half the work, 10 at half speed the rest)
+    speeds = [1.0] * 10 + [0.5] * 20
+    assert [drift.run_time(speeds, s, 10.0) for s in (0, 5, 10)] == [10.0, 15.0, 20.0]
+    f = drift.floor(speeds, run_s=10 * drift.WINDOW_S, trials=400)
+    assert 0 < f.median <= (20 - 10) / 10 and f.p90 <= (20 - 10) / 10  # never beyond slowest over fastest
+    assert f.share_over_5 > 0.5  # most triples start in different halves
+    steady = drift.floor([1.0] * 40, run_s=5 * drift.WINDOW_S, trials=50)
+    assert (steady.median, steady.p90, steady.share_over_5) == (0.0, 0.0, 0.0)
+    text = "\n".join(drift.summary(speeds, 3, 1.0, 2, [0.5]))
+    assert "67% of windows below 0.8" in text and "0.03 s of 2 CPU-s" in text
 
 
 class _FakeCluster:
@@ -306,3 +323,21 @@ def test_pipeline_waits_per_stage_by_neighbour():
     assert "| m | 1gbit | async-predict | 0 | 15% | 0.0 | 15.0 |" in text
     assert "| m | 1gbit | async-predict | 1 | 50% | 40.0 | 0.0 |" in text
     assert "torch-1f1b" not in text and mine["pipeline"]["regime"] == "async, s ≤ 1 (2 stages, 1 micro-batch)"
+
+
+def test_spread_from_step_jitter_tells_jittery_steps_from_runs_that_moved(tmp_path):
+    # runs that are steady inside but sit apart: all of their spread is the runs moving as a whole
+    assert stats.jitter_spread([[0.10] * 8, [0.12] * 8, [0.11] * 8]) == 0.0
+    # every run the same jittery sequence: its medians agree, but redrawn steps would not; the pooled steps
+    # are 1/2 and 3/2 of the median, half each, so a redrawn run of 4 steps has median 1/2, 1 or 3/2
+    jittery = stats.jitter_spread([[0.05, 0.15, 0.05, 0.15]] * 3, trials=400)
+    assert 0.5 <= jittery <= 1.0
+    assert stats.jitter_spread([[0.1, 0.2]]) is None and stats.jitter_spread([None, None]) is None
+    # records saved before they carried step times get those of their run's metrics.jsonl (after warm-up)
+    run = tmp_path / "runs" / "lm-ddp-h4-1gbit-r0"
+    run.mkdir(parents=True)
+    run.joinpath("metrics.jsonl").write_text("".join(json.dumps({"step": i, "step_time": t}) + "\n"
+                                                     for i, t in enumerate([9.0, 9.0, 9.0, 0.1, 0.2, 0.3], 1)))
+    recs = [_run("lm", "ddp", 4, "1gbit", 0, 0.2), _run("lm", "ddp", 4, "1gbit", 1, 0.2)]
+    runner.fill_step_times(recs, tmp_path)
+    assert recs[0]["step_times"] == [0.1, 0.2, 0.3] and recs[1].get("step_times") is None

@@ -7,6 +7,7 @@
     tessel bench pipeline --repeats 2 --steps 16 --doc docs/benchmarks.md   # 4 stages vs DDP and torch's schedules
     tessel bench plan --report-only --reprice --doc docs/benchmarks.md   # today's planner against saved runs
     tessel bench pipeline --models classifier --rates 50mbit --compute-only   # at the balanced link, with efficiency
+    tessel bench drift --seconds 120 --doc docs/benchmarks.md   # the spread the machine alone gives a run
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from . import scenarios
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark strategies side by side on an emulated cluster", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # keep the example commands one per line
-    p.add_argument("scenario", help=f"one of: {', '.join(scenarios.SCENARIOS)}, plan")
+    p.add_argument("scenario", help=f"one of: {', '.join(scenarios.SCENARIOS)}, plan, drift")
     p.add_argument("--hosts", help="comma-separated host counts (default 1,2,4)")
     p.add_argument("--rates", help="comma-separated link rates (default 1gbit,200mbit)")
     p.add_argument("--models", help="comma-separated subset of the scenario's models")
@@ -51,6 +52,8 @@ def add_parser(sub) -> None:
     p.add_argument("--nic-cpu", type=float, default=0.0,
                    help="give each host a NIC: gloo's communication threads get a CPU budget of their own, this "
                         "many cores per host, taken from the hosts' default budget (default 0: none)")
+    p.add_argument("--seconds", type=float, default=120.0,
+                   help="drift only: how long the fixed workload runs on every core (default 120)")
     p.add_argument("--doc", help="also replace this scenario's section of a Markdown file, e.g. docs/benchmarks.md")
 
 
@@ -119,9 +122,33 @@ def _read_results(saved: Path) -> dict:
                           "without --append / --report-only") from None
 
 
+def _drift(ns, argv: list[str]) -> int:
+    """The machine alone: a fixed workload's speed over time and the spread it gives runs (bench/drift.py)."""
+    import math
+    import os
+
+    from . import drift
+    from .report import update_doc
+
+    if not (math.isfinite(ns.seconds) and 10 <= ns.seconds <= 3600):
+        raise ConfigError(f"--seconds {ns.seconds:g} must be a number from 10 to 3600, e.g. 120")
+    out = Path(ns.out or "bench/drift")
+    _check_paths(out, ns.doc)
+    speeds, steal = drift.probe(ns.seconds, os.cpu_count() or 1)
+    lines = drift.summary(speeds, steal, ns.seconds, os.cpu_count() or 1, [2, 5, 10, 20])
+    text = "\n".join([f"Reproduce (on an idle machine): `tessel {' '.join(shlex.quote(a) for a in argv)}`", "",
+                      *lines, ""])
+    (out / "results.json").write_text(json.dumps({"window_s": drift.WINDOW_S, "speeds": speeds, "steal": steal}))
+    (out / "report.md").write_text(text)
+    if ns.doc:
+        update_doc(Path(ns.doc), "drift", text)
+    print(text)
+    return 0
+
+
 def main(ns, argv: list[str]) -> int:
     from .report import write
-    from .runner import run_scenario
+    from .runner import fill_step_times, run_scenario
 
     _check_extras()
     if ns.reprice and not (ns.scenario == "plan" and ns.report_only):
@@ -130,6 +157,8 @@ def main(ns, argv: list[str]) -> int:
         from . import plan_check
 
         return plan_check.main(ns, argv)
+    if ns.scenario == "drift":
+        return _drift(ns, argv)
     scn = scenarios.get(ns.scenario)
     scn.cluster = _cpu(ns)
     scn.unshaped = scn.unshaped or ns.compute_only
@@ -169,6 +198,8 @@ def main(ns, argv: list[str]) -> int:
                               "run the benchmark first")
         prev = {"runs": found, "commands": [], "environment": {}}
     records = [] if ns.report_only else run_scenario(scn, out, ns.repeats)
+    if prev:
+        fill_step_times(prev["runs"], out)
     commands = prev.get("commands", []) if prev else []
     if not ns.report_only:
         commands.append("tessel " + " ".join(shlex.quote(a) for a in argv))

@@ -32,7 +32,7 @@ from ..train.metrics import human_bytes
 from .cells import versus
 from .compose_tables import compose_table
 from .scenarios import Scenario
-from .stats import Ratio, interval, paired_ratio, spread
+from .stats import Ratio, interval, jitter_spread, paired_ratio, spread
 from .tensor_tables import tensor_plot, tensor_table
 
 UNSHAPED = "unshaped"
@@ -107,6 +107,7 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
         one_host = med((model, strategy, 1, UNSHAPED), "throughput")
         row = {
             "model": model, "strategy": strategy, "hosts": hosts, "rate": rate, "step_time": step, "rounds": mine,
+            "jitter_spread": jitter_spread([r.get("step_times") for r in rs]),
             "throughput": _stats([r["throughput"] for r in rs]), "unit": rs[0]["unit"],
             "compute_only": compute, "comm_bound": bound, "sent_per_step_max_rank": sent,
             # the link rate at which the busiest rank's bytes take as long as the compute-only step: at and
@@ -176,7 +177,8 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
             f"{env['steps_per_run']} steps per run (median over steps after 3 warm-up steps), "
             f"{runs_per_cell(rows)}. Ratios and efficiency: geometric mean over rounds with the 95% interval in "
             "brackets; a difference whose interval includes 1 is noise.\n\n")
-    cols = ["model", "strategy", "hosts", "link", "runs", "step ms: median (min–max)", "spread", "throughput/s",
+    cols = ["model", "strategy", "hosts", "link", "runs", "step ms: median (min–max)", "spread",
+            "spread from step jitter", "throughput/s",
             "vs baseline", "compute-only ms", "comm bound ms", "bound by", "balanced link", "efficiency",
             "sent/step busiest rank", "peak mem/rank"]
     if any(r["table_mem"] for r in rows):
@@ -190,6 +192,7 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
         lines.append("| " + " | ".join([
             r["model"], r["strategy"], str(r["hosts"]), r["rate"], str(s["n"]),
             f"{s['median'] * 1e3:.1f} ({s['min'] * 1e3:.1f}–{s['max'] * 1e3:.1f})", f"{s['spread']:.0%}",
+            f"{r['jitter_spread']:.0%}" if r.get("jitter_spread") is not None else "–",
             f"{r['throughput']['median']:.0f} {r['unit']}",
             ratio_text(r.get("vs_baseline_ci")),
             f"{r['compute_only'] * 1e3:.1f}" if r["compute_only"] else "–",

@@ -55,6 +55,7 @@ def _record(summary: dict[str, Any], **keys) -> dict[str, Any]:
     return {
         **keys,
         "step_time": summary["median_step_time"],
+        "step_times": summary.get("step_times"),  # each timed step: how much one step differs from the next
         "throughput": summary["median_tokens_per_s"],
         "unit": summary["unit"],
         "bytes_per_step": {c: v["sent_per_step_per_rank"] for c, v in summary["bytes"].items()},
@@ -86,6 +87,17 @@ def records_from_runs(out: Path) -> list[dict[str, Any]]:
                                    strategy=m["strategy"], hosts=int(m["hosts"]), rate=m["rate"],
                                    repeat=int(m["repeat"])))
     return records
+
+
+def fill_step_times(records: list[dict[str, Any]], out: Path) -> None:
+    """Give records saved before they carried step times those of their run's metrics.jsonl, where it is kept."""
+    from ..train.metrics import timed_steps
+
+    for r in records:
+        path = out / "runs" / f"{r['model']}-{r['strategy']}-h{r['hosts']}-{r['rate']}-r{r['repeat']}" / "metrics.jsonl"
+        if r.get("step_times") is None and path.is_file():
+            steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            r["step_times"] = [x["step_time"] for x in timed_steps(steps)]
 
 
 def _eta(t0: float, done: int, total: int) -> float:

@@ -87,7 +87,8 @@ OVERLAP = Scenario(
     models={"lstm_lm": [*SPARSE.models["lstm_lm"], "--model.layers", "1", "--model.hidden", "160", "--batch", "64"],
             # 4x the tokens per step: 4x the rows the tables move, the same dense all-reduce, so that at 50 Mbit/s
             # the tables' traffic is over half of the unscheduled step
-            "lstm_lm_b256": [*SPARSE.models["lstm_lm"], "--model.layers", "1", "--model.hidden", "160", "--batch", "256"]},
+            "lstm_lm_b256": [*SPARSE.models["lstm_lm"], "--model.layers", "1", "--model.hidden", "160",
+                             "--batch", "256"]},
     strategies={"alltoall": SPARSE.strategies["alltoall"], "alltoall-unsched": SPARSE.strategies["alltoall-unsched"]},
     baseline="alltoall-unsched",
     hosts=[4],

@@ -15,6 +15,7 @@ interval of their geometric mean; with one round there is no interval and the te
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from dataclasses import dataclass
 
@@ -76,3 +77,24 @@ def spread(values: list[float]) -> float:
     0.1
     """
     return (max(values) - min(values)) / statistics.median(values)
+
+
+def jitter_spread(runs: list[list[float]], trials: int = 500, seed: int = 0) -> float | None:
+    """The spread the runs' medians would show if the runs differed only by their steps' jitter.
+
+    Each run's step times are divided by that run's median (which removes whatever moved the run as a whole),
+    pooled, and drawn again into as many runs of as many steps; the median spread of their medians over
+    ``trials`` draws. A cell whose spread is near this is limited by step-to-step jitter (more steps cut it as
+    one over the root of their count); a cell far above it had runs that moved as a whole. None without at
+    least two runs with step times.
+
+    >>> jitter_spread([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]])   # steady steps: the runs' gap is not jitter
+    0.0
+    """
+    runs = [r for r in runs if r]
+    if len(runs) < 2:
+        return None
+    pool = [t / statistics.median(r) for r in runs for t in r]
+    rng = random.Random(seed)
+    draws = [spread([statistics.median(rng.choices(pool, k=len(r))) for r in runs]) for _ in range(trials)]
+    return statistics.median(draws)

@@ -23,6 +23,15 @@ def human_bytes(n: float) -> str:
     return f"{n:.2f} GiB"
 
 
+def timed_steps(records: list) -> list:
+    """The steps a run's medians are taken over: all but the first 3 (warm-up) when there are more than 4.
+
+    >>> timed_steps([1, 2, 3, 4, 5, 6])
+    [4, 5, 6]
+    """
+    return records[min(3, len(records) - 1):] if len(records) > 4 else records
+
+
 def _keep_steps_upto(path: Path, step: int) -> None:
     if not path.is_file():
         return
@@ -88,7 +97,7 @@ class MetricsLogger:
     def summary(self, bytes_per_rank: list[dict[str, dict[str, int]]], extra: dict[str, Any]) -> dict[str, Any]:
         """Aggregate the run: medians skip the first steps (warm-up) when there are enough."""
         recs = self.records
-        timed = recs[min(3, len(recs) - 1):] if len(recs) > 4 else recs
+        timed = timed_steps(recs)
         steps = max(len(recs), 1)
         channels = sorted({c for r in bytes_per_rank for c in r})
         per_channel = {
@@ -105,6 +114,7 @@ class MetricsLogger:
             "first_loss": recs[0]["loss"] if recs else None,
             "final_loss": statistics.mean(r["loss"] for r in recs[-5:]) if recs else None,
             "median_step_time": statistics.median(r["step_time"] for r in timed) if recs else None,
+            "step_times": [r["step_time"] for r in timed],  # what the median is of: a benchmark's jitter
             "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed) if recs else None,
             "wall_time": time.perf_counter() - self.t0,
             "bytes": per_channel,
