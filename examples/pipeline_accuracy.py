@@ -40,12 +40,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 LM = ["model.name=transformer_lm", "model.dim=64", "model.layers=4", "model.heads=4", "data.seq_len=32",
       "train.optimizer=adamw", "train.lr=3e-3", "train.global_batch=16"]
@@ -56,7 +54,6 @@ TASKS = {
     "transformer_lm": [*LM, "data.vocab_size=512"],
     "transformer_text": [*LM, "data.source=text", "data.vocab_size=1024"],  # data.path set by text_corpus
 }
-EVAL_FIRST, EVAL_N = 10_000_000, 1024  # sample ids far beyond anything trained on (synthetic tasks)
 PLATEAU_SEEDS, PLATEAU_GAIN, FIRST_BUDGET = (0, 1), 0.01, 300
 
 
@@ -86,45 +83,42 @@ SINGLE = ["parallel.nproc=1", "parallel.pp=1"]
 
 def train(overrides: list[str], out: Path) -> None:
     cmd = [sys.executable, "-m", "tessel", "train", "--metrics.progress", "off", "--metrics.plot", "false",
-           "--out", str(out)] + [a for o in overrides for a in ("--set", o)]
+           "--metrics.heldout", "false", "--out", str(out)] + [a for o in overrides for a in ("--set", o)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"run failed: {' '.join(cmd)}\n{r.stderr[-2000:]}")
 
 
 def held_out(data, heldout: Path | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) no run trained on: far sample ids, or windows of the held-out text."""
+    """(inputs, targets) no run trained on: the held-out samples of tessel train's own report (far sample ids),
+    or windows of the held-out text."""
+    from tessel.train import heldout as embedded
+
     if heldout is None:
-        return data.get_batch(np.arange(EVAL_FIRST, EVAL_FIRST + EVAL_N))
+        return embedded.batch(data)
     lines = heldout.read_text().splitlines()
     ids = np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in data.tokenizer.encode_batch(lines)])
-    n, t = min(EVAL_N, (len(ids) - 1) // data.seq_len), data.seq_len
+    n, t = min(embedded.SAMPLES, (len(ids) - 1) // data.seq_len), data.seq_len
     windows = torch.from_numpy(ids[: n * t + 1])
     return windows[:-1].reshape(n, t), windows[1:].reshape(n, t)  # (n, t): targets are inputs shifted by 1
 
 
 def evaluate(overrides: list[str], out: Path, heldout: Path | None) -> dict[str, float]:
-    """Held-out loss and accuracy (classes, or next tokens) of the run's final weights, in one process."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
+    """Held-out loss and accuracy (classes, or next tokens) of the run's final weights, in one process (loaded
+    as tessel loads any checkpoint: verified, and no code run from its files)."""
     from tessel.config import load_config
     from tessel.train import checkpoint
+    from tessel.train import heldout as embedded
     from tessel.train.build import build, build_data
 
     cfg = load_config(None, overrides)
     data = build_data(cfg)
     model = build(cfg, getattr(data, "vocab_size", 0))
-    with tempfile.TemporaryDirectory() as tmp:
-        dcp_to_torch_save(str(checkpoint.latest(out / "checkpoints")), f"{tmp}/w.pt")
-        state = torch.load(f"{tmp}/w.pt", weights_only=False)["model"]
-    model.load_state_dict(state)
-    model.eval()
+    final = checkpoint.latest(out / "checkpoints")
+    checkpoint.load_weights(final, model, {"model": checkpoint.read_meta(final)["model"]})
     x, y = held_out(data, heldout)
-    with torch.no_grad():
-        logits = model.logits(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-        acc = (logits.argmax(-1) == y).float().mean()
-    return {"loss": float(loss), "accuracy": float(acc) * 100}
+    classes = cfg.model.classes if cfg.model.name == "classifier" else data.vocab_size
+    return embedded.evaluate(model, x, y, classes)
 
 
 def run(task_args: list[str], extra: list[str], seed: int, steps: int, out: Path, heldout) -> dict:

@@ -196,8 +196,9 @@ def test_drift_floor_on_a_machine_that_halves_its_speed():
     assert f.share_over_5 > 0.5  # most triples start in different halves
     steady = drift.floor([1.0] * 40, run_s=5 * drift.WINDOW_S, trials=50)
     assert (steady.median, steady.p90, steady.share_over_5) == (0.0, 0.0, 0.0)
-    text = "\n".join(drift.summary(speeds, 3, 1.0, 2, [0.5]))
+    text = "\n".join(drift.summary(speeds, 3, 1.0, 2, [0.5], per_core=[1.0, 0.83]))
     assert "67% of windows below 0.8" in text and "0.03 s of 2 CPU-s" in text
+    assert "each core over the fastest's: 1.00, 0.83." in text
 
 
 class _FakeCluster:
@@ -329,10 +330,11 @@ def test_spread_from_step_jitter_tells_jittery_steps_from_runs_that_moved(tmp_pa
     # runs that are steady inside but sit apart: all of their spread is the runs moving as a whole
     assert stats.jitter_spread([[0.10] * 8, [0.12] * 8, [0.11] * 8]) == 0.0
     # every run the same jittery sequence: its medians agree, but redrawn steps would not; the pooled steps
-    # are 1/2 and 3/2 of the median, half each, so a redrawn run of 4 steps has median 1/2, 1 or 3/2
-    jittery = stats.jitter_spread([[0.05, 0.15, 0.05, 0.15]] * 3, trials=400)
+    # are 1/2 and 3/2 of the median, half each, so a redrawn run of 6 steps has median 1/2, 1 or 3/2
+    jittery = stats.jitter_spread([[0.05, 0.15] * 3] * 3, trials=400)
     assert 0.5 <= jittery <= 1.0
-    assert stats.jitter_spread([[0.1, 0.2]]) is None and stats.jitter_spread([None, None]) is None
+    assert stats.jitter_spread([[0.1] * 6]) is None and stats.jitter_spread([None, None]) is None
+    assert stats.jitter_spread([[0.1] * 6, [0.1] * 4]) is None  # 4 timed steps: too few to say
     # records saved before they carried step times get those of their run's metrics.jsonl (after warm-up)
     run = tmp_path / "runs" / "lm-ddp-h4-1gbit-r0"
     run.mkdir(parents=True)

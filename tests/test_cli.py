@@ -262,9 +262,26 @@ def test_train_on_text_files(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_loss"] < summary["first_loss"] - 0.5
+    assert "heldout" not in summary and "held-out" not in r.stdout  # the user's corpus has no held-out part
     assert (out / "loss.png").stat().st_size > 1000
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 30 and "dp.dense" in json.loads(lines[-1])["bytes"]
+
+
+def test_train_reports_held_out_loss_and_accuracy(tmp_path):
+    """After the run, its initial and final weights on samples no step trained on: a learnable task's held-out
+    accuracy rises and its loss falls (2 workers, the final checkpoint loaded into one process)."""
+    out = tmp_path / "run"
+    r = tessel("train", "--model", "classifier", "--model.layers", "2", "--model.hidden", "32", "--model.in_features",
+               "16", "--model.classes", "4", "--batch", "16", "--optimizer", "sgd", "--lr", "0.1", "--steps", "30",
+               "--metrics.progress", "off", "--metrics.plot", "false", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    held = json.loads((out / "summary.json").read_text())["heldout"]
+    assert held["step"] == 30 and held["samples"] == 1024
+    assert held["final"]["accuracy"] > held["initial"]["accuracy"] + 20
+    assert held["final"]["loss"] < held["initial"]["loss"]
+    shown = [line for line in r.stdout.splitlines() if line.startswith("held-out (1024 samples")]
+    assert len(shown) == 1 and f"{held['final']['accuracy']:.1f}%" in shown[0], r.stdout
 
 
 @pytest.mark.parametrize("strategy,channel", [("ps", "ps.push"), ("alltoall", "a2a.bwd")])

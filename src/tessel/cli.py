@@ -231,6 +231,16 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def _heldout(cfg) -> None:
+    """What the run learned, on samples it never saw: its initial and final weights in one process."""
+    from .train import heldout
+
+    result = heldout.report(cfg)
+    if result is not None:
+        print(heldout.line(result), flush=True)
+        heldout.add_to_summary(cfg.metrics.out, result)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -270,7 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         preflight(cfg)
         from .cluster.launch import launch
 
-        return launch(argv, cfg.nproc, verbose=ns.verbose, max_restarts=ns.max_restarts)
+        code = launch(argv, cfg.nproc, verbose=ns.verbose, max_restarts=ns.max_restarts)
+        if code == 0 and cfg.metrics.heldout:
+            _heldout(cfg)
+        return code
     except TesselError as e:
         return _leave_worker(_fail(f"tessel: error: {e}", 2))
     except CommError as e:

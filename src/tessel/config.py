@@ -154,6 +154,7 @@ class MetricsConfig:
     progress: str = "auto"  # auto (bar on a terminal, log lines otherwise) | bar | log | off
     plot: bool = True
     tensorboard: bool = False
+    heldout: bool = True  # after the run: held-out loss and accuracy of the initial and final weights (one process)
 
 
 @dataclass

@@ -134,11 +134,13 @@ def _drift(ns, argv: list[str]) -> int:
         raise ConfigError(f"--seconds {ns.seconds:g} must be a number from 10 to 3600, e.g. 120")
     out = Path(ns.out or "bench/drift")
     _check_paths(out, ns.doc)
-    speeds, steal = drift.probe(ns.seconds, os.cpu_count() or 1)
-    lines = drift.summary(speeds, steal, ns.seconds, os.cpu_count() or 1, [2, 5, 10, 20])
+    cores = sorted(os.sched_getaffinity(0))
+    speeds, steal, per_core = drift.probe(ns.seconds, cores)
+    lines = drift.summary(speeds, steal, ns.seconds, len(cores), [2, 5, 10, 20], per_core)
     text = "\n".join([f"Reproduce (on an idle machine): `tessel {' '.join(shlex.quote(a) for a in argv)}`", "",
                       *lines, ""])
-    (out / "results.json").write_text(json.dumps({"window_s": drift.WINDOW_S, "speeds": speeds, "steal": steal}))
+    (out / "results.json").write_text(json.dumps({"window_s": drift.WINDOW_S, "speeds": speeds, "steal": steal,
+                                                  "per_core": per_core}))
     (out / "report.md").write_text(text)
     if ns.doc:
         update_doc(Path(ns.doc), "drift", text)

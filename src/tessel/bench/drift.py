@@ -1,7 +1,7 @@
 """How much the machine alone moves a benchmark run: a fixed workload's speed over time, and the spread it gives.
 
-Every core runs the same fixed single-thread GEMM loop (one process per core, as the emulated hosts share
-them); each window records how many GEMMs finished. Nothing changes from one window to the next but the
+Every core runs the same fixed single-thread GEMM loop (one process pinned to each core, as the emulated hosts
+share them); each window records how many GEMMs finished. Nothing changes from one window to the next but the
 machine, so a slower window is the machine being slower (a virtual CPU losing its physical one, whatever
 the guest's steal counter says). From that speed series, ``floor`` asks what spread ((max − min) ÷ median)
 three runs of a given length would show if their work were fixed and only the machine varied: the spread a
@@ -21,9 +21,12 @@ from dataclasses import dataclass
 WINDOW_S = 0.05
 
 
-def _worker(seconds: float, window: float, out) -> None:
+def _worker(seconds: float, window: float, core: int, out) -> None:
+    import os
+
     import torch
 
+    os.sched_setaffinity(0, {core})  # one core each: a virtual CPU may be slower than its sibling
     torch.set_num_threads(1)  # one intra-op thread, as every benchmark worker
     a = torch.randn(96, 96)
     done, counts, start = 0, [], time.perf_counter()
@@ -37,7 +40,7 @@ def _worker(seconds: float, window: float, out) -> None:
             done, edge = 0, now + window
             if now - start >= seconds:
                 break
-    out.put(counts)
+    out.put((core, counts))
 
 
 def _steal() -> int:
@@ -46,22 +49,23 @@ def _steal() -> int:
         return int(f.readline().split()[8])
 
 
-def probe(seconds: float, workers: int, window: float = WINDOW_S) -> tuple[list[float], int]:
-    """(the machine's speed per window, mean over the workers and normalised to its 95th percentile; steal
-    jiffies during the probe)."""
+def probe(seconds: float, cores: list[int], window: float = WINDOW_S) -> tuple[list[float], int, list[float]]:
+    """(the machine's speed per window, mean over the cores and normalised to its 95th percentile; steal
+    jiffies during the probe; each core's median speed over the fastest core's)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(seconds, window, q)) for _ in range(workers)]
+    procs = [ctx.Process(target=_worker, args=(seconds, window, core, q)) for core in cores]
     steal = _steal()
     for p in procs:
         p.start()
-    series = [q.get() for _ in procs]
+    series = dict(q.get() for _ in procs)
     for p in procs:
         p.join()
-    n = min(len(s) for s in series)
-    mean = [statistics.fmean(s[i] for s in series) for i in range(n)]
+    n = min(len(s) for s in series.values())
+    mean = [statistics.fmean(s[i] for s in series.values()) for i in range(n)]
     top = sorted(mean)[int(0.95 * (n - 1))]
-    return [v / top for v in mean], _steal() - steal
+    per_core = [statistics.median(series[c]) for c in cores]
+    return [v / top for v in mean], _steal() - steal, [v / max(per_core) for v in per_core]
 
 
 def run_time(speeds: list[float], start: int, work: float) -> float:
@@ -108,23 +112,21 @@ def floor(speeds: list[float], run_s: float, window: float = WINDOW_S, runs: int
                  sum(s > 0.05 for s in spreads) / trials)
 
 
-def summary(speeds: list[float], steal: int, seconds: float, workers: int, run_lengths: list[float]) -> list[str]:
-    """The probe as Markdown: the speed distribution and the spread floor per run length."""
+def summary(speeds: list[float], steal: int, seconds: float, workers: int, run_lengths: list[float],
+            per_core: list[float] | None = None) -> list[str]:
+    """The probe as Markdown: the speed distribution, each core's speed, and the spread floor per run length."""
     q = sorted(speeds)
     pct = (lambda p: q[int(p * (len(q) - 1))])
     slow = sum(v < 0.8 for v in speeds) / len(speeds)
-    lines = [f"{workers} processes (one per core) ran a fixed single-thread GEMM loop for {seconds:g} s; speed per "
-             f"{WINDOW_S * 1000:g} ms window over its 95th percentile: min {q[0]:.2f}, 5th percentile {pct(0.05):.2f}, "
-             f"median {pct(0.5):.2f}; {slow:.0%} of windows below 0.8. Steal time the guest was told of: "
-             f"{steal / 100:.2f} s of {seconds * workers:g} CPU-s.", "",
+    cores = f" Median speed of each core over the fastest's: {', '.join(f'{v:.2f}' for v in per_core)}." \
+        if per_core else ""
+    lines = [f"{workers} processes (one pinned to each core) ran a fixed single-thread GEMM loop for {seconds:g} s; "
+             f"speed per {WINDOW_S * 1000:g} ms window over its 95th percentile: min {q[0]:.2f}, 5th percentile "
+             f"{pct(0.05):.2f}, median {pct(0.5):.2f}; {slow:.0%} of windows below 0.8. Steal time the guest was "
+             f"told of: {steal / 100:.2f} s of {seconds * workers:g} CPU-s.{cores}", "",
              "| run length | machine-alone spread of 3 runs: median | 90th percentile | runs over 5% |",
              "|---|---|---|---|"]
     for s in run_lengths:
         f = floor(speeds, s)
         lines.append(f"| {s:g} s | {f.median:.1%} | {f.p90:.1%} | {f.share_over_5:.0%} |")
     return lines
-
-
-def main(seconds: float, workers: int, run_lengths: list[float]) -> list[str]:
-    speeds, steal = probe(seconds, workers)
-    return summary(speeds, steal, seconds, workers, run_lengths)

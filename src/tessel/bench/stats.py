@@ -79,20 +79,21 @@ def spread(values: list[float]) -> float:
     return (max(values) - min(values)) / statistics.median(values)
 
 
-def jitter_spread(runs: list[list[float]], trials: int = 500, seed: int = 0) -> float | None:
+def jitter_spread(runs: list[list[float]], trials: int = 500, seed: int = 0, least: int = 5) -> float | None:
     """The spread the runs' medians would show if the runs differed only by their steps' jitter.
 
     Each run's step times are divided by that run's median (which removes whatever moved the run as a whole),
     pooled, and drawn again into as many runs of as many steps; the median spread of their medians over
     ``trials`` draws. A cell whose spread is near this is limited by step-to-step jitter (more steps cut it as
     one over the root of their count); a cell far above it had runs that moved as a whole. None without at
-    least two runs with step times.
+    least two runs, or with a run of fewer than ``least`` timed steps (dividing 3 steps by their own median
+    leaves a third of them at exactly 1, which understates the jitter).
 
-    >>> jitter_spread([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]])   # steady steps: the runs' gap is not jitter
+    >>> jitter_spread([[1.0] * 5, [2.0] * 5])   # steady steps: the runs' gap is not jitter
     0.0
     """
     runs = [r for r in runs if r]
-    if len(runs) < 2:
+    if len(runs) < 2 or min(len(r) for r in runs) < least:
         return None
     pool = [t / statistics.median(r) for r in runs for t in r]
     rng = random.Random(seed)
