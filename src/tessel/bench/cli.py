@@ -122,32 +122,6 @@ def _read_results(saved: Path) -> dict:
                           "without --append / --report-only") from None
 
 
-def _drift(ns, argv: list[str]) -> int:
-    """The machine alone: a fixed workload's speed over time and the spread it gives runs (bench/drift.py)."""
-    import math
-    import os
-
-    from . import drift
-    from .report import update_doc
-
-    if not (math.isfinite(ns.seconds) and 10 <= ns.seconds <= 3600):
-        raise ConfigError(f"--seconds {ns.seconds:g} must be a number from 10 to 3600, e.g. 120")
-    out = Path(ns.out or "bench/drift")
-    _check_paths(out, ns.doc)
-    cores = sorted(os.sched_getaffinity(0))
-    speeds, steal, per_core = drift.probe(ns.seconds, cores)
-    lines = drift.summary(speeds, steal, ns.seconds, len(cores), [2, 5, 10, 20], per_core)
-    text = "\n".join([f"Reproduce (on an idle machine): `tessel {' '.join(shlex.quote(a) for a in argv)}`", "",
-                      *lines, ""])
-    (out / "results.json").write_text(json.dumps({"window_s": drift.WINDOW_S, "speeds": speeds, "steal": steal,
-                                                  "per_core": per_core}))
-    (out / "report.md").write_text(text)
-    if ns.doc:
-        update_doc(Path(ns.doc), "drift", text)
-    print(text)
-    return 0
-
-
 def main(ns, argv: list[str]) -> int:
     from .report import write
     from .runner import fill_step_times, run_scenario
@@ -159,8 +133,10 @@ def main(ns, argv: list[str]) -> int:
         from . import plan_check
 
         return plan_check.main(ns, argv)
-    if ns.scenario == "drift":
-        return _drift(ns, argv)
+    if ns.scenario == "drift":  # the machine alone, no cluster (its own report)
+        from . import drift
+
+        return drift.main(ns, argv, _check_paths)
     scn = scenarios.get(ns.scenario)
     scn.cluster = _cpu(ns)
     scn.unshaped = scn.unshaped or ns.compute_only

@@ -130,3 +130,31 @@ def summary(speeds: list[float], steal: int, seconds: float, workers: int, run_l
         f = floor(speeds, s)
         lines.append(f"| {s:g} s | {f.median:.1%} | {f.p90:.1%} | {f.share_over_5:.0%} |")
     return lines
+
+
+def main(ns, argv: list[str], check_paths) -> int:
+    """``tessel bench drift``: probe, then write results.json, report.md (and ``--doc``'s section)."""
+    import json
+    import math
+    import os
+    import shlex
+    from pathlib import Path
+
+    from ..errors import ConfigError
+    from .report import update_doc
+
+    if not (math.isfinite(ns.seconds) and 10 <= ns.seconds <= 3600):
+        raise ConfigError(f"--seconds {ns.seconds:g} must be a number from 10 to 3600, e.g. 120")
+    out = Path(ns.out or "bench/drift")
+    check_paths(out, ns.doc)
+    cores = sorted(os.sched_getaffinity(0))
+    speeds, steal, per_core = probe(ns.seconds, cores)
+    text = "\n".join([f"Reproduce (on an idle machine): `tessel {' '.join(shlex.quote(a) for a in argv)}`", "",
+                      *summary(speeds, steal, ns.seconds, len(cores), [2, 5, 10, 20], per_core), ""])
+    (out / "results.json").write_text(json.dumps({"window_s": WINDOW_S, "speeds": speeds, "steal": steal,
+                                                  "per_core": per_core}))
+    (out / "report.md").write_text(text)
+    if ns.doc:
+        update_doc(Path(ns.doc), "drift", text)
+    print(text)
+    return 0

@@ -77,6 +77,11 @@ def _record(summary: dict[str, Any], **keys) -> dict[str, Any]:
 RUN_NAME = re.compile(r"^(?P<model>[a-z0-9_]+)-(?P<strategy>.+)-h(?P<hosts>\d+)-(?P<rate>[^-]+)-r(?P<repeat>\d+)$")
 
 
+def run_dir(out: Path, model: str, strategy: str, hosts: int, rate: str, repeat: int) -> Path:
+    """Where one run of a benchmark writes (RUN_NAME reads the name back)."""
+    return out / "runs" / f"{model}-{strategy}-h{hosts}-{rate}-r{repeat}"
+
+
 def records_from_runs(out: Path) -> list[dict[str, Any]]:
     """The records of every finished run under ``out/runs`` (to rebuild a report after an interruption)."""
     records = []
@@ -94,7 +99,7 @@ def fill_step_times(records: list[dict[str, Any]], out: Path) -> None:
     from ..train.metrics import timed_steps
 
     for r in records:
-        path = out / "runs" / f"{r['model']}-{r['strategy']}-h{r['hosts']}-{r['rate']}-r{r['repeat']}" / "metrics.jsonl"
+        path = run_dir(out, r["model"], r["strategy"], r["hosts"], r["rate"], r["repeat"]) / "metrics.jsonl"
         if r.get("step_times") is None and path.is_file():
             steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
             r["step_times"] = [x["step_time"] for x in timed_steps(steps)]
@@ -118,9 +123,9 @@ def run_scenario(scn: Scenario, out: Path, repeats: int = 3, prefix: str = "tslb
                 for rate, model, strategy in _round(scn, rates, repeat):
                     if emu.rate != (None if rate == UNSHAPED else rate):
                         emu.set_rate(None if rate == UNSHAPED else rate)
-                    run_dir = out / "runs" / f"{model}-{strategy}-h{hosts}-{rate}-r{repeat}"
+                    where = run_dir(out, model, strategy, hosts, rate, repeat)
                     args = ["-m", "tessel", "train", *scn.common, *scn.models[model], *scn.strategies[strategy],
-                            "--steps", str(scn.steps), "--out", str(run_dir.resolve())]
+                            "--steps", str(scn.steps), "--out", str(where.resolve())]
                     pp = _flag(args, "--pp")
                     # torch's interleaved and zero-bubble peers cut twice as many stages: their own cut
                     cut = (model, pp, chunks(_flag(args, "--pipeline.schedule") or ""))
@@ -132,13 +137,13 @@ def run_scenario(scn: Scenario, out: Path, repeats: int = 3, prefix: str = "tslb
                     except HostFailed as e:
                         # One failed run must not throw away the others: report it, keep what the hosts said
                         # (torchrun's own last line is a banner, not the error), and go on.
-                        run_dir.mkdir(parents=True, exist_ok=True)
+                        where.mkdir(parents=True, exist_ok=True)
                         for r in e.results:
-                            (run_dir / f"host{r.host}.stderr").write_text(r.stderr or "")
-                        log(f"[{done}/{total}] {run_dir.name} FAILED: {str(e).splitlines()[0]} (stderr of each "
-                            f"host in {run_dir})")
+                            (where / f"host{r.host}.stderr").write_text(r.stderr or "")
+                        log(f"[{done}/{total}] {where.name} FAILED: {str(e).splitlines()[0]} (stderr of each "
+                            f"host in {where})")
                         continue
-                    summary = json.loads((run_dir / "summary.json").read_text())
+                    summary = json.loads((where / "summary.json").read_text())
                     if pp not in (None, "1") and cut not in cuts and split_of(summary):
                         cuts[cut] = split_of(summary)
                         log(f"{model} on {len(cuts[cut].split(','))} stages: every later run is given this run's "

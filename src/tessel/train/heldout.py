@@ -10,6 +10,7 @@ a run reaches (``FIRST``) are held out; a text corpus of the user's has no held-
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -91,8 +92,6 @@ def line(result: dict) -> str:
 
 def add_to_summary(out: str | Path, result: dict) -> None:
     """Record the result in the run's summary.json, beside what the workers wrote."""
-    import json
-
     path = Path(out) / "summary.json"
     if path.is_file():
         summary = json.loads(path.read_text())
