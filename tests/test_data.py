@@ -266,6 +266,26 @@ def test_loader_shards_concatenate_to_single_process_batch(dp_size):
         assert torch.equal(torch.cat([p[1] for p in parts]), full_y)
 
 
+def test_next_targets_are_next_batch_targets_without_the_inputs():
+    """A pipeline's last stage reads targets alone: the same targets, and a classifier's features never drawn."""
+    class Counted(GaussianClassification):
+        batches = 0
+
+        def get_batch(self, indices):
+            Counted.batches += 1
+            return super().get_batch(indices)
+
+    for data in (Counted(in_features=16, classes=5), ZipfCorpus(vocab_size=100, seq_len=4)):
+        full = ShardedLoader(data, global_batch=6, dp_rank=1, dp_size=2, seed=1)
+        alone = ShardedLoader(data, global_batch=6, dp_rank=1, dp_size=2, seed=1)
+        for _ in range(3):
+            assert torch.equal(full.next_batch()[1], alone.next_targets())
+        assert alone.position == full.position == 3
+        alone.peek()  # a peeked batch is used, not drawn again
+        assert torch.equal(alone.next_targets(), full.next_batch()[1])
+    assert Counted.batches == 4 + 1  # the full loader's four batches and the one peek
+
+
 def test_loader_epochs_are_permutations_that_wrap():
     n, batch = 10, 4
     single = ShardedLoader(_Indices(n), global_batch=batch, dp_rank=0, dp_size=1, seed=7)

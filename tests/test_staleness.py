@@ -124,3 +124,22 @@ def test_v2_names_each_copy_even_when_python_reuses_a_freed_dict():
         keys.append(kept)
         del weights, leaves  # the engine drops the dict after the forward: its id is free for the next one
     assert len(set(keys)) == 4, keys
+
+
+def test_prediction_error_example_measures_the_guess_against_the_weights_reached(tmp_path):
+    """examples/prediction_error.py (docs/pipeline.md's "How close the guess comes") on a short run: SpecTrain's
+    guess lands closer to the weights s updates later than the stale weights do (share left < 1), and more so
+    for fewer updates ahead."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "prediction_error.py"
+    r = subprocess.run([sys.executable, str(example), "--tasks", "classifier", "--steps", "60", "--every", "5"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("|") for line in r.stdout.splitlines() if line.startswith("| classifier |")]
+    assert [(row[2].split("(")[1].rstrip(") "), row[3].strip()) for row in rows] == [
+        (phase, guess) for phase in ("early", "middle", "late", "all") for guess in ("linear", "decayed")]
+    weights = [float(v) for v in rows[-2][4].split("/")]  # all steps, the linear guess: s = 1, 2, 3
+    assert 0 < weights[0] < weights[1] < weights[2] < 1, r.stdout

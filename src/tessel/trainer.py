@@ -219,11 +219,14 @@ def run(cfg: Config) -> dict[str, Any]:
     stop = StopOnSignal() if cfg.checkpoint.enabled else None
     for step in range(start, cfg.train.steps):
         t0 = time.perf_counter()
-        if engine.needs_batch:
+        # generating what a stage does not read costs it CPU it needs for its layers
+        inputs = targets = None
+        if engine.reads == "batch":
             inputs, targets = loader.next_batch()
+        elif engine.reads == "targets":
+            targets = loader.next_targets()
         else:
-            loader.skip()  # generating a batch costs a middle pipeline stage CPU it needs for its layers
-            inputs = targets = None
+            loader.skip()
         # scheduled alltoall tables fetch the next batch's rows during this step
         upcoming = loader.peek()[0] if tables and step + 1 < cfg.train.steps else None
         result = engine.step(inputs, targets, step, upcoming)

@@ -1,7 +1,8 @@
 """Datasets and the data-parallel loader.
 
 Every dataset has ``num_samples`` (``None`` when infinite), ``vocab_size`` or ``classes``, and
-``get_batch(indices) -> (inputs, targets)``; :class:`ShardedLoader` turns one into each rank's
+``get_batch(indices) -> (inputs, targets)``, and may have ``get_targets(indices)`` where the targets cost
+less alone (a pipeline's last stage reads only them); :class:`ShardedLoader` turns one into each rank's
 stream of local batches.
 """
 

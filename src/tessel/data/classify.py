@@ -69,6 +69,10 @@ class GaussianClassification:
         u = uniform(self._key, _SALT_LABEL, idx)
         return np.minimum((u * self.classes).astype(np.int64), self.classes - 1)
 
+    def get_targets(self, indices) -> torch.Tensor:
+        """The long targets of samples ``indices``, without drawing their features."""
+        return torch.from_numpy(self.labels(indices))
+
     def get_batch(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples ``indices`` as (float32 inputs ``(B, in_features)``, long targets ``(B,)``)."""
         idx = as_indices(indices, None).astype(np.uint64)

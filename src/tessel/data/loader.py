@@ -95,6 +95,19 @@ class ShardedLoader:
         self.position += 1
         return batch
 
+    def next_targets(self) -> torch.Tensor:
+        """This rank's targets alone for the current global batch (a pipeline's last stage reads no inputs);
+        then advance. A dataset with ``get_targets`` skips building the inputs (a classifier's features cost
+        hundreds of times its labels)."""
+        if self._peeked is not None and self._peeked[0] == self.position:
+            targets = self._peeked[1][1]
+        elif hasattr(self.dataset, "get_targets"):
+            targets = self.dataset.get_targets(self.sample_ids(self.position))
+        else:
+            targets = self.peek()[1]
+        self.position += 1
+        return targets
+
     def skip(self) -> None:
         """Advance by one batch without reading it (a pipeline's middle stages never use the batch)."""
         self.position += 1

@@ -51,7 +51,8 @@ class PipelineEngine:
     """Stage ``stage`` of ``chain`` under ``schedule``; ``tail``: the shared step tail (its ``dp_group`` averages
     the stage's gradients over the stage's replicas, its ``norm_group`` is the pp group)."""
 
-    needs_batch = property(lambda self: self.stage.first or self.stage.last)
+    # the first stage reads inputs (and, holding the last too, targets), the last only targets, a middle one nothing
+    reads = property(lambda self: "batch" if self.stage.first else "targets" if self.stage.last else None)
     computes_loss = property(lambda self: self.stage.last)  # torch's ZBV puts the last stage on pp rank 0
 
     def __init__(self, stage: Stage, chain: Chain, tail: StepTail, schedule: str, variant: str = "v1",

@@ -37,7 +37,7 @@ class Engine:
 
     ``activation_bytes``: what the first micro-batch's forward kept for backward, on the first step."""
 
-    needs_batch = True  # every rank reads its batch (only pipeline middle stages do not)
+    reads = "batch"  # what of each batch a rank reads: "batch", "targets" (a pipeline's last stage) or None
     computes_loss = True  # every rank (in a pipeline only the rank holding the last stage)
 
     def __init__(self, model: torch.nn.Module, tail: StepTail, tables=None) -> None:
