@@ -175,6 +175,19 @@ def _summary(cfg: Config, par: Parallelized, logger: MetricsLogger, run_bytes: d
          **par.summary([r["stats"] for r in per_rank])})
 
 
+def _draw(loader, reads: str | None):
+    """This rank's (inputs, targets) of the next batch, one call per step; what the engine does not read
+    (``reads``: "batch", "targets" or None) is not generated, which would cost a stage CPU its layers need."""
+    def targets_only():
+        return None, loader.next_targets()
+
+    def nothing():
+        loader.skip()
+        return None, None
+
+    return {"batch": loader.next_batch, "targets": targets_only, None: nothing}[reads]
+
+
 def _add(run_bytes: dict, step_bytes: dict) -> None:
     for c, v in step_bytes.items():
         acc = run_bytes.setdefault(c, {"sent": 0, "recv": 0})
@@ -217,16 +230,10 @@ def run(cfg: Config) -> dict[str, Any]:
     engine, tables = par.engine, par.tables if par.tables and par.tables.choices else None
     comm.counter.end_step()  # set-up traffic (dp.init) is not part of any step
     stop = StopOnSignal() if cfg.checkpoint.enabled else None
+    draw = _draw(loader, engine.reads)
     for step in range(start, cfg.train.steps):
         t0 = time.perf_counter()
-        # generating what a stage does not read costs it CPU it needs for its layers
-        inputs = targets = None
-        if engine.reads == "batch":
-            inputs, targets = loader.next_batch()
-        elif engine.reads == "targets":
-            targets = loader.next_targets()
-        else:
-            loader.skip()
+        inputs, targets = draw()
         # scheduled alltoall tables fetch the next batch's rows during this step
         upcoming = loader.peek()[0] if tables and step + 1 < cfg.train.steps else None
         result = engine.step(inputs, targets, step, upcoming)
