@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from tessel.cli import main
-from tessel.cluster import emulate
-from tessel.cluster.emulate import PERIOD_US, ClusterError, EmulatedCluster, HostFailed, leftovers, parse_rate
+from tessel.cluster import cgroups, housekeeping
+from tessel.cluster.emulate import PERIOD_US, EmulatedCluster, HostFailed, parse_rate
+from tessel.cluster.housekeeping import ClusterError, leftovers
 
 
 def _why_no_namespaces() -> str | None:
@@ -72,10 +73,10 @@ TINY = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--voc
 
 @pytest.fixture(autouse=True)
 def clean():
-    emulate.remove_cluster(PREFIX)
+    housekeeping.remove_cluster(PREFIX)
     yield
     left = leftovers(PREFIX)
-    emulate.remove_cluster(PREFIX)
+    housekeeping.remove_cluster(PREFIX)
     assert left == [], left
 
 
@@ -161,14 +162,14 @@ dist.destroy_process_group()
 
 def test_nic_group_takes_gloo_threads():
     with EmulatedCluster(2, "1gbit", prefix=PREFIX, nic_cpus=0.2) as c:
-        assert [(g / "cpu.cfs_quota_us").read_text().strip() for g in (c.cgroup(0), emulate.cgroups.nic_group(
+        assert [(g / "cpu.cfs_quota_us").read_text().strip() for g in (c.cgroup(0), cgroups.nic_group(
             PREFIX, 0))] == [str(int((os.cpu_count() - 0.4) / 2 * PERIOD_US)), str(int(0.2 * PERIOD_US))]
         out = [r.stdout for r in c.run([[PY, "-c", GLOO_JOB, str(i)] for i in range(2)], timeout=60)]
         assert EmulatedCluster.attach(PREFIX).nic_cpus == 0.2
     for host, text in enumerate(out):
         threads = [line.rsplit(" ", 1) for line in text.splitlines()]
-        gloo = [g for name, g in threads if name in emulate.cgroups.GLOO_THREADS]
-        rest = [g for name, g in threads if name not in emulate.cgroups.GLOO_THREADS]
+        gloo = [g for name, g in threads if name in cgroups.GLOO_THREADS]
+        rest = [g for name, g in threads if name not in cgroups.GLOO_THREADS]
         assert gloo and set(gloo) == {f"/tessel/{PREFIX}-h{host}-nic"}, text
         assert set(rest) == {f"/tessel/{PREFIX}-h{host}"}, text  # the main thread and the rest compute
     with pytest.raises(ClusterError, match="nic_cpus must be 0 .* under the machine's"):
@@ -229,7 +230,7 @@ def test_interrupt_cleans_up(sig):
     assert p.wait(timeout=15) == 130
     assert "interrupted" in p.stderr.read()
     assert leftovers(PREFIX) == []
-    assert not any(emulate._live(pid) for pid in pids)
+    assert not any(housekeeping.live(pid) for pid in pids)
 
 
 HELD = """
@@ -245,8 +246,8 @@ def test_interrupt_removes_nic_and_cpuset_groups(sig):
     p = subprocess.Popen([PY, "-c", HELD.format(prefix=PREFIX)], stderr=subprocess.PIPE, text=True)
     want = {f"{PREFIX}-h{i}{kind}" for i in range(2) for kind in ("", "-nic")}
     deadline = time.monotonic() + 30
-    while not (want <= {g.name for g in emulate.cgroups.host_groups(PREFIX)}
-               and any("cpuset" in str(g) for g in emulate.cgroups.host_groups(PREFIX))
+    while not (want <= {g.name for g in cgroups.host_groups(PREFIX)}
+               and any("cpuset" in str(g) for g in cgroups.host_groups(PREFIX))
                and Path(f"/sys/fs/cgroup/cpu/tessel/{PREFIX}-h1/cgroup.procs").read_text().strip()):
         assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else ""
         time.sleep(0.05)
@@ -262,9 +263,9 @@ def test_up_recovers_from_a_crashed_run():
              "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
              "print(p.pid, flush=True)\nos._exit(0)\n")
     orphan = int(subprocess.run([PY, "-c", crash], capture_output=True, text=True, check=True).stdout)
-    assert len(leftovers(PREFIX)) == 6 and emulate._live(orphan)
+    assert len(leftovers(PREFIX)) == 6 and housekeeping.live(orphan)
     with EmulatedCluster(2, prefix=PREFIX) as c:
-        assert not emulate._live(orphan)
+        assert not housekeeping.live(orphan)
         assert [x.returncode for x in c.run([["true"], ["true"]])] == [0, 0]
 
 
@@ -310,12 +311,12 @@ def test_bad_input_is_refused(monkeypatch, tmp_path):
         EmulatedCluster(2, prefix="much-too-long")
     with pytest.raises(ClusterError, match="delay"):
         EmulatedCluster(2, delay="soon")
-    monkeypatch.setattr(emulate, "CGROUP_ROOT", tmp_path / "no" / "cgroup")
+    monkeypatch.setattr(housekeeping, "CGROUP_ROOT", tmp_path / "no" / "cgroup")
     with pytest.raises(ClusterError, match="cgroup v1 cpu controller mounted there and writable"):
         EmulatedCluster(2, prefix=PREFIX).up()
-    monkeypatch.setattr(emulate.shutil, "which", lambda tool: None if tool == "tc" else "/usr/sbin/" + tool)
+    monkeypatch.setattr(housekeeping.shutil, "which", lambda tool: None if tool == "tc" else "/usr/sbin/" + tool)
     with pytest.raises(ClusterError, match="needs 'tc'"):
         EmulatedCluster(2, prefix=PREFIX).up()
-    monkeypatch.setattr(emulate.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(housekeeping.os, "geteuid", lambda: 1000)
     with pytest.raises(ClusterError, match="needs root"):
         EmulatedCluster(2, prefix=PREFIX).up()

@@ -181,8 +181,9 @@ def test_async_schedules_converge(world4):
         assert all(max(r[4]) <= 10 and r[5] == [] for r in res), [r[4] for r in res]
         kept = [r[1] for r in res]
         if schedule == "async-stash" or variant == "v2":
-            # stage k keeps one weight copy per mini-batch in flight, N - k of them at the peak
-            assert kept == [(4 - k) * r[3] for k, r in enumerate(res)]
+            # stage k keeps one weight copy per mini-batch in flight, N - k of them at the peak; the last stage
+            # none: nothing updates its weights between a forward and its backward, so it runs on the live ones
+            assert kept == [(4 - k) * r[3] if k < 3 else 0 for k, r in enumerate(res)]
         else:
             assert kept == [0, 0, 0, 0]
 
@@ -294,6 +295,24 @@ def test_stash_keeps_forward_weights_stale_does_not(mode, expect):
     out.sum().backward()  # never an in-place error: the graph holds its own tensors
     used = old if expect == "old" else lin.weight.detach()
     torch.testing.assert_close(x.grad, torch.ones(4, 2) @ used)
+
+
+def test_a_forward_with_no_update_before_its_backward_runs_on_the_live_weights():
+    """ahead 0: nothing updates the stage before this micro-batch's backward, so every mode's weights are the
+    live ones and the engine calls the module itself; v1's half-way term (stage >= 2) still predicts."""
+    lin = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    lin(torch.randn(4, 3)).sum().backward()
+    opt.step()  # a momentum buffer: there is a direction to predict along
+    params = dict(lin.named_parameters())
+    for mode, variant, stage in [("stale", "v1", 0), ("stash", "v1", 0), ("predict", "v1", 1), ("predict", "v2", 3)]:
+        w = StageWeights(params, opt, mode, stage=stage, stages=4, variant=variant)
+        assert w.make(ahead=0) is None, (mode, variant)
+        assert w.make(ahead=1) is not None, (mode, variant)
+    w = StageWeights(params, opt, "predict", stage=2, stages=4, variant="v1")
+    weights, _, _, _ = w.make(ahead=0)  # s = ⌊2/2⌋ = 1 update ahead: W - lr * v
+    v = opt.state[lin.weight]["momentum_buffer"]
+    torch.testing.assert_close(weights["weight"], lin.weight.detach() - 0.1 * v)
 
 
 def test_predict_adam_direction_and_refusals():

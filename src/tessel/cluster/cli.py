@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .emulate import ClusterError, EmulatedCluster, leftovers, remove_cluster
+from .emulate import EmulatedCluster
+from .housekeeping import ClusterError, leftovers, remove_cluster
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

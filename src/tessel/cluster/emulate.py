@@ -12,7 +12,7 @@ keeps the host on its own cores)::
         c.run(c.torchrun_commands(["-m", "tessel", "train", "--steps", "5"]))
 
 Everything is removed on exit, on error, on Ctrl-C and on SIGTERM; ``up()`` first removes what a
-crashed run of the same prefix left behind.
+crashed run of the same prefix left behind (:mod:`.housekeeping` finds and removes it).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,21 +32,26 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import TesselError
 from . import cgroups
-from .cgroups import CGROUP_ROOT, PERIOD_US, CgroupError
+from .cgroups import PERIOD_US, CgroupError
+from .housekeeping import (
+    ClusterError,
+    check_machine,
+    host_pids,
+    kill_all,
+    leftovers,
+    namespaces,
+    remove_cluster,
+    sh,
+    signals_held,
+    state_file,
+)
 
-NETNS_DIR = Path("/run/netns")
-STATE_DIR = Path("/run")
 SUBNET = "10.77.0"
 QUEUE = "50ms"  # how long a packet may wait in a link's queue before tbf drops it
 LAST_CALL_S = 5  # an elastic re-form on fewer hosts waits this long for the others (see torchrun_commands)
 _UNITS = {"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _RATE_FORMS = "a number of bit/s with an optional unit kbit, mbit or gbit, e.g. 500kbit, 200mbit, 1gbit, 1e6"
-
-
-class ClusterError(TesselError):
-    """The emulated cluster cannot be built or used here (the message says what is missing)."""
 
 
 class HostFailed(RuntimeError):
@@ -93,116 +97,6 @@ def parse_delay(text: str) -> float:
     if not m:
         raise ClusterError(f"delay {text!r} is not understood; use a number with unit us, ms or s, e.g. 5ms")
     return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1e-3}[m.group(2)]
-
-
-def _state_file(prefix: str) -> Path:  # where up() records the settings for later 'tessel cluster' commands
-    return STATE_DIR / f"tessel-cluster-{prefix}.json"
-
-
-def _namespaces(prefix: str) -> list[str]:
-    pattern = re.compile(rf"{re.escape(prefix)}-(sw|h\d+)")
-    names = [p.name for p in NETNS_DIR.iterdir()] if NETNS_DIR.is_dir() else []
-    return sorted(n for n in names if pattern.fullmatch(n))
-
-
-def leftovers(prefix: str = "tsl") -> list[str]:
-    """Every namespace, cgroup and state file of the cluster ``prefix`` still present; [] when clean.
-
-    >>> leftovers("nosuchprefix")
-    []
-    """
-    found = [f"netns {n}" for n in _namespaces(prefix)] + [f"cgroup {p}" for p in cgroups.host_groups(prefix)]
-    return found + ([f"file {_state_file(prefix)}"] if _state_file(prefix).exists() else [])
-
-
-def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(args, capture_output=True, text=True)
-    if check and r.returncode != 0:
-        raise ClusterError(f"'{' '.join(args)}' failed: {' '.join((r.stderr or r.stdout).split())}")
-    return r
-
-
-def _live(pid: int) -> bool:
-    """True for a process that still runs; a zombie holds no namespace, cgroup or port any more."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _pids(prefix: str) -> set[int]:
-    pids: set[int] = set()
-    for group in cgroups.host_groups(prefix):
-        with contextlib.suppress(OSError):
-            pids |= {int(p) for p in (group / "cgroup.procs").read_text().split()}
-    if shutil.which("ip"):
-        for ns in _namespaces(prefix):  # also catches processes started by hand with 'ip netns exec'
-            pids |= {int(p) for p in _sh("ip", "netns", "pids", ns, check=False).stdout.split()}
-    return {p for p in pids if p != os.getpid() and _live(p)}
-
-
-def _kill(pids: set[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
-@contextlib.contextmanager
-def _signals_held():
-    """Defer Ctrl-C and SIGTERM while cleaning up; they are delivered (and raise) once it is done."""
-    sigs = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def remove_cluster(prefix: str = "tsl") -> list[str]:
-    """Kill every process on the cluster's hosts, then remove its namespaces, cgroups and state file.
-
-    Processes go first: a namespace whose last process is alive outlives ``ip netns del`` unseen, and a
-    cgroup with processes cannot be removed. Returns what was removed (as ``leftovers`` names it).
-
-    >>> remove_cluster("nosuchprefix")
-    []
-    """
-    found = leftovers(prefix)
-    with _signals_held():
-        pids = _pids(prefix)
-        _kill(pids, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.02)
-            pids = {p for p in pids if _live(p)} | _pids(prefix)
-        # Deleting a host namespace destroys its veth pair, and with it both ends' qdiscs.
-        for ns in sorted(_namespaces(prefix), key=lambda n: n.endswith("-sw")):
-            _sh("ip", "netns", "del", ns, check=False)
-        cgroups.remove(prefix)
-        _state_file(prefix).unlink(missing_ok=True)
-    left = leftovers(prefix)
-    if left:
-        raise ClusterError(f"could not remove {', '.join(left)}")
-    return found
-
-
-def check_machine() -> None:
-    """Raise ClusterError unless this machine can host an emulated cluster (root, ip, tc, cgroup v1 cpu).
-
-    >>> check_machine() if os.geteuid() == 0 else None
-    """
-    if os.geteuid() != 0:
-        raise ClusterError("the emulated cluster needs root (network namespaces, tc, cgroups); run as root")
-    for tool in ("ip", "tc"):
-        if not shutil.which(tool):
-            raise ClusterError(f"the emulated cluster needs '{tool}' (package iproute2), which is not on PATH")
-    try:
-        (CGROUP_ROOT / "tessel").mkdir(exist_ok=True)
-        (CGROUP_ROOT / "tessel" / "cpu.cfs_quota_us").stat()
-    except OSError:
-        raise ClusterError(f"cannot create a cpu cgroup under {CGROUP_ROOT}: the emulated cluster needs the "
-                           "cgroup v1 cpu controller mounted there and writable, to give each host its own CPU budget"
-                           ) from None
 
 
 def _read_back(f) -> str | None:
@@ -286,12 +180,12 @@ class EmulatedCluster:
     def attach(cls, prefix: str = "tsl") -> EmulatedCluster:
         """The cluster that ``up()`` (e.g. ``tessel cluster up``) left running under ``prefix``."""
         try:
-            s = json.loads(_state_file(prefix).read_text())
+            s = json.loads(state_file(prefix).read_text())
             c = cls(s["hosts"], s["rate"], s["delay"], s["cpus"], prefix, s.get("period_us", PERIOD_US),
                     s.get("burst_us", 0), s.get("pin", False), s.get("nic_cpus", 0.0))
         except (OSError, ValueError, KeyError):
             c = None
-        if c is None or set(_namespaces(prefix)) != {f"{prefix}-sw", *c.host_names}:
+        if c is None or set(namespaces(prefix)) != {f"{prefix}-sw", *c.host_names}:
             raise ClusterError(f"no emulated cluster '{prefix}' is up; start one with 'tessel cluster up --hosts N' "
                                "or give 'tessel cluster run' --hosts N to run on a temporary one")
         c.is_up = True
@@ -311,7 +205,7 @@ class EmulatedCluster:
         return self
 
     def _save_state(self) -> None:
-        _state_file(self.prefix).write_text(json.dumps(
+        state_file(self.prefix).write_text(json.dumps(
             {"hosts": self.hosts, "rate": self.rate, "delay": self.delay, "cpus": self.cpus,
              "period_us": self.period_us, "burst_us": self.burst_us, "pin": self.pin, "nic_cpus": self.nic_cpus}))
 
@@ -327,7 +221,7 @@ class EmulatedCluster:
         sw = f"{self.prefix}-sw"
         for i, ns in enumerate(self.host_names):
             for where, dev in ((ns, "eth0"), (sw, f"{self.prefix}-s{i}")):
-                _sh("tc", "-n", where, "qdisc", "del", "dev", dev, "root", check=False)  # none when unshaped
+                sh("tc", "-n", where, "qdisc", "del", "dev", dev, "root", check=False)  # none when unshaped
                 self._shape(where, dev)
         self._save_state()
 
@@ -335,7 +229,7 @@ class EmulatedCluster:
         sw = f"{self.prefix}-sw"
         for args in (["netns", "add", sw], ["-n", sw, "link", "add", "br0", "type", "bridge"],
                      ["-n", sw, "link", "set", "br0", "up"]):
-            _sh("ip", *args)
+            sh("ip", *args)
         for i, (ns, addr) in enumerate(zip(self.host_names, self.addresses)):
             port = f"{self.prefix}-s{i}"
             for args in (["netns", "add", ns],
@@ -344,7 +238,7 @@ class EmulatedCluster:
                          ["-n", ns, "link", "set", "eth0", "up"],
                          ["-n", ns, "link", "set", "lo", "up"],  # torchrun's agent and local stores use it
                          ["-n", sw, "link", "set", port, "master", "br0", "up"]):
-                _sh("ip", *args)
+                sh("ip", *args)
             self._shape(ns, "eth0")  # host -> switch
             self._shape(sw, port)  # switch -> host
             try:
@@ -362,10 +256,10 @@ class EmulatedCluster:
         # tbf needs a bucket of at least rate/HZ bytes to reach its rate (HZ is 250 on common kernels); the
         # queue holds 50 ms at the line rate, enough for TCP to keep the link busy without bufferbloat.
         burst = max(int(self.rate_bits / 8 / 250), 32 * 1024)
-        _sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate",
+        sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate",
             f"{int(self.rate_bits)}bit", "burst", str(burst), "latency", QUEUE)
         if self.delay_s > 0:
-            r = _sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem", "delay",
+            r = sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem", "delay",
                     f"{self.delay_s / 2 * 1e6:.0f}us", check=False)
             if r.returncode != 0:
                 raise ClusterError(f"delay {self.delay!r} needs the kernel's netem qdisc (CONFIG_NET_SCH_NETEM), "
@@ -452,7 +346,7 @@ class EmulatedCluster:
             while any(e is None for e in ends) and failed is None:
                 # Ctrl-C inside Popen.poll can leave its internal lock held, and the p.wait() of the clean-up
                 # then blocks forever; signals wait until the polls are done.
-                with _signals_held():
+                with signals_held():
                     for i, p in enumerate(procs):
                         if ends[i] is None and p.poll() is not None:
                             ends[i] = time.monotonic() - start
@@ -482,19 +376,19 @@ class EmulatedCluster:
 
     def _stop(self, procs: list[subprocess.Popen]) -> None:
         """Stop whatever still runs on the hosts (SIGTERM, then SIGKILL after 3 s) and reap our children."""
-        with _signals_held():
+        with signals_held():
             running = [p for p in procs if p.poll() is None]
             for p in running:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGTERM)
             if running:
                 # A process may have left our process group (torchrun puts workers in their own); the cgroup has all.
-                _kill(_pids(self.prefix), signal.SIGTERM)
+                kill_all(host_pids(self.prefix), signal.SIGTERM)
             deadline = time.monotonic() + 3
             while any(p.poll() is None for p in running) and time.monotonic() < deadline:
                 time.sleep(0.02)
             if running:
-                _kill(_pids(self.prefix), signal.SIGKILL)
+                kill_all(host_pids(self.prefix), signal.SIGKILL)
             for p in procs:
                 with contextlib.suppress(ProcessLookupError):
                     if p.poll() is None:

@@ -171,7 +171,13 @@ class StageWeights:
         """Weights for one micro-batch whose own update comes ``ahead`` updates from now.
 
         Returns (weights for functional_call, leaves whose .grad belongs to the parameters, autograd
-        context, key of the weight copy the graph keeps or None)."""
+        context, key of the weight copy the graph keeps or None), or None where the stage's live parameters
+        are those weights: ``ahead`` 0 means no update comes before the micro-batch's backward, so without
+        v1's extra term stale, stashed and predicted weights all equal the live ones, and the module runs on
+        them as it is (a copy, ``functional_call`` and the gradients' second sum cost a stage's small ops up to
+        a third of their time; docs/pipeline.md)."""
+        if ahead == 0 and (self.mode != "predict" or self.extra == 0):
+            return None
         if self.mode == "stash":
             # micro-batches that run on the same version share one copy (PipeDream-2BW keeps two)
             if self._stash is None or self._stash[0] != self.updates:
@@ -180,7 +186,7 @@ class StageWeights:
             return leaves, leaves, contextlib.nullcontext(), ("stash", self.updates)
         # .data: shares the storage but not the version counter, so in-place updates do not trip autograd
         leaves = {n: p.data.requires_grad_(True) for n, p in self.params.items()}
-        if self.mode == "stale" or (ahead + self.extra == 0 and self.variant == "v1"):
+        if self.mode == "stale":
             return leaves, leaves, contextlib.nullcontext(), None
         shift = self._logged_shift("F", ahead + self.extra)
         weights = {n: self._predicted(n, leaf, shift) for n, leaf in leaves.items()}

@@ -105,10 +105,12 @@ class PipelineEngine:
         if self.tables:
             self.tables.tag(i // self.cfg.micro_batches)  # the mini-batch its rows' gradients belong to
         self.draws.before(i)  # a mini-batch's micro-batches draw alike (sampled candidates, dropout)
-        if self.weights is None:
+        s = ahead(i, self.cfg.micro_batches, st.index, st.stages)
+        made = None if self.weights is None else self.weights.make(s)
+        if made is None:  # a flushed schedule, or weights that are the live ones (see StageWeights.make)
             out = st.runner(x)
         else:
-            weights, leaves, ctx, kept = self.weights.make(ahead(i, self.cfg.micro_batches, st.index, st.stages))
+            weights, leaves, ctx, kept = made
             with ctx:
                 out = functional_call(st.runner, weights, (x,))
             del weights
