@@ -161,7 +161,8 @@ def train_async(schedule, variant, steps, optimizer):
         held.append(len(built.engine.stage.pending))
     built.engine.drain(steps)
     stage_bytes = sum(p.numel() * p.element_size() for p in built.engine.params.values())
-    return losses, built.engine.peak_kept_bytes, built.engine.updates, stage_bytes, held, built.engine.stage.pending
+    return (losses, built.engine.peak_kept_bytes, built.engine.updates, stage_bytes, held, built.engine.stage.pending,
+            built.describe(), built.plan.bounds)
 
 
 def test_async_schedules_converge(world4):
@@ -171,6 +172,7 @@ def test_async_schedules_converge(world4):
     sync = flushed[3][0]  # the last stage has the loss
     # sends are retired: none outlives a flushed step, and a stream keeps at most 2 x (4 stages + 1 micro-batch)
     assert all(r[4] == [0] * steps for r in flushed)
+    assert "--pipeline.split" not in flushed[0][6]  # a flushed schedule computes the same on every cut
     for schedule, variant in [("async", "v1"), ("async-stash", "v1"), ("async-predict", "v1"),
                               ("async-predict", "v2")]:
         res = world4.run(train_async, schedule, variant, steps, "sgd")
@@ -178,6 +180,10 @@ def test_async_schedules_converge(world4):
         assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:5]) / 5, (schedule, losses)
         assert sum(losses[-10:]) / 10 < 1.5 * sum(sync[-10:]) / 10 + 0.05, (schedule, losses, sync)
         assert all(r[2] == steps for r in res)  # every mini-batch was applied on every stage after the drain
+        # the profiled cut is part of an asynchronous run's math: the plan prints the split that gives it again
+        said = res[0][6].split("--pipeline.split ")[1].split()[0]
+        assert f"{schedule}: the cut sets how stale each layer runs" in res[0][6]
+        assert parse_split(said, 4, 4, ["a", "b", "c", "d"]) == [tuple(b) for b in res[0][7]]
         assert all(max(r[4]) <= 10 and r[5] == [] for r in res), [r[4] for r in res]
         kept = [r[1] for r in res]
         if schedule == "async-stash" or variant == "v2":

@@ -39,22 +39,29 @@ class Recorder:
         return getattr(self.tail, name)
 
 
-def run(schedule: str, variant: str = "v1", micro: int = 1):
-    cfg = load_config(None, ["model.name=classifier", "model.in_features=12", "model.hidden=16", "model.layers=2",
-                             "model.classes=3", "train.dtype=float64", "train.global_batch=4",
-                             f"train.micro_batches={micro}", "train.optimizer=sgd", "train.momentum=0.9",
-                             f"train.lr={LR}", f"train.warmup={WARMUP}", "train.schedule=constant", "train.clip=0",
-                             f"train.steps={STEPS}",
-                             f"parallel.pp={STAGES}", f"pipeline.schedule={schedule}", f"pipeline.predict={variant}",
-                             "pipeline.split=1,1,1"])
+def _engine(schedule: str, variant: str, micro: int, stages: int = STAGES):
+    """The pipeline engine of this rank's stage of an MLP with one Linear per stage (``stages - 1`` hidden layers
+    and the head), SGD with momentum under a warm-up schedule, fp64; and the loader of its batches."""
+    cfg = load_config(None, ["model.name=classifier", "model.in_features=12", "model.hidden=16",
+                             f"model.layers={stages - 1}", "model.classes=3", "train.dtype=float64",
+                             "train.global_batch=4", f"train.micro_batches={micro}", "train.optimizer=sgd",
+                             "train.momentum=0.9", f"train.lr={LR}", f"train.warmup={WARMUP}",
+                             "train.schedule=constant", "train.clip=0", f"train.steps={STEPS}", f"parallel.pp={stages}",
+                             f"pipeline.schedule={schedule}", f"pipeline.predict={variant}",
+                             "pipeline.split=" + ",".join(["1"] * stages)])
     plan = ParallelPlan.from_config(cfg, dist.get_world_size()).check(cfg)
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
     torch.manual_seed(1)
     model = build(cfg, 0).double()
-    loader = ShardedLoader(data, 4, 0, 1)
     x, y = ShardedLoader(data, 4, 0, 1).next_batch()
-    engine = parallelize(model, plan, mesh, cfg, [(x.double(), y)]).engine
+    built = parallelize(model, plan, mesh, cfg, [(x.double(), y)])
+    return built, ShardedLoader(data, 4, 0, 1)
+
+
+def run(schedule: str, variant: str = "v1", micro: int = 1):
+    built, loader = _engine(schedule, variant, micro)
+    engine = built.engine
     engine.tail = Recorder(engine.tail)
     engine.weights.log = []
     for step in range(STEPS):
@@ -143,3 +150,125 @@ def test_prediction_error_example_measures_the_guess_against_the_weights_reached
         (phase, guess) for phase in ("early", "middle", "late", "all") for guess in ("linear", "decayed")]
     weights = [float(v) for v in rows[-2][4].split("/")]  # all steps, the linear guess: s = 1, 2, 3
     assert 0 < weights[0] < weights[1] < weights[2] < 1, r.stdout
+
+
+# -- the asynchronous math, exactly: the pipeline against a one-process emulation --------------------------
+
+def _seen(schedule: str, variant: str, stages: int, m: int):
+    """(forward, backward) weights of stage k for micro-batch i, from ``at(k, updates done, updates to predict)``:
+    the forward meets the weights after d = max(0, i - lag) // m updates (lag = stages - k - 1), the backward
+    those after i // m, and v1 predicts ⌊k/2⌋ // m updates further both times."""
+    def rule(k: int, i: int, at):
+        d, live = max(0, i - (stages - k - 1)) // m, i // m
+        extra = (k // 2) // m if variant == "v1" else 0
+        if schedule == "async":  # the classic inconsistency: the backward multiplies by the live weights
+            return at(k, d, 0), at(k, live, 0)
+        if schedule == "async-stash":  # PipeDream: the forward's weights both ways
+            return at(k, d, 0), at(k, d, 0)
+        forward = at(k, d, live - d + extra)  # SpecTrain's Ŵ across the updates before its own, and v1's extra
+        return forward, (forward if variant == "v2" else at(k, live, extra))
+    return rule
+
+
+def emulate(schedule: str, variant: str, m: int, weights, batches):
+    """One process replaying what an asynchronous 1F1B computes on an MLP with one Linear per stage (ReLU after
+    all but the last), micro-batch by micro-batch, with the weights ``_seen`` names: the gradient of a weight
+    uses the forward's activations, the gradient sent back multiplies by the backward's weights, and update j
+    (after mini-batch j's last micro-batch) is SGD with momentum 0.9 at lr_of(j). Ŵ = W(d) - (lr(d) + ... +
+    lr(d + s - 1)) * buf(d), buf the momentum buffer after update d. Returns each micro-batch's loss and the
+    final weights per stage."""
+    stages = len(weights)
+    hist = [[(w.clone(), b.clone())] for w, b in weights]  # per stage, its weights after 0, 1, 2, ... updates
+    bufs = [[None] for _ in weights]  # per stage, its momentum buffer after each update (none before the first)
+
+    def at(k, done, ahead):
+        (w, b), buf = hist[k][done], bufs[k][done]
+        shift = sum(lr_of(done + t) for t in range(ahead))
+        return (w, b) if buf is None else (w - shift * buf[0], b - shift * buf[1])
+
+    seen, losses, grads = _seen(schedule, variant, stages, m), [], [None] * stages
+    for i, (x, y) in enumerate(batches):
+        fwd, bwd = zip(*(seen(k, i, at) for k in range(stages)))
+        acts, zs = [x], []
+        for k, (w, b) in enumerate(fwd):
+            zs.append(acts[-1] @ w.T + b)
+            acts.append(zs[-1].clamp_min(0) if k < stages - 1 else zs[-1])
+        logp = acts[-1].log_softmax(-1)
+        losses.append(float(-logp[torch.arange(len(y)), y].mean()) / m)
+        dz = (logp.exp() - torch.nn.functional.one_hot(y, logp.size(-1))) / len(y) / m  # d loss / d logits
+        for k in reversed(range(stages)):
+            g = (dz.T @ acts[k], dz.sum(0))
+            grads[k] = g if grads[k] is None else (grads[k][0] + g[0], grads[k][1] + g[1])
+            if k:
+                dz = (dz @ bwd[k][0]) * (zs[k - 1] > 0)
+        if (i + 1) % m == 0:  # the mini-batch's last backward: every stage applies update i // m
+            for k in range(stages):
+                buf = grads[k] if bufs[k][-1] is None else tuple(0.9 * o + g for o, g in zip(bufs[k][-1], grads[k]))
+                w, b = hist[k][-1]
+                hist[k].append((w - lr_of(i // m) * buf[0], b - lr_of(i // m) * buf[1]))
+                bufs[k].append(buf)
+            grads = [None] * stages
+    return losses, [h[-1] for h in hist]
+
+
+def run_to_the_end(schedule: str, variant: str, m: int, stages: int):
+    """This rank's stage after STEPS steps and the drain: (stage, losses per step, weight, bias, printed plan)."""
+    built, loader = _engine(schedule, variant, m, stages)
+    losses = []
+    for step in range(STEPS):
+        x, y = loader.next_batch()
+        losses.append(built.engine.step(x.double(), y, step).loss)
+    built.engine.drain(STEPS)
+    w, b = (p.detach().clone() for p in built.engine.params.values())  # the stage's one Linear
+    return built.engine.stage.index, losses, w, b, built.describe()
+
+
+CASES = [(3, "async", "v1", 1), (3, "async-stash", "v1", 1), (3, "async-predict", "v1", 1),
+         (3, "async-predict", "v2", 1), (3, "async", "v1", 2), (3, "async-stash", "v1", 2),
+         (3, "async-predict", "v1", 2), (3, "async-predict", "v2", 2),
+         # stage 2 of 4 is the one where v1's backward predicts (⌊2/2⌋ = 1) across updates that came after its
+         # forward (lag 1): the rebuilt weights differ from the forward's only there
+         (4, "async-predict", "v1", 1)]
+
+
+def run_cases(cases):
+    return [(case, run_to_the_end(case[1], case[2], case[3], case[0])) for case in cases]
+
+
+def _expected(stages: int, schedule: str, variant: str, m: int):
+    cfg = load_config(None, ["model.name=classifier", "model.in_features=12", "model.hidden=16",
+                             f"model.layers={stages - 1}", "model.classes=3", "train.global_batch=4"])
+    torch.manual_seed(1)
+    net = build(cfg, 0).double().net
+    start = [(net[j].weight.detach(), net[j].bias.detach()) for j in range(0, 2 * stages, 2)]
+    loader = ShardedLoader(build_data(cfg), 4, 0, 1)
+    micro = [(x.double()[r], y[r]) for x, y in (loader.next_batch() for _ in range(STEPS))
+             for r in torch.arange(4).chunk(m)]
+    return start, *emulate(schedule, variant, m, start, micro)
+
+
+def test_async_pipelines_equal_a_one_process_emulation_of_their_staleness(world3, world4):
+    """Each asynchronous schedule computes exactly (fp64, 1e-10) what ``emulate`` says, at one micro-batch per step
+    and at two: every loss the last stage logs, and every stage's weights after the drain. An asynchronous run's
+    math is fixed by the schedule, the cut and the data, not by timing."""
+    got = {}
+    for world, stages in ((world3, 3), (world4, 4)):
+        for rank in world.run(run_cases, [c for c in CASES if c[0] == stages]):
+            for case, result in rank:
+                got.setdefault(case, []).append(result)
+    finals = []
+    for case, ranks in got.items():
+        start, want_losses, want = _expected(*case)
+        stages, m = case[0], case[3]
+        for k, losses, w, b, printed in ranks:
+            torch.testing.assert_close(w, want[k][0], rtol=0, atol=1e-10, msg=f"{case} stage {k}")
+            torch.testing.assert_close(b, want[k][1], rtol=0, atol=1e-10, msg=f"{case} stage {k}")
+            assert "--pipeline.split" not in printed  # a cut the user gave needs no hint to be repeated
+            if k == stages - 1:  # the last stage logs its step's micro-batches' losses (each scaled by 1/m)
+                per_step = [sum(want_losses[s * m:(s + 1) * m]) for s in range(STEPS)]
+                assert len(losses) == STEPS and max(abs(a - e) for a, e in zip(losses, per_step)) < 1e-10, case
+        assert max(float((w - w0).abs().max()) for (w, _), (w0, _) in zip(want, start)) > 1e-3, case  # it trained
+        finals.append(torch.cat([w.flatten() for w, _ in want]))
+    # every case ends somewhere else: the test tells each schedule's math from the others'
+    assert min(float((a - b).abs().max()) for i, a in enumerate(finals) for b in finals[:i]
+               if a.numel() == b.numel()) > 1e-6

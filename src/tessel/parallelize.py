@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import comm, pipeline, sparse, tensor
 from .chain import Chain, Runner, chain_of
-from .choices import TORCH_SCHEDULES
+from .choices import ASYNC_SCHEDULES, TORCH_SCHEDULES
 from .config import Config, sparse_overrides
 from .plan import ParallelPlan, TableChoice
 from .sparse.rowopt import RowOptimizer, row_kind
@@ -101,6 +101,11 @@ class Parallelized:
         parts = [self.plan.describe()]
         if self.stages is not None:
             parts.append(self.stages.describe())
+            if self.plan.schedule in ASYNC_SCHEDULES and not self.stages.given:
+                # stage k's layers run up to pp - k - 1 updates stale: a cut elsewhere is other math, and the
+                # profile's sub-millisecond timings can pick another cut next time
+                parts.append(f"  {self.plan.schedule}: the cut sets how stale each layer runs; --pipeline.split "
+                             f"{pipeline.split_text(self.stages.bounds)} repeats this run's math")
         if self.tables and self.tables.choices:
             parts.append(self.tables.describe())
         return "\n".join(parts)

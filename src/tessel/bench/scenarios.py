@@ -137,8 +137,15 @@ PIPELINE_M1 = Scenario(
     name="pipeline-m1",
     about="pipeline parallelism at one micro-batch per step on 4 hosts: DDP against the flushed schedules (tessel's "
           "1f1b and torch's ScheduleGPipe, the one torch schedule that runs fewer micro-batches than stages), "
-          "async-stash (PipeDream) and async-predict (SpecTrain), same stages and batch as the pipeline scenario",
-    models={m: [*flags, "--micro-batches", "1"] for m, flags in PIPELINE.models.items()},
+          "async-stash (PipeDream) and async-predict (SpecTrain), same stages and batch as the pipeline scenario; "
+          "classifier-even: 8 identical 1024 x 1024 layers cut 2,2,2,2",
+    # classifier-even: 8 identical 1024 x 1024 layers (7 hidden and a head of 1024 classes), cut 2,2,2,2: stages
+    # of equal layers (the last adds a 1024-class loss, the first skips its input's gradient), where an
+    # asynchronous stage should idle for little but what the runtime costs
+    models={**{m: [*flags, "--micro-batches", "1"] for m, flags in PIPELINE.models.items()},
+            "classifier-even": ["--model", "classifier", "--model.layers", "7", "--model.hidden", "1024",
+                                "--model.in_features", "1024", "--model.classes", "1024", "--batch", "128",
+                                "--micro-batches", "1", "--pipeline.split", "2,2,2,2"]},
     strategies={k: PIPELINE.strategies[k] for k in ("ddp", "torch-gpipe", "1f1b", "async-stash", "async-predict")},
     baseline="1f1b", hosts=[4], unshaped=False, steps=16, common=list(PIPELINE.common),
     # torch's p2p sends are not counted; at one micro-batch its GPipe moves what tessel's 1f1b does

@@ -21,7 +21,7 @@ from .. import comm
 from ..chain import Chain
 from ..errors import PlanError
 from .layers import check_no_shared, prune
-from .partition import StagePlan, parse_split, plan_stages
+from .partition import StagePlan, parse_split, plan_stages, split_text
 from .predict import backward_reads_newer
 from .runtime import PipelineEngine, summary
 from .schedules import chunks, held
@@ -43,7 +43,7 @@ def cut(model: torch.nn.Module, chain: Chain, stages: int, split: str, sample: t
     """The stage plan every rank agrees on: rank 0 profiles the plain model on the micro-batch ``sample`` and
     cuts (``bounds``, e.g. a resumed run's, fix the cut but are profiled the same way, for the printout)."""
     check_model(chain, stages, split)
-    given = ",".join(str(hi - lo) for lo, hi in bounds) if bounds else split
+    given = split_text(bounds) if bounds else split
     plan = None
     if dist.get_rank() == 0:
         with torch.random.fork_rng(devices=[]):  # the profile's draws (dropout, sampled candidates) leave no trace
@@ -54,4 +54,4 @@ def cut(model: torch.nn.Module, chain: Chain, stages: int, split: str, sample: t
 
 
 __all__ = ["PipelineEngine", "Stage", "StagePlan", "backward_reads_newer", "check_model", "chunks", "cut", "held",
-           "prune", "summary"]
+           "prune", "split_text", "summary"]

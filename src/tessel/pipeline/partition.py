@@ -149,6 +149,15 @@ def parse_split(split: str, n_layers: int, stages: int, names: list[str]) -> lis
     return bounds
 
 
+def split_text(bounds) -> str:
+    """``bounds`` as ``pipeline.split`` takes them: layer counts per stage.
+
+    >>> split_text([(0, 2), (2, 3), (3, 6)])
+    '2,1,3'
+    """
+    return ",".join(str(hi - lo) for lo, hi in bounds)
+
+
 def _even(n: int, k: int) -> list[int]:
     return [n // k + (1 if i < n % k else 0) for i in range(k)] if 1 <= k <= n else [n]
 

@@ -31,6 +31,7 @@ import torch
 
 from ..config import Config
 from ..errors import ConfigError, PlanError
+from ..pipeline.partition import split_text
 from ..plan import ParallelPlan
 from ..train.build import build, build_data
 from .candidates import enumerate_plans, feasible
@@ -190,7 +191,7 @@ def apply(cfg: Config, plan: ParallelPlan) -> Config:
     out.tensor.grid = "x".join(map(str, plan.tp_grid)) if plan.tp > 1 and plan.tp_mode in ("2d", "3d") else ""
     out.tensor.sequence_parallel = plan.sequence_parallel
     out.pipeline.schedule, out.pipeline.predict = plan.schedule, plan.predict
-    out.pipeline.split = ",".join(str(hi - lo) for lo, hi in plan.bounds) if plan.pp > 1 and plan.bounds else ""
+    out.pipeline.split = split_text(plan.bounds) if plan.pp > 1 and plan.bounds else ""
     out.train.micro_batches = plan.micro_batches
     if plan.tables:
         out.sparse.tables = ",".join(f"{t.name}={t.strategy}" for t in plan.tables)
