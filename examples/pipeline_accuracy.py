@@ -47,6 +47,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +192,47 @@ def table(rows: dict[str, list[dict]], names: list[str], predict: str) -> list[s
     return lines
 
 
+def task_lr(task_args: list[str]) -> str:
+    return next(a.split("=", 1)[1] for a in task_args if a.startswith("train.lr="))
+
+
+@dataclass
+class Cell:
+    """One task at one micro-batch count: trains (or finds) and evaluates any of its runs."""
+
+    task: str
+    task_args: list[str]
+    steps: int
+    micro: int
+    split: str
+    runs: dict[str, list[str]]  # run name -> its overrides (single, or a pipeline schedule)
+    out: Path
+    heldout: Path | None
+
+    def trial(self, name: str, lr: str, seed: int) -> dict:
+        tag = "" if lr == task_lr(self.task_args) else f"-lr{lr}"  # the task's own LR keeps the plain folder names
+        where = (f"{self.task}-single-{self.steps}{tag}-s{seed}" if name == "single" else
+                 f"{self.task}-m{self.micro}-{name}-{self.steps}-cut{self.split.replace(',', '')}{tag}-s{seed}")
+        return run(self.task_args, [*self.runs[name], f"train.lr={lr}"], seed, self.steps, self.out / where,
+                   self.heldout)
+
+
+def pick_lrs(names: list[str], lrs: list[str], trial, log: list[str]) -> dict[str, str]:
+    """Each run's LR from the grid ``lrs``: the one whose mean held-out loss over PLATEAU_SEEDS is lowest
+    (``trial(name, lr, seed)`` trains and evaluates one). ``1f1b`` takes ``single``'s: their updates are equal."""
+    chosen = {}
+    for name in names:
+        if name == "1f1b":
+            chosen[name] = chosen["single"]
+            continue
+        means = {lr: statistics.mean(trial(name, lr, s)["loss"] for s in PLATEAU_SEEDS) for lr in lrs}
+        chosen[name] = min(means, key=means.get)
+        log.append(f"{name}: held-out loss on seeds {', '.join(map(str, PLATEAU_SEEDS))} at lr "
+                   + ", ".join(f"{lr}: {v:.4f}" for lr, v in means.items()) + f" -> lr {chosen[name]}")
+        print(log[-1], flush=True)
+    return chosen
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/pp-conv")
@@ -201,6 +243,8 @@ def main() -> None:
     ap.add_argument("--variants", default="v1")
     ap.add_argument("--micro", default="1,4", help="micro-batches per step in the pipelines, comma-separated")
     ap.add_argument("--split", default="", help="layer counts per stage for every task (default: SPLITS' per task)")
+    ap.add_argument("--lrs", default="", help="an LR grid, e.g. 3e-3,1e-3,3e-4: each run takes the grid's best on "
+                                              "the plateau seeds (default: every run at the task's LR)")
     a = ap.parse_args()
     tasks, seeds = a.tasks.split(","), [int(s) for s in a.seeds.split(",")]
     variants, micros, out = a.variants.split(","), [int(m) for m in a.micro.split(",")], Path(a.out)
@@ -211,25 +255,29 @@ def main() -> None:
             train_txt, heldout = text_corpus(out / "text")
             task_args.append(f"data.path={train_txt}")
         steps = plateau(task, task_args, out, heldout, log, a.max_steps) if a.steps == "auto" else int(a.steps)
-        res = results[task] = {"steps": steps, "single": []}
-        res["single"] = [run(task_args, SINGLE, s, steps, out / f"{task}-single-{steps}-s{s}", heldout)
-                         for s in seeds]
-        split = res["split"] = a.split or SPLITS[task]
+        split = a.split or SPLITS[task]
+        res = results[task] = {"steps": steps, "split": split}
         for micro in micros:
-            names = list(schedules(variants, micro, split))
-            rows = res[f"m{micro}"] = {n: [] for n in names}
+            runs = {"single": SINGLE, **schedules(variants, micro, split)}
+
+            cell = Cell(task, task_args, steps, micro, split, runs, out, heldout)
+            lrs = (pick_lrs(list(runs), a.lrs.split(","), cell.trial, log) if a.lrs
+                   else dict.fromkeys(runs, task_lr(task_args)))
+            rows = res[f"m{micro}"] = {n: [] for n in runs}
+            res[f"m{micro}-lr"] = lrs
             for seed in seeds:
-                for name, extra in schedules(variants, micro, split).items():
-                    where = out / f"{task}-m{micro}-{name}-{steps}-cut{split.replace(',', '')}-s{seed}"
-                    r = run(task_args, extra, seed, steps, where, heldout)
+                for name in runs:
+                    r = cell.trial(name, lrs[name], seed)
                     rows[name].append(r)
-                    print(f"{task:<16} m={micro} {name:<17} seed {seed}: loss {r['loss']:.4f} "
+                    print(f"{task:<16} m={micro} {name:<17} lr {lrs[name]} seed {seed}: loss {r['loss']:.4f} "
                           f"acc {r['accuracy']:.2f}%", flush=True)
-            report += [f"**{task}**, {steps} steps, {micro} micro-batch(es) per step, cut {split}, held-out", "",
-                       *table({"single": res["single"], **rows}, ["single", *names],
-                              f"async-predict-{variants[0]}"), ""]
+            at = ("" if not a.lrs else ", each at its best LR of " + a.lrs + " ("
+                  + ", ".join(f"{n} {lr}" for n, lr in lrs.items()) + ")")
+            report += [f"**{task}**, {steps} steps, {micro} micro-batch(es) per step, cut {split}{at}, held-out", "",
+                       *table(rows, list(runs), f"async-predict-{variants[0]}"), ""]
+            res["single"] = rows["single"]
             (out / "results.json").write_text(json.dumps(results, indent=1))
-    md = "\n".join(["Budget search:", "", *[f"- {line}" for line in log], "", *report])
+    md = "\n".join(["Budget search and LR choice:", "", *[f"- {line}" for line in log], "", *report])
     (out / "report.md").write_text(md)
     print(md)
 

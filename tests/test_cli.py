@@ -312,9 +312,36 @@ def test_pipeline_accuracy_protocol_runs(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "acc" / "results.json").read_text())["classifier"]
-    assert res["steps"] == 6 and set(res["m1"]) == {"1f1b", "async", "async-stash", "async-predict-v1"}
+    assert res["steps"] == 6 and set(res["m1"]) == {"single", "1f1b", "async", "async-stash", "async-predict-v1"}
+    assert res["split"] == "2,1,1,2" and set(res["m1-lr"].values()) == {"0.05"}  # the pinned cut, the task's LR
     assert abs(res["m1"]["1f1b"][0]["loss"] - res["single"][0]["loss"]) < 1e-4
     assert "| async-predict-v1 |" in r.stdout and "async-predict-v1 vs async-stash: " in r.stdout
+    assert (tmp_path / "acc" / "classifier-m1-async-6-cut2112-s0" / "summary.json").exists()  # runs named by cut
+
+
+def test_pipeline_accuracy_gives_each_run_its_best_lr_on_the_plateau_seeds(monkeypatch):
+    """--lrs: each schedule takes the grid's LR with the lowest mean held-out loss over seeds 0 and 1; 1f1b
+    takes single's (their updates are equal), without runs of its own."""
+    import importlib.util
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "pipeline_accuracy.py"
+    spec = importlib.util.spec_from_file_location("pipeline_accuracy", example)
+    protocol = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, protocol)  # its dataclass looks its module up there
+    spec.loader.exec_module(protocol)
+    loss = {("single", "3e-3"): 2.0, ("single", "1e-3"): 1.9, ("async", "3e-3"): 3.0, ("async", "1e-3"): 3.1}
+    asked = []
+
+    def trial(name, lr, seed):
+        asked.append((name, lr, seed))
+        return {"loss": loss[name, lr] + (0.3 if (name, lr, seed) == ("async", "3e-3", 1) else 0.0)}
+
+    log = []
+    # async: 3.0 and 3.3 (mean 3.15) at 3e-3 against 3.1 at 1e-3
+    assert protocol.pick_lrs(["single", "1f1b", "async"], ["3e-3", "1e-3"], trial, log) == {
+        "single": "1e-3", "1f1b": "1e-3", "async": "1e-3"}
+    assert sorted(asked) == sorted((n, lr, s) for n in ("single", "async") for lr in ("3e-3", "1e-3") for s in (0, 1))
+    assert len(log) == 2 and log[1].endswith("-> lr 1e-3")
 
 
 TP = [*TINY, "--nproc", "4", "--tp", "4", "--dtype", "float64", "--optimizer", "adamw", "--steps", "6"]
