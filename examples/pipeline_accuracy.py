@@ -174,7 +174,7 @@ def paired(a: list[float], b: list[float]) -> str:
     return f"{gaps.mean() * 100:+.2f}% ({lo * 100:+.2f} to {hi * 100:+.2f}), p={p:.3f}"
 
 
-def table(rows: dict[str, list[dict]], names: list[str], predict: str) -> list[str]:
+def table(rows: dict[str, list[dict]], names: list[str], predicts: list[str]) -> list[str]:
     sd = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
     ref = statistics.mean(r["loss"] for r in rows["1f1b"])
     ref_acc = statistics.mean(r["accuracy"] for r in rows["1f1b"])
@@ -185,10 +185,11 @@ def table(rows: dict[str, list[dict]], names: list[str], predict: str) -> list[s
         lines.append(f"| {name} | {statistics.mean(loss):.4f} ± {sd(loss):.4f} | "
                      f"{(statistics.mean(loss) / ref - 1) * 100:+.2f}% | {statistics.mean(acc):.2f} ± {sd(acc):.2f} | "
                      f"{statistics.mean(acc) - ref_acc:+.2f} | {', '.join(f'{v:.4f}' for v in loss)} |")
-    pl = [r["loss"] for r in rows[predict]]
     lines += ["", "Paired over seeds, relative held-out loss gap (mean, 95% interval, t-test on the gaps):", ""]
-    for other in ("1f1b", "async", "async-stash"):
-        lines.append(f"- {predict} vs {other}: {paired(pl, [r['loss'] for r in rows[other]])}")
+    for i, predict in enumerate(predicts):  # each variant against the others, and against the variants before it
+        for other in ("1f1b", "async", "async-stash", *predicts[:i]):
+            lines.append(f"- {predict} vs {other}: "
+                         f"{paired([r['loss'] for r in rows[predict]], [r['loss'] for r in rows[other]])}")
     return lines
 
 
@@ -274,7 +275,7 @@ def main() -> None:
             at = ("" if not a.lrs else ", each at its best LR of " + a.lrs + " ("
                   + ", ".join(f"{n} {lr}" for n, lr in lrs.items()) + ")")
             report += [f"**{task}**, {steps} steps, {micro} micro-batch(es) per step, cut {split}{at}, held-out", "",
-                       *table(rows, list(runs), f"async-predict-{variants[0]}"), ""]
+                       *table(rows, list(runs), [f"async-predict-{v}" for v in variants]), ""]
             res["single"] = rows["single"]
             (out / "results.json").write_text(json.dumps(results, indent=1))
     md = "\n".join(["Budget search and LR choice:", "", *[f"- {line}" for line in log], "", *report])

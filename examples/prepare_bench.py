@@ -70,7 +70,6 @@ def worker(plan: str, steps: int, out: str, pp: int = 1) -> None:
         t0 = t1
     if torch.distributed.get_rank() == 0:
         Path(out).write_text(json.dumps({"median_step_time": statistics.median(times[3:]), "loss": loss.item()}))
-    torch.distributed.destroy_process_group()
 
 
 def _interval(ratios: list[float]) -> tuple[float, float]:
@@ -140,5 +139,11 @@ if __name__ == "__main__":
     p.add_argument("--no-ddp", action="store_true", help="leave out the plain-DDP job (20x slower per step)")
     p.add_argument("--out", default="runs/prepare-bench")
     a = p.parse_args()
-    worker(a.plan, a.steps, a.out, a.pp) if a.worker else main(a)
+    if a.worker:
+        from tessel import shutdown
+
+        worker(a.plan, a.steps, a.out, a.pp)
+        shutdown()  # after worker(): its model is gone, so no group outlives the world
+    else:
+        main(a)
     sys.exit(0)

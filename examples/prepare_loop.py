@@ -47,22 +47,25 @@ class Batches:  # a re-iterable loader (a torch DataLoader works the same)
         return batches()
 
 
-torch.manual_seed(0)
-model = ClickModel().double()
-optimizer = torch.optim.Adagrad(model.parameters(), lr=0.1)
-plan = sys.argv[1] if len(sys.argv) > 1 else "auto"
-model, optimizer, loader = tessel.prepare(model, optimizer, Batches(), plan=plan)  # <- the one new line
-first = None
-for users, viewed, clicked in loader:
-    loss = model(users, viewed, clicked)
-    loss.backward()
-    tessel.clip_grad_norm_(model, 1.0)  # <- instead of torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    optimizer.zero_grad()
-    first = loss.item() if first is None else first
-    moved = comm.counter.end_step()
-if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-    print(f"rank 0's loss {first:.3f} -> {loss.item():.3f}; bytes sent per step: "
-          f"{ {c: v['sent'] for c, v in moved.items() if v['sent']} }")
-if torch.distributed.is_initialized():
-    torch.distributed.destroy_process_group()
+def main() -> None:
+    torch.manual_seed(0)
+    model = ClickModel().double()
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    plan = sys.argv[1] if len(sys.argv) > 1 else "auto"
+    model, optimizer, loader = tessel.prepare(model, optimizer, Batches(), plan=plan)  # <- the one new line
+    first = None
+    for users, viewed, clicked in loader:
+        loss = model(users, viewed, clicked)
+        loss.backward()
+        tessel.clip_grad_norm_(model, 1.0)  # <- instead of torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        first = loss.item() if first is None else first
+        moved = comm.counter.end_step()
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        print(f"rank 0's loss {first:.3f} -> {loss.item():.3f}; bytes sent per step: "
+              f"{ {c: v['sent'] for c, v in moved.items() if v['sent']} }")
+
+
+main()
+tessel.shutdown()  # the groups go once main's model is gone (alone: returns at once)

@@ -61,17 +61,21 @@ class Batches:  # re-iterable, as a DataLoader is
         return batches()
 
 
-torch.manual_seed(0)
-model = Topic()
-optimizer = torch.optim.Adagrad(model.parameters(), lr=0.05)
-world = int(os.environ.get("WORLD_SIZE", "1"))
-plan = tessel.ParallelPlan(dp=max(1, world // 2), pp=2, micro_batches=4)  # the table: auto decides (dp > 1)
-model, optimizer, loader = tessel.prepare(model, optimizer, Batches(), plan=plan, max_norm=1.0)
-losses = []
-for x, y in loader:
-    losses.append(float(model.step(x, y)))  # forwards, backwards, clipping and update: the global batch's loss
-    moved = comm.counter.end_step()  # this step's bytes per channel
-if dist.get_rank() == 0:
-    print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; bytes rank 0 sent in the last step: "
-          f"{ {c: v['sent'] for c, v in moved.items() if v['sent']} }")
-dist.destroy_process_group()
+def main() -> None:
+    torch.manual_seed(0)
+    model = Topic()
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.05)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    plan = tessel.ParallelPlan(dp=max(1, world // 2), pp=2, micro_batches=4)  # the table: auto decides (dp > 1)
+    model, optimizer, loader = tessel.prepare(model, optimizer, Batches(), plan=plan, max_norm=1.0)
+    losses = []
+    for x, y in loader:
+        losses.append(float(model.step(x, y)))  # forwards, backwards, clipping and update: the global batch's loss
+        moved = comm.counter.end_step()  # this step's bytes per channel
+    if dist.get_rank() == 0:
+        print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; bytes rank 0 sent in the last step: "
+              f"{ {c: v['sent'] for c, v in moved.items() if v['sent']} }")
+
+
+main()
+tessel.shutdown()  # the groups go once main's model is gone

@@ -5,13 +5,14 @@ Public API::
     from tessel import Config, load_config, ParallelPlan, ParallelDims, build_mesh, parallelize, apply_ddp
     from tessel import Chain, Layer, register_model, comm, sparse
     from tessel import prepare, clip_grad_norm_          # your own loop: see tessel.prepare
+    from tessel import init_distributed, shutdown        # join the world; leave it at the end of a worker
 """
 
 from . import comm, sparse
 from .chain import Chain, Layer, Runner
 from .config import Config, load_config
 from .errors import CheckpointError, CommError, ConfigError, DataError, PlanError, TesselError
-from .mesh import ParallelDims, build_mesh, init_distributed
+from .mesh import ParallelDims, build_mesh, init_distributed, shutdown
 from .parallelize import Parallelized, apply_ddp, parallelize
 from .plan import ParallelPlan, TableChoice
 from .prepare import clip_grad_norm_, load, prepare, save
@@ -21,6 +22,6 @@ __all__ = [
     "Chain", "CheckpointError", "CommError", "Config", "ConfigError", "DataError", "Layer", "ParallelDims",
     "ParallelPlan", "Parallelized", "PlanError", "Runner", "TableChoice", "TesselError", "apply_ddp", "build_mesh",
     "clip_grad_norm_", "comm", "init_distributed", "load", "load_config", "parallelize", "prepare",
-    "register_model", "save", "sparse",
+    "register_model", "save", "shutdown", "sparse",
 ]
 __version__ = "0.1.0"
