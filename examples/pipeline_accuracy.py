@@ -171,7 +171,8 @@ def paired(a: list[float], b: list[float]) -> str:
         return f"{gaps.mean() * 100:+.2f}% (one seed)"
     lo, hi = stats.t.interval(0.95, len(gaps) - 1, loc=gaps.mean(), scale=stats.sem(gaps))
     p = stats.ttest_1samp(gaps, 0.0).pvalue  # the same quantity as the interval: p < 0.05 iff it excludes 0
-    return f"{gaps.mean() * 100:+.2f}% ({lo * 100:+.2f} to {hi * 100:+.2f}), p={p:.3f}"
+    shown = f"p={p:.3f}" if p >= 0.001 else "p<0.001"
+    return f"{gaps.mean() * 100:+.2f}% ({lo * 100:+.2f} to {hi * 100:+.2f}), {shown}"
 
 
 def table(rows: dict[str, list[dict]], names: list[str], predicts: list[str]) -> list[str]:
