@@ -261,7 +261,6 @@ def main() -> None:
         res = results[task] = {"steps": steps, "split": split}
         for micro in micros:
             runs = {"single": SINGLE, **schedules(variants, micro, split)}
-
             cell = Cell(task, task_args, steps, micro, split, runs, out, heldout)
             lrs = (pick_lrs(list(runs), a.lrs.split(","), cell.trial, log) if a.lrs
                    else dict.fromkeys(runs, task_lr(task_args)))

@@ -260,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         from .cluster.launch import in_worker
 
         if in_worker():
-            import torch.distributed as dist
-
-            from . import comm
+            from .mesh import shutdown
             from .trainer import run
 
             run(cfg)
@@ -270,8 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             # without an active exception", seen once in dozens of pipelined runs, after the last step and the
             # checkpoint): every rank first leaves its last collective, then the groups go, then the process
             # exits without running the destructors of whatever else still holds gloo state.
-            comm.barrier()
-            dist.destroy_process_group()
+            shutdown()
             return _leave_worker(0)
         from .preflight import preflight
 

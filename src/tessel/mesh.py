@@ -4,6 +4,7 @@
 makes the torch ``DeviceMesh`` with named dims ("pp", "dp", "tp", outermost first, the order torchtitan
 uses so that tp groups are the closest ranks), and the groups sparse tables use over a dp group's ranks
 (per-host groups for local aggregation, a side group for alltoall). No other module creates a process group.
+``init_distributed`` joins the world and ``shutdown`` leaves it.
 
 Example (inside a torchrun worker)::
 
