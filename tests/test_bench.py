@@ -343,3 +343,37 @@ def test_spread_from_step_jitter_tells_jittery_steps_from_runs_that_moved(tmp_pa
     recs = [_run("lm", "ddp", 4, "1gbit", 0, 0.2), _run("lm", "ddp", 4, "1gbit", 1, 0.2)]
     runner.fill_step_times(recs, tmp_path)
     assert recs[0]["step_times"] == [0.1, 0.2, 0.3] and recs[1].get("step_times") is None
+
+
+def test_soak_slope_recovers_growth_and_calls_flat_runs_flat():
+    """The soak's fit on synthetic RSS series: a known growth is recovered inside its interval; a plateau with
+    steps and noise (an allocator pool that grows once, then is reused) has an interval that includes 0."""
+    import numpy as np
+
+    from tessel.bench import soak
+
+    rng = np.random.default_rng(0)
+    steps = np.arange(1000, 5000, 20)
+    growing = 400 + 0.05 * steps + rng.normal(0, 3, steps.size)  # 0.05 MB a step
+    b, lo, hi = soak.slope(steps, growing)
+    assert lo < 0.05 < hi and hi - lo < 0.01
+    assert soak.verdict({"slope": b, "low": lo, "high": hi}) == "grows"
+    plateau = 420 + 8 * (steps > 2000) - 8 * (steps > 3500) + rng.normal(0, 3, steps.size)  # no trend
+    b, lo, hi = soak.slope(steps, plateau)
+    assert soak.verdict({"slope": b, "low": lo, "high": hi}).startswith("flat")
+    small = 420 + 0.002 * steps + rng.normal(0, 1, steps.size)  # 0.002 MB a step: 200 MB per 100,000 steps
+    b, lo, hi = soak.slope(steps, small)
+    assert lo > 0 and soak.verdict({"slope": b, "low": lo, "high": hi}) == "flat (under 0.01 MB/step)"
+
+
+def test_soak_fit_skips_warm_up_and_reads_the_step(tmp_path):
+    from tessel.bench import soak
+
+    samples = [(s, [int(300e6 + (50e6 if s < 200 else 0) + s * 1e4), None]) for s in range(0, 1000, 10)]
+    (host0, host1) = soak.fit(samples, steps=1000)
+    assert host0["first_step"] > 200 and abs(host0["slope"] - 0.01) < 1e-9  # 1e4 bytes a step = 0.01 MB
+    assert host1 == {"host": 1, "samples": 0}
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": i}) + "\n" for i in range(1, 8)) + '{"step": 8, "lo')
+    assert soak.last_step(metrics) == 7  # a line being written is skipped
+    assert soak.last_step(tmp_path / "none.jsonl") is None

@@ -266,6 +266,9 @@ def test_train_on_text_files(tmp_path):
     assert (out / "loss.png").stat().st_size > 1000
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 30 and "dp.dense" in json.loads(lines[-1])["bytes"]
+    # every step: the logging rank's resident memory now and glibc's bytes in use, so growth shows over a run
+    last = json.loads(lines[-1])
+    assert 50 * 2**20 < last["rss"] < 8 * 2**30 and 0 < last["heap"] < last["rss"]
 
 
 def test_train_reports_held_out_loss_and_accuracy(tmp_path):

@@ -41,6 +41,8 @@ from .registry import registered, spec_of
 from .sparse.rowopt import TORCH_KINDS, mirror
 from .train.build import DTYPES
 
+KEEP_LRS = 64
+
 
 class SteppedModel(nn.Module):
     """This rank's share of the model under pp/tp; ``step(x, y)`` trains one global batch's slice."""
@@ -52,9 +54,10 @@ class SteppedModel(nn.Module):
         self.tables = par.tables
         self.steps = 0  # steps taken by this object (the engine's step index)
         # the optimizer's LR at each step's call (a scheduler's): that mini-batch's, also when an asynchronous
-        # pipeline applies its update a step later or predicts across it
-        self.lrs: list[float] = []
-        par.engine.lr_of = lambda step: self.lrs[min(step, len(self.lrs) - 1)]
+        # pipeline applies its update a step later or predicts across it; only the last KEEP_LRS steps are
+        # kept (an update lags at most pp steps), so a long run does not grow it
+        self.lrs: dict[int, float] = {}
+        par.engine.lr_of = lambda step: self.lrs[min(step, max(self.lrs))]
 
     def forward(self, *args, **kwargs):
         raise TesselError("under pipeline or tensor parallelism the step is one call: loss = model.step(x, y) "
@@ -63,7 +66,8 @@ class SteppedModel(nn.Module):
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One training step on this rank's slice (x, y); returns the global batch's mean loss on every rank."""
         engine, plan = self.par.engine, self.par.plan
-        self.lrs.append(float(self.lr_groups[0]["lr"]))
+        self.lrs[self.steps] = float(self.lr_groups[0]["lr"])
+        self.lrs.pop(self.steps - KEEP_LRS, None)
         ahead = self.loader.next_inputs if x is self.loader.current else None  # scheduled tables fetch its rows
         result = engine.step(x, y, self.steps, ahead if self.tables and self.tables.choices else None)
         self.steps += 1

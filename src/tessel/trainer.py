@@ -34,7 +34,7 @@ from .planner import probe
 from .train import checkpoint
 from .train.build import DTYPES, build, build_data, model_identity
 from .train.integrity import set_aside
-from .train.memory import model_state_bytes, peak_memory_bytes, table_memory_bytes
+from .train.memory import allocator_bytes, model_state_bytes, peak_memory_bytes, resident_bytes, table_memory_bytes
 from .train.metrics import MetricsLogger
 from .train.preempt import StopOnSignal
 from .train.resume import Start, find_start, restart_count
@@ -243,7 +243,8 @@ def run(cfg: Config) -> dict[str, Any]:
         step_bytes = comm.counter.end_step()
         _add(run_bytes, step_bytes)
         record = {"step": step + 1, "loss": float(loss) / plan.dp, "lr": result.lr,
-                  "grad_norm": result.grad_norm, "step_time": dt, "tokens_per_s": per_step / dt, "bytes": step_bytes}
+                  "grad_norm": result.grad_norm, "step_time": dt, "tokens_per_s": per_step / dt, "bytes": step_bytes,
+                  "rss": resident_bytes(), "heap": allocator_bytes()}  # the logging rank's memory now
         if tables:
             record["sparse_busy"], record["sparse_waited"] = tables.timing()
         logger.log_step(record)

@@ -85,10 +85,13 @@ class PipelineEngine:
         self.updates = 0
         self.plan = plan  # the StagePlan this stage was cut by
         self.busy = 0.0  # seconds this stage computed (forward, backward, update), for the bubble measure
-        # (wall clock, process CPU, busy, waited for activations, for gradients) at each step's start, and at
-        # the last step's end
-        self._marks: list[tuple[float, ...]] = []
+        # (wall clock, process CPU, busy, waited for activations, for gradients) at the first step's start, at
+        # the fourth's (where the timed steps begin) and at the last step's end; every entry is a running total,
+        # so a span of steps is the difference of its ends and nothing need be kept per step
+        self._first: tuple[float, ...] | None = None
+        self._fourth: tuple[float, ...] | None = None
         self._end: tuple[float, ...] | None = None
+        self._steps = 0
         self.draws = SameDraws(self.cfg.micro_batches, any(p.is_cuda for p in self.params.values()))
         self._torch = (_torch_schedule(stage, chain, schedule, self.cfg.micro_batches, plan) if schedule in TORCH
                        else None)
@@ -180,7 +183,11 @@ class PipelineEngine:
         return time.perf_counter(), time.process_time(), self.busy, w["activation"], w["grad"]
 
     def _mark(self) -> None:
-        self._marks.append(self._now())
+        now = self._now()
+        self._first = self._first or now
+        if self._steps == 3:
+            self._fourth = now
+        self._steps += 1
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int, next_inputs=None) -> StepResult:
         """One training step on this rank's batch (the inputs matter on the first stage, targets on the last)."""
@@ -197,15 +204,14 @@ class PipelineEngine:
 
         A step runs from its start to the next step's start (so the loop's own work between steps counts
         as idle); the metrics' warm-up rule leaves the first 3 of more than 4 steps out."""
-        marks = self._marks + ([self._end] if self._marks else [])
-        spans = [tuple(b - a for a, b in zip(m0, m1)) for m0, m1 in zip(marks, marks[1:])]
-        timed = spans[3:] if len(spans) > 4 else spans
-        wall, cpu, work, act, grad = (sum(s[j] for s in timed) for j in range(5))
+        timed = self._steps - 3 if self._steps > 4 else self._steps  # the metrics' warm-up rule
+        start = self._fourth if self._steps > 4 else self._first
+        wall, cpu, work, act, grad = (b - a for a, b in zip(start, self._end)) if timed else (0.0,) * 5
         if self._torch is not None:
             work = 0.0  # torch's schedules run their forwards and backwards where this engine cannot time them
-        per_step = (lambda v: v / len(timed) if timed and self._torch is None else None)
+        per_step = (lambda v: v / timed if timed and self._torch is None else None)
         return {"stage": self.stage.index, "busy_s": work, "wall_s": wall, "kept_bytes": self.peak_kept_bytes,
-                "cpu_per_step": cpu / len(timed) if timed else None,
+                "cpu_per_step": cpu / timed if timed else None,
                 "bubble": (1 - work / wall) if wall > 0 and work > 0 else None,
                 # the idle time's two causes that a stage can name: waiting on the previous stage's activations,
                 # and on the next stage's gradients (the rest is the step tail's norm and the loop between steps)

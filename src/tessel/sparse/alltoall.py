@@ -51,6 +51,19 @@ class Fetch:
     late: tuple[torch.Tensor, torch.Tensor] | None = None  # (mask over ids_in, mask over uniq) after update
 
 
+@dataclass
+class Lookup:
+    """One forward's rows, waiting for their gradient to go back to the owners."""
+
+    route: Route
+    rows: torch.Tensor  # the leaf the forward used, (k, d)
+    tag: int  # the mini-batch it belongs to (see ``RowTable.tag``)
+    # (work, receive buffer) once a hook sent the gradient early. A one-slot box the hook fills: the hook lives
+    # in ``rows``' autograd metadata (C++), where the garbage collector cannot see it, so the hook must not hold
+    # ``rows`` (or anything holding it) or every step's rows and buffers stay alive for good.
+    sent: list = field(default_factory=lambda: [None])
+
+
 class AllToAllTable(RowTable):
     strategy = "alltoall"
     sharded = True
@@ -84,7 +97,7 @@ class AllToAllTable(RowTable):
         # alike share one route: the ids cross the wire once.
         self.routes = routes if routes is not None else {}
         self.final = True  # the engine clears it before all but the last micro-batch's backward
-        self._lookups: list[list] = []  # [route, leaf rows, in-flight gradient exchange or None, tag]
+        self._lookups: list[Lookup] = []
         self._ready: Fetch | None = None  # this step's rows, fetched ahead
         self._next: Fetch | None = None  # the next step's rows, being fetched
         self._asked = None  # the next step's raw ids in flight: (work, buffer, rows this step touches)
@@ -267,13 +280,13 @@ class AllToAllTable(RowTable):
         return rows[pos]
 
     def _track(self, route: Route, rows: torch.Tensor, whole_step: bool) -> None:
-        entry = [route, rows, None, self.tag]
+        entry = Lookup(route, rows, self.tag)
         self._lookups.append(entry)
         if self.schedule:
-            def hook(t, entry=entry):
+            def hook(t, sent=entry.sent):  # ``t`` is ``rows``; see Lookup.sent for why it is not captured
                 # A step's prefetched rows collect every micro-batch's gradient: send after the last.
-                if entry[2] is None and (self.final or not whole_step):
-                    entry[2] = self._send_grads(route, t.grad, async_op=True)
+                if sent[0] is None and (self.final or not whole_step):
+                    sent[0] = self._send_grads(route, t.grad, async_op=True)
             rows.register_post_accumulate_grad_hook(hook)
 
     def reduce(self, upto: int | None = None) -> torch.Tensor:
@@ -281,16 +294,17 @@ class AllToAllTable(RowTable):
         this owner's part."""
         got_ids, got = [], []
         w_me = self.widths[self.me]
-        done = [e for e in self._lookups if upto is None or e[3] <= upto]
-        later = [e for e in self._lookups if not (upto is None or e[3] <= upto)]
-        for route, rows, sent, _ in done:
+        done = [e for e in self._lookups if upto is None or e.tag <= upto]
+        later = [e for e in self._lookups if not (upto is None or e.tag <= upto)]
+        for e in done:
+            sent = e.sent[0]
             if sent is None:
-                grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)
-                sent = self._send_grads(route, grad, async_op=False)
+                grad = e.rows.grad if e.rows.grad is not None else torch.zeros_like(e.rows)
+                sent = self._send_grads(e.route, grad, async_op=False)
             work, buf = sent
             if work is not None:
                 self.clock.wait(work)
-            got_ids.append(self._local(route.ids_in))
+            got_ids.append(self._local(e.route.ids_in))
             got.append(buf.view(-1, w_me))
         self._lookups, self._leaf = later, None
         if not got:

@@ -37,20 +37,41 @@ def priority(ids: torch.Tensor, touched: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 class Clock:
-    """Intervals during which sparse collectives were in flight, and the trainer's waits for them."""
+    """Intervals during which sparse collectives were in flight, and the trainer's waits for them.
+
+    A loop that never calls ``take`` (a user's own, under ``tessel.prepare``) must not grow it: past ``KEEP``
+    intervals the older ones are folded into a busy total (their union), so it holds at most ``KEEP``.
+
+        >>> c = Clock()
+        >>> for i in range(3 * Clock.KEEP):
+        ...     c._close(float(i), i + 0.5)
+        >>> len(c._closed) <= Clock.KEEP, c.take()
+        (True, (384.0, 0.0))
+    """
+
+    KEEP = 256
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._closed: list[tuple[float, float]] = []
+        self._folded = 0.0  # busy seconds of intervals folded away (see KEEP)
         self.waited = 0.0
+
+    def _close(self, t0: float, t1: float) -> None:
+        with self._lock:
+            self._closed.append((t0, t1))
+            if len(self._closed) > self.KEEP:
+                old = _union(sorted(self._closed))
+                # the last merged span stays: a collective launched earlier may still close inside it
+                self._folded += sum(b - a for a, b in old[:-1])
+                self._closed = old[-1:]
 
     def sync(self, fn):
         """Run a blocking collective: all of its time is waited for."""
         t0 = time.perf_counter()
         out = fn()
         t1 = time.perf_counter()
-        with self._lock:
-            self._closed.append((t0, t1))
+        self._close(t0, t1)
         self.waited += t1 - t0
         return out
 
@@ -59,8 +80,7 @@ class Clock:
         t0 = time.perf_counter()
 
         def done(_):
-            with self._lock:
-                self._closed.append((t0, time.perf_counter()))
+            self._close(t0, time.perf_counter())
 
         work.get_future().add_done_callback(done)
         return work
@@ -74,10 +94,17 @@ class Clock:
         """(seconds with any sparse collective in flight, seconds waited) since the last ``take``."""
         with self._lock:
             spans, self._closed = sorted(self._closed), []
-        busy, end = 0.0, float("-inf")
-        for a, b in spans:
-            if b > end:
-                busy += b - max(a, end)
-                end = b
+            busy, self._folded = self._folded + sum(b - a for a, b in _union(spans)), 0.0
         waited, self.waited = self.waited, 0.0
         return busy, waited
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted ``spans`` merged where they overlap."""
+    out: list[tuple[float, float]] = []
+    for a, b in spans:
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out

@@ -11,6 +11,11 @@ that autograd saves, leaving out the parameters themselves (a gathered copy of a
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import os
+
 import torch
 
 
@@ -50,6 +55,50 @@ def peak_memory_bytes() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (not its peak): what grows if a run keeps something every step."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux: the peak is the best there is
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+@functools.cache
+def _mallinfo2():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallinfo2  # glibc 2.33+
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+def allocator_bytes() -> int | None:
+    """Bytes the allocator has handed out and not had back: on CUDA torch's caching allocator; on CPU glibc's
+    malloc (tensor storage lives there), its heap blocks in use plus its mmapped blocks. None without either.
+
+    Beside :func:`resident_bytes` it tells a leak (both grow) from fragmentation (only the resident set grows)."""
+    import torch.distributed as dist
+
+    if torch.cuda.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return int(torch.cuda.memory_allocated())
+    fn = _mallinfo2()
+    if fn is None:
+        return None
+    info = fn()
+    return int(info.uordblks + info.hblkhd)
 
 
 def table_memory_bytes(tables, dense_tables: list[tuple[torch.nn.Parameter, bool]], optimizer) -> int:
