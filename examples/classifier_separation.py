@@ -13,10 +13,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tessel.config import TrainConfig
 from tessel.data.classify import GaussianClassification
 from tessel.models import DenseClassifier
-from tessel.train.optim import lr_at, set_lr
+from tessel.settings import Settings
+from tessel.train.optim import set_lr
 
 
 def run(separation: float, steps: int = 300, batch: int = 32) -> None:
@@ -24,11 +24,11 @@ def run(separation: float, steps: int = 300, batch: int = 32) -> None:
     data = GaussianClassification(1024, 100, seed=0, separation=separation)
     model = DenseClassifier(1024, 2048, 2, 100)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, foreach=False)
-    cfg = TrainConfig(steps=steps)
+    rule = Settings(steps=steps)  # tessel train's default LR rule: warm-up, then cosine
     hx, hy = data.get_batch(np.arange(10**9, 10**9 + 2048))  # far beyond every trained index
     losses = []
     for s in range(steps):
-        set_lr(opt, lr_at(s, cfg))
+        set_lr(opt, rule.lr_at(s))
         x, y = data.get_batch(np.arange(s * batch, (s + 1) * batch))
         loss = model(x, y)
         loss.backward()

@@ -40,8 +40,9 @@ from torch.nn.utils import vector_to_parameters
 from tessel.config import load_config
 from tessel.data.loader import ShardedLoader
 from tessel.pipeline.predict import direction
+from tessel.resolve import settings_of
 from tessel.train.build import build, build_data
-from tessel.train.optim import build_optimizer, lr_at, set_lr
+from tessel.train.optim import build_optimizer, set_lr
 
 sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_accuracy import TASKS, text_corpus  # noqa: E402  (the same tasks and hyper-parameters)
@@ -73,7 +74,8 @@ def measure(task: str, steps: int, seed: int, every: int, out: Path) -> dict[str
     model = build(cfg, getattr(data, "vocab_size", 0))
     probe = copy.deepcopy(model)  # gradients at other weights, on the same batch
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = build_optimizer(params, cfg.train)
+    settings = settings_of(cfg)
+    opt = build_optimizer(params, settings)
     beta = opt.param_groups[0].get("momentum") or opt.param_groups[0]["betas"][0]
     loader = ShardedLoader(data, cfg.train.global_batch, 0, 1, seed=seed)
 
@@ -88,7 +90,7 @@ def measure(task: str, steps: int, seed: int, every: int, out: Path) -> dict[str
     left = {k: {n: {s: [] for s in AHEAD} for n in names} for k in ("weights", "gradient")}
     stale_grad = {s: [] for s in AHEAD}
     for t in range(steps):
-        set_lr(opt, lr_at(t, cfg.train))
+        set_lr(opt, settings.lr_at(t))
         x, y = loader.next_batch()
         opt.zero_grad()
         model(x, y).backward()
@@ -109,7 +111,7 @@ def measure(task: str, steps: int, seed: int, every: int, out: Path) -> dict[str
                     left["gradient"][n][s].append((t0, float(err)))
         while pending and t + 1 - pending[0][0] >= max(AHEAD):
             pending.popleft()
-        ahead_lr = [lr_at(t + 1 + i, cfg.train) for i in range(max(AHEAD))]
+        ahead_lr = [settings.lr_at(t + 1 + i) for i in range(max(AHEAD))]
         # early training moves fastest and has the fewest steps: compare there 5 times as often
         batch = loader.peek() if (t + 1) % (every if t + 1 >= steps // 10 else max(1, every // 5)) == 0 else None
         pending.append((t + 1, w, guesses(opt, params, ahead_lr, beta), batch))

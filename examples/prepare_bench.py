@@ -36,8 +36,8 @@ def worker(plan: str, steps: int, out: str, pp: int = 1) -> None:
 
     import tessel
     from tessel.data import ShardedLoader
+    from tessel.resolve import settings_of
     from tessel.train.build import build, build_data
-    from tessel.train.optim import lr_at
 
     cfg = tessel.load_config(None, ["model.name=lstm_lm", "model.softmax=sampled", "data.vocab_size=200000",
                                     "train.lr=0.05", f"train.steps={steps}"])
@@ -53,7 +53,8 @@ def worker(plan: str, steps: int, out: str, pp: int = 1) -> None:
         model, optimizer, loader = tessel.prepare(model, optimizer, batches, plan=dims, max_norm=1.0)
     else:
         model, optimizer, loader = tessel.prepare(model, optimizer, batches, plan=plan)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, cfg.train) / cfg.train.lr)  # train's
+    rule = settings_of(cfg)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: rule.lr_at(s) / rule.lr)  # train's
     times, t0 = [], time.perf_counter()
     for x, y in loader:
         if pp > 1:

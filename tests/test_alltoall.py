@@ -126,7 +126,7 @@ def check_auto_plan(rate: float) -> tuple:
     batches = [(torch.randint(0, 4000, (8, 16), generator=g), torch.zeros(8)) for _ in range(2)]
     tables = sparse.shard(model, batches, "auto", "sgd", lr=0.1, link_mbit=rate)
     (choice,) = tables.choices
-    return choice.strategy, choice.split, sorted(choice.estimates), tables.describe()
+    return choice.strategy.name, choice.split, sorted(choice.estimates), tables.describe()
 
 
 def test_auto_plan_is_printed_and_agreed(world2):

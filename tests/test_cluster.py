@@ -246,8 +246,8 @@ def test_interrupt_removes_nic_and_cpuset_groups(sig):
     p = subprocess.Popen([PY, "-c", HELD.format(prefix=PREFIX)], stderr=subprocess.PIPE, text=True)
     want = {f"{PREFIX}-h{i}{kind}" for i in range(2) for kind in ("", "-nic")}
     deadline = time.monotonic() + 30
-    while not (want <= {g.name for g in cgroups.host_groups(PREFIX)}
-               and any("cpuset" in str(g) for g in cgroups.host_groups(PREFIX))
+    while not (want <= {g.name for g in cgroups.host_cgroups(PREFIX)}
+               and any("cpuset" in str(g) for g in cgroups.host_cgroups(PREFIX))
                and Path(f"/sys/fs/cgroup/cpu/tessel/{PREFIX}-h1/cgroup.procs").read_text().strip()):
         assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else ""
         time.sleep(0.05)

@@ -12,11 +12,11 @@ import copy
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from steps import engine_for
+from composed import check_before_workers, planned
+from steps import TorchReference
 from tessel import comm
-from tessel.choices import TORCH_MULTI_SCHEDULES
+from tessel.choices import schedule as schedule_of
 from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.errors import PlanError
@@ -50,15 +50,16 @@ LAYOUTS = {  # name -> config keys (world 8)
 
 
 def _cfg(model, layout, schedule, optimizer, micro, extra=()):
+    split = "1,1,1,1" if schedule_of(schedule).stages_per_rank > 1 else "2,2"
     return load_config(None, [*MODELS[model], *LAYOUTS[layout], "train.dtype=float64", f"train.global_batch={B}",
                               f"train.micro_batches={micro}", f"train.optimizer={optimizer}", "train.lr=0.05",
                               "train.warmup=1", "train.clip=0.5", f"pipeline.schedule={schedule}",
                               # both models: 4 layers, 2 per stage (torch's multi-stage schedules: 1 per stage)
-                              f"pipeline.split={'1,1,1,1' if schedule in TORCH_MULTI_SCHEDULES else '2,2'}", *extra])
+                              f"pipeline.split={split}", *extra])
 
 
 def _compose(cfg):
-    plan = ParallelPlan.from_config(cfg, dist.get_world_size()).check(cfg)
+    plan, settings = planned(cfg)
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
     vocab = getattr(data, "vocab_size", 0)
@@ -68,7 +69,7 @@ def _compose(cfg):
     dp_rank = mesh.get_local_rank("dp")
     loader = ShardedLoader(data, B, dp_rank, plan.dp)
     x, y = ShardedLoader(data, B, dp_rank, plan.dp).next_batch()
-    par = parallelize(model, plan, mesh, cfg, [(x.double() if x.is_floating_point() else x, y)])
+    par = parallelize(model, plan, mesh, [(x.double() if x.is_floating_point() else x, y)], settings)
     return par, ref, loader, ShardedLoader(data, B, 0, 1), mesh
 
 
@@ -88,7 +89,7 @@ def _grads_before_step(optimizer, named):
 def check_parity(model, layout, schedule, optimizer, micro, steps=3):
     cfg = _cfg(model, layout, schedule, optimizer, micro)
     par, ref, loader, ref_loader, mesh = _compose(cfg)
-    ref_engine = engine_for(ref, cfg.train)
+    ref_engine = TorchReference(ref, cfg.train)
     mine = list(par.module.named_parameters())
     grads = _grads_before_step(par.optimizer, mine)
     ref_grads = _grads_before_step(ref_engine.optimizer, list(ref.named_parameters()))
@@ -126,7 +127,7 @@ COMPOSED = [("pp2-tp4-2d", "gpipe", "sgd"), ("pp2-tp4-3d", "1f1b", "adamw"), ("d
 def test_transformer_composed_matches_single_process(world8, layout, schedule, optimizer):
     owned = world8.run(check_parity, "transformer_lm", layout, schedule, optimizer, 2)
     assert owned[0] != owned[-1]  # the first and the last rank hold different stages
-    if schedule in TORCH_MULTI_SCHEDULES:  # two of 4 one-layer stages per rank: 0 and 2, or in a V 0 and 3
+    if schedule_of(schedule).stages_per_rank > 1:  # two of 4 one-layer stages per rank: 0 and 2, or in a V 0 and 3
         zbv = schedule == "torch-zbv"  # pp rank 0 (ranks 0-3) holds stages 0 and 3, pp rank 1 stages 1 and 2
         assert "tok_emb.weight" in owned[0] and "blocks.1.attn.q_proj.weight" in owned[-1 if zbv else 0]
         assert "head.weight" in owned[0 if zbv else -1]
@@ -273,16 +274,15 @@ def test_composed_resume_is_bit_identical(tmp_path):
 ])
 def test_remaining_refusals_are_one_line(extra, message):
     cfg = load_config(None, [*MODELS["transformer_lm"], *extra])
-    reasons = ParallelPlan.from_config(cfg, cfg.nproc).check
     with pytest.raises(PlanError, match=message) as e:
-        reasons(cfg)
+        check_before_workers(cfg)
     assert "\n" not in str(e.value)
 
 
 def test_plan_round_trips_and_prints():
     cfg = load_config(None, [*MODELS["transformer_lm"], *LAYOUTS["pp2-tp4-3d"], "pipeline.schedule=async-predict",
                              "train.optimizer=sgd"])
-    plan = ParallelPlan.from_config(cfg, 8).check(cfg).with_(bounds=((0, 2), (2, 4)))
+    plan = planned(cfg, 8)[0].with_(bounds=((0, 2), (2, 4)))
     assert ParallelPlan.from_json(plan.to_json()) == plan
     assert plan.mesh_axes == (("tp_x", 2), ("tp_y", 2), ("tp_z", 1))
     text = plan.describe()

@@ -17,7 +17,8 @@ import torch
 
 from tessel.config import load_config
 from tessel.errors import PlanError
-from tessel.trainer import _plan
+from tessel.resolve import settings_of
+from tessel.trainer import _plan_for_world
 from test_cli import TINY, _assert_identical, _load, _workers, tessel
 
 STEPS, EVERY = 40, 4
@@ -136,6 +137,7 @@ def test_a_layout_that_cannot_shrink_says_so_in_one_line(monkeypatch):
     the plain reason."""
     cfg = load_config(None, ["model.name=transformer_lm", "parallel.pp=3", "parallel.tp=2", "train.micro_batches=3",
                              "train.global_batch=12"])
+    _plan = lambda cfg, world: _plan_for_world(cfg, world, settings_of(cfg))  # noqa: E731
     assert _plan(cfg, 6).dp == 1
     with pytest.raises(PlanError) as first:
         _plan(cfg, 4)

@@ -11,16 +11,15 @@ import gc
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 import tessel
+from composed import planned
 from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.mesh import build_mesh
 from tessel.parallelize import parallelize
-from tessel.plan import ParallelPlan
 from tessel.train.build import build, build_data
 
 STEPS, EVERY = 100, 30  # samples after steps 30, 60 and 90: 30 steps apart, past the first (warm-up) steps
@@ -57,13 +56,13 @@ def run_composed(extra: list[str]) -> tuple[list[tuple[int, int]], int]:
     cfg = load_config(None, ["model.name=transformer_lm", f"model.dim={D}", "model.layers=2", "model.heads=2",
                              "data.vocab_size=256", f"data.seq_len={T}", f"train.global_batch={B}",
                              f"train.steps={STEPS}", "sparse.max_touched=1.0", *extra])
-    plan = ParallelPlan.from_config(cfg, dist.get_world_size()).check(cfg)
+    plan, settings = planned(cfg)
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
     torch.manual_seed(1)
     dp = mesh.get_local_rank("dp")
     peek = ShardedLoader(data, B, dp, plan.dp)
-    par = parallelize(build(cfg, data.vocab_size), plan, mesh, cfg, [peek.next_batch(), peek.next_batch()])
+    par = parallelize(build(cfg, data.vocab_size), plan, mesh, [peek.next_batch(), peek.next_batch()], settings)
     loader, samples = ShardedLoader(data, B, dp, plan.dp), []
     for step in range(STEPS):
         x, y = loader.next_batch()

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from steps import engine_for, step_side_by_side
+from steps import TorchReference, step_side_by_side, tessel_engine
 from tessel import comm
 from tessel.config import load_config
 from tessel.data import ShardedLoader
@@ -59,8 +59,8 @@ def check_parity(name: str, optimizer: str, micro: int, steps: int = 4):
     model.zero_grad(set_to_none=True)
     ref.zero_grad(set_to_none=True)
 
-    engine = engine_for(model, cfg.train)
-    ref_engine = engine_for(ref, cfg.train)
+    engine = tessel_engine(model, cfg.train)
+    ref_engine = TorchReference(ref, cfg.train)
     ref_res = step_side_by_side(engine, ref_engine, loader, ref_loader, steps, p, ATOL)
     moved = 0.0
     for (n, a), b in zip(model.module.named_parameters(), ref.parameters()):

@@ -7,9 +7,9 @@ process training the whole model on the same global batch, at pp=2, pp=4 and pp=
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from steps import engine_for
+from composed import planned
+from steps import TorchReference
 from tessel import comm
 from tessel.chain import chain_of
 from tessel.config import load_config
@@ -19,8 +19,9 @@ from tessel.mesh import build_mesh
 from tessel.parallelize import parallelize
 from tessel.pipeline.partition import balance, parse_split, plan_stages
 from tessel.pipeline.predict import StageWeights, staleness
-from tessel.pipeline.schedules import ahead, async_ops, check_micro, drain_ops, sync_ops
+from tessel.pipeline.schedules import ahead, async_ops, drain_ops, sync_ops
 from tessel.plan import ParallelPlan
+from tessel.settings import Settings
 from tessel.train.build import build, build_data
 
 SMALL = {
@@ -42,7 +43,7 @@ def _setup(name, schedule, pp, optimizer, micro, extra=()):
                              f"train.micro_batches={micro}", f"train.optimizer={optimizer}", "train.lr=0.05",
                              "train.warmup=2", "train.clip=0.5", "train.steps=4", f"parallel.pp={pp}",
                              f"pipeline.schedule={schedule}", *extra])
-    plan = ParallelPlan.from_config(cfg, dist.get_world_size()).check(cfg)
+    plan, settings = planned(cfg)
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
     vocab = getattr(data, "vocab_size", 0)
@@ -51,7 +52,7 @@ def _setup(name, schedule, pp, optimizer, micro, extra=()):
     model = build(cfg, vocab).to(dtype)
     loader = ShardedLoader(data, 8, mesh.get_local_rank("dp"), plan.dp)
     x, y = ShardedLoader(data, 8, mesh.get_local_rank("dp"), plan.dp).next_batch()
-    built = parallelize(model, plan, mesh, cfg, [(x.to(dtype) if x.is_floating_point() else x, y)])
+    built = parallelize(model, plan, mesh, [(x.to(dtype) if x.is_floating_point() else x, y)], settings)
     return cfg, plan.dims, data, vocab, loader, built
 
 
@@ -59,7 +60,7 @@ def check_parity(name, schedule, pp, optimizer, micro, steps=3):
     cfg, dims, data, vocab, loader, built = _setup(name, schedule, pp, optimizer, micro)
     torch.manual_seed(1)
     ref = build(cfg, vocab).double()
-    ref_engine = engine_for(ref, cfg.train)
+    ref_engine = TorchReference(ref, cfg.train)
     ref_loader = ShardedLoader(data, 8, 0, 1)
     mine = dict((n.removeprefix("root."), p) for n, p in built.engine.stage.runner.named_parameters())
     grads = _grads_before_step(built.optimizer, lambda: mine.items())
@@ -114,7 +115,7 @@ def test_torch_gpipe_at_one_micro_batch_matches_single_process(world2):
     # SpecTrain's regime (one micro-batch per step): torch's GPipe runs it, its Schedule1F1B refuses it
     world2.run(check_parity, "classifier", "torch-gpipe", 2, "sgd", 1)
     with pytest.raises(PlanError, match="torch-1f1b needs train.micro_batches >= pp"):
-        check_micro("torch-1f1b", 2, 1)
+        ParallelPlan(dp=1, pp=2, schedule="torch-1f1b", micro_batches=1).check(Settings(global_batch=8))
 
 
 @pytest.mark.parametrize("schedule", ["torch-gpipe", "torch-1f1b", "torch-interleaved-1f1b", "torch-interleaved-zb",
@@ -153,7 +154,7 @@ def test_pp_bytes_exact(world2, schedule):
 def train_async(schedule, variant, steps, optimizer):
     extra = [f"pipeline.predict={variant}", "train.dtype=float32", "model.hidden=64", "train.clip=0"]
     cfg, dims, data, vocab, loader, built = _setup("classifier", schedule, 4, optimizer, 1, extra)
-    built.engine.cfg.lr, built.engine.cfg.warmup, built.engine.cfg.steps = 0.05, 0, steps
+    built.engine.lr_of = built.settings.with_(lr=0.05, warmup=0, steps=steps).lr_at
     losses, held = [], []  # held: sends still kept after each step (their tensors alive)
     for step in range(steps):
         x, y = loader.next_batch()
@@ -331,7 +332,7 @@ def test_predict_adam_direction_and_refusals():
     opt.step()
     # after one step m̂ = g, v̂ = g², so the direction is sign(g) (+ the decoupled decay)
     torch.testing.assert_close(direction(opt, p), torch.full((3,), 1.0) + 0.1 * p.detach(), atol=1e-6, rtol=0)
-    with pytest.raises(PlanError, match="valid: train.optimizer sgd"):
+    with pytest.raises(PlanError, match="cannot predict weights for Adagrad; valid: AdamW, Adam, SGD"):
         StageWeights({"p": p}, torch.optim.Adagrad([p]), "predict", 0, 2)
     with pytest.raises(PlanError, match="without momentum"):
         StageWeights({"p": p}, torch.optim.SGD([p], lr=0.1), "predict", 0, 2)

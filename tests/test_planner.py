@@ -22,6 +22,7 @@ from tessel.plan import ParallelPlan
 from tessel.planner.candidates import enumerate_plans
 from tessel.planner.estimate import estimate
 from tessel.planner.profile import measure
+from tessel.resolve import job_of, policy_of, saved_plan_for, settings_of
 from tessel.train.build import build, build_data
 
 TINY = {
@@ -42,30 +43,20 @@ def _channels(predicted: dict, measured: list[dict]) -> set[str]:
 TOPO = planner.Topology(ranks=4, hosts=4, link_mbit=1000)
 
 
-def _step_bytes(overrides):
-    import torch.distributed as dist
-
-    cfg = load_config(None, overrides)
-    plan = ParallelPlan.from_config(cfg, dist.get_world_size()).check(cfg)
+def _step_bytes(base, plan_json):
+    cfg, plan = load_config(None, base), ParallelPlan.from_json(plan_json)
+    settings = settings_of(cfg)
+    plan.check(settings)
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
     torch.manual_seed(0)
     model = build(cfg, getattr(data, "vocab_size", 0)).double()
     x, y = ShardedLoader(data, cfg.train.global_batch, mesh.get_local_rank("dp"), plan.dp).next_batch()
     x = x.double() if x.is_floating_point() else x
-    par = parallelize(model, plan, mesh, cfg, [(x, y)])
+    par = parallelize(model, plan, mesh, [(x, y)], settings)
     comm.counter.end_step()
     par.engine.step(x, y, 0)
     return {c: v["sent"] for c, v in comm.counter.end_step().items()}
-
-
-def _overrides(base, plan):
-    cfg = planner.apply(load_config(None, base), plan)
-    p = cfg.parallel
-    return [*base, f"parallel.dp={p.dp}", f"parallel.pp={p.pp}", f"parallel.tp={p.tp}",
-            f"tensor.mode={cfg.tensor.mode}",
-            f"tensor.grid={cfg.tensor.grid}", f"pipeline.schedule={cfg.pipeline.schedule}",
-            f"pipeline.split={cfg.pipeline.split}", f"train.micro_batches={cfg.train.micro_batches}"]
 
 
 PLANS = {  # model -> synchronous candidates of every shape on 4 ranks
@@ -83,10 +74,11 @@ PLANS = {  # model -> synchronous candidates of every shape on 4 ranks
 def test_predicted_bytes_equal_measured(world4, model):
     base = TINY[model]
     cfg = load_config(None, base)
-    profile = measure(cfg, dps=(1, 2, 4))
+    profile = measure(job_of(cfg), dps=(1, 2, 4))
     for plan in PLANS[model]:
-        est = estimate(plan, cfg, profile, TOPO)  # fills in the stage cut the run is given
-        got = world4.run(_step_bytes, _overrides(base, est.plan))
+        # fills in the stage cut the run is given
+        est = estimate(plan.with_(sparse=policy_of(cfg)), settings_of(cfg), profile, TOPO)
+        got = world4.run(_step_bytes, base, est.plan.to_json())
         for channel in _channels(est.bytes, got):
             measured = max(r.get(channel, 0) for r in got)
             assert est.bytes.get(channel, 0) == measured, (plan.describe(), channel, est.bytes, got)
@@ -94,37 +86,38 @@ def test_predicted_bytes_equal_measured(world4, model):
 
 def test_candidates_and_feasibility():
     cfg = load_config(None, TINY["transformer_lm"])
-    plans = enumerate_plans(cfg, 8)
+    job = job_of(cfg)
+    plans = enumerate_plans(job.base, 8, job.settings.global_batch)
     assert all(p.world == 8 for p in plans)
-    assert not any(p.schedule.startswith("async") for p in plans)  # only with allow_async
-    offered = {(p.schedule, p.predict) for p in enumerate_plans(cfg, 8, allow_async=True) if p.pp > 1}
+    assert not any(p.schedule.asynchronous for p in plans)  # only with allow_async
+    offered = {(p.schedule.name, p.predict.name)
+               for p in enumerate_plans(job.base, 8, job.settings.global_batch, allow_async=True) if p.pp > 1}
     assert offered == {("1f1b", "v1"), ("gpipe", "v1"), ("async", "v1"), ("async-stash", "v1"),
                        ("async-predict", "v1"), ("async-predict", "v2")}
     # every grid of 8 ranks with at least two real axes (one real axis is the 1-D layout)
-    assert {(p.tp_mode, p.tp_grid) for p in plans if p.tp == 8} == {
+    assert {(p.tp_mode.name, p.tp_grid) for p in plans if p.tp == 8} == {
         ("1d", (8,)), ("2d", (2, 4)), ("2d", (4, 2)), ("3d", (2, 2, 2)), ("3d", (1, 2, 4)), ("3d", (1, 4, 2)),
         ("3d", (2, 1, 4)), ("3d", (4, 1, 2)), ("3d", (2, 4, 1)), ("3d", (4, 2, 1))}
-    assert {p.tp_grid for p in plans if p.tp == 4 and p.tp_mode == "3d"} == {(1, 2, 2), (2, 1, 2), (2, 2, 1)}
-    done = planner.choose(cfg, planner.Topology(ranks=8, hosts=8, link_mbit=200))
+    assert {p.tp_grid for p in plans if p.tp == 4 and p.tp_mode.name == "3d"} == {(1, 2, 2), (2, 1, 2), (2, 2, 1)}
+    done = planner.choose(job, planner.Topology(ranks=8, hosts=8, link_mbit=200))
     # 4 layers (embed, 2 blocks, head) cannot make 8 stages; every refusal carries its reason
     assert any(p.pp == 8 and "8 stages" in why for p, why in done.dropped)
     assert done.ranked and all(a.step <= b.step for a, b in zip(done.ranked, done.ranked[1:]))
     best = done.best.plan
     assert best.world == 8 and (best.pp == 1 or best.bounds)
-    # the plan round-trips through the config every package reads
-    applied = planner.apply(cfg, best)
-    assert ParallelPlan.from_config(applied, 8).with_(bounds=best.bounds) == best
+    # the plan is all the composer reads: it round-trips through the file a run can be given
+    assert ParallelPlan.from_json(best.to_json()) == best and best.sparse == policy_of(cfg)
     # plans priced alike rank by how little they change the math: SpecTrain's prediction before stale weights
-    loose = planner.choose(cfg, planner.Topology(ranks=8, hosts=8, link_mbit=200), allow_async=True,
+    loose = planner.choose(job, planner.Topology(ranks=8, hosts=8, link_mbit=200), allow_async=True,
                            profile=done.profile)
     first = loose.ranked[0].plan
     twins = [e.plan for e in loose.ranked if e.plan.with_(schedule="1f1b", predict="v1") ==
              first.with_(schedule="1f1b", predict="v1") and math.isclose(e.step, loose.ranked[0].step)]
-    order = [(p.schedule, p.predict) for p in twins if p.schedule.startswith("async")]
+    order = [(p.schedule.name, p.predict.name) for p in twins if p.schedule.asynchronous]
     assert order == [("async-predict", "v1"), ("async-predict", "v2"), ("async-stash", "v1"), ("async", "v1")][
         :len(order)] and len(order) >= 2
     # a memory budget under the winner's need drops it
-    tight = planner.choose(cfg, planner.Topology(ranks=8, hosts=8, link_mbit=200, memory=done.best.memory - 1),
+    tight = planner.choose(job, planner.Topology(ranks=8, hosts=8, link_mbit=200, memory=done.best.memory - 1),
                            profile=done.profile)
     assert all(e.memory <= done.best.memory - 1 for e in tight.ranked) and tight.over_memory
 
@@ -132,15 +125,15 @@ def test_candidates_and_feasibility():
 def test_flushed_bubble_and_async():
     """A flushed step: one slot of every stage, then m - 1 of the slowest; an asynchronous one: m slowest."""
     cfg = load_config(None, TINY["classifier"])
-    profile = measure(cfg, dps=(1,))
+    profile, settings = measure(job_of(cfg), dps=(1,)), settings_of(cfg)
     ms = 1e-3
     for layer, each in zip(profile.layers, (1 * ms, 1 * ms, 3 * ms, 2 * ms)):  # per micro-batch of 2 samples
         layer.measured, layer.fixed, layer.per_sample = {}, each, 0.0
     profile.step_factor, profile.optimizer_per_elem = 1.0, 0.0
     topo = planner.Topology(ranks=2, hosts=2, link_mbit=1e9, latency=0.0)  # boundary sends take ~no time
     bounds = ((0, 2), (2, 4))  # stages of 2 ms and 5 ms per micro-batch
-    flushed = estimate(ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds), cfg, profile, topo)
-    free = estimate(ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds, schedule="async-predict"), cfg,
+    flushed = estimate(ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds), settings, profile, topo)
+    free = estimate(ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds, schedule="async-predict"), settings,
                     profile, topo)
     assert math.isclose(flushed.compute, 4 * 5 * ms) and math.isclose(free.compute, 4 * 5 * ms)
     assert math.isclose(flushed.comm, free.comm) and flushed.comm < 1e-6
@@ -161,8 +154,7 @@ def test_plan_command_and_saved_plan(tmp_path, capsys):
     assert "latency 50 us, compute 0.5x one core" in text
     plan = ParallelPlan.from_json(out.read_text())
     assert plan.world == 4
-    cfg = planner.resolve(load_config(None, [f"plan.source={out}"]), 4)[0]
-    assert (cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp) == (plan.dp, plan.pp, plan.tp)
+    assert saved_plan_for(load_config(None, [f"plan.source={out}"]), 4) == plan
     assert json.loads(out.read_text())["dp"] == plan.dp
 
 
@@ -195,7 +187,7 @@ def test_probe_measures_latency_and_speed(world4):
 
 
 def test_paper_projections():
-    from tessel.planner import paper
+    from tessel.bench import paper
 
     rows, text = paper.parallax()
     # the 800K-word tables are what dense data parallelism all-reduces and the hybrid moves by rows
@@ -228,11 +220,11 @@ PLANS8 = {  # stage boundaries in a 2-D/3-D block, and a middle stage that sends
 def test_predicted_bytes_equal_measured_on_8_ranks(world8, model):
     base = TINY[model]
     cfg = load_config(None, base)
-    profile = measure(cfg, dps=(1,))
+    profile = measure(job_of(cfg), dps=(1,))
     topo = planner.Topology(ranks=8, hosts=8, link_mbit=1000)
     for plan in PLANS8[model]:
-        est = estimate(plan, cfg, profile, topo)
-        got = world8.run(_step_bytes, _overrides(base, est.plan))
+        est = estimate(plan.with_(sparse=policy_of(cfg)), settings_of(cfg), profile, topo)
+        got = world8.run(_step_bytes, base, est.plan.to_json())
         for channel in _channels(est.bytes, got):
             assert est.bytes.get(channel, 0) == max(r.get(channel, 0) for r in got), (plan.describe(), channel,
                                                                                       est.bytes, got)

@@ -14,7 +14,8 @@ from torch import nn
 import tessel
 from tessel import TesselError
 from tessel.data.prepared import PreparedLoader, slice_batch
-from tessel.prepare import _plan, _table_groups
+from tessel.prepare import _table_groups
+from tessel.prepare import _table_plan as _plan
 from tessel.sparse import find_tables
 from tessel.sparse.rowopt import mirror
 

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from tessel.choices import optimizer
 from tessel.errors import ConfigError
-from tessel.sparse.rowopt import RowOptimizer, row_kind
+from tessel.sparse.rowopt import RowOptimizer
 
 LR, WD = 0.1, 0.1
 
@@ -88,6 +89,6 @@ def test_without_decay_equals_torch_on_partially_touched_rows(kind):
 
 
 def test_kinds():
-    assert row_kind("adamw") == "adamw" and row_kind("adam") == "adam"
+    assert optimizer("adamw").rows == "adamw" and optimizer("adam").rows == "adam"
     with pytest.raises(ConfigError, match="valid: sgd, adagrad, adam, adamw"):
         RowOptimizer("nosuch", 0.1)

@@ -9,14 +9,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from steps import engine_for, step_side_by_side
+from composed import planned
+from steps import TorchReference, step_side_by_side, tessel_engine
 from tessel import comm, sparse
 from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.errors import ConfigError, PlanError
 from tessel.mesh import ParallelDims, build_mesh
-from tessel.parallelize import apply_ddp, apply_sparse
-from tessel.plan import ParallelPlan
+from tessel.parallelize import apply_ddp, apply_sparse, row_optimizer
 from tessel.sparse.partition import plan_rows
 from tessel.sparse.rowopt import RowOptimizer
 from tessel.train.build import build, build_data
@@ -55,14 +55,15 @@ def check_sparse_parity(name: str, strategy: str, optimizer: str, micro: int = 1
     loader = ShardedLoader(data, 8, r, p)
     peek = ShardedLoader(data, 8, r, p)
     found = sparse.survey(model, [_batch(peek), _batch(peek)])
-    tables, _ = apply_sparse(model, found, ParallelPlan(dp=p), cfg, mesh.get_group("dp"))
+    plan, settings = planned(cfg)
+    tables, _ = apply_sparse(model, found, plan, row_optimizer(plan, settings), mesh.get_group("dp"), 20)
     if hosts:
         assert all(t.hosts for t in tables.tables.values())
     assert set(tables.tables) == {n for n, m in ref.named_modules() if isinstance(m, nn.Embedding)}
     model = apply_ddp(model, mesh.get_group("dp"))
     ref_loader = ShardedLoader(data, 8, 0, 1)
-    engine = engine_for(model, cfg.train, tables=tables)
-    ref_engine = engine_for(ref, cfg.train)
+    engine = tessel_engine(model, cfg.train, tables=tables)
+    ref_engine = TorchReference(ref, cfg.train)
     ref_res = step_side_by_side(engine, ref_engine, loader, ref_loader, steps, p, ATOL)
     ref_params = dict(ref.named_parameters())
     for n, a in model.module.named_parameters():
@@ -280,7 +281,7 @@ def test_detection_and_choices():
     assert set(infos) == {"tok_emb", "pos_emb"} and infos["tok_emb"].shared_with
     x = torch.randint(0, 50, (2, 4))
     tables = sparse.shard(tied, [(x, x)], "allgather", "sgd", group=None, max_touched=1.0)
-    why = {c.info.name: (c.strategy, c.why) for c in tables.choices}
+    why = {c.info.name: (c.strategy.name, c.why) for c in tables.choices}
     assert why["tok_emb"][0] == "dense" and "shared" in why["tok_emb"][1]
     lstm = LSTMLM(vocab_size=100, dim=8, hidden=16, softmax="sampled", num_sampled=10)
     with pytest.raises(PlanError, match="not a table of this model; tables: embedding, head.weight, head.bias"):

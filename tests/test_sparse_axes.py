@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from steps import engine_for
+from composed import planned
+from steps import TorchReference
 from tessel import comm, sparse
 from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.mesh import build_mesh
 from tessel.parallelize import parallelize
-from tessel.plan import ParallelPlan
 from tessel.train import checkpoint
 from tessel.train.build import build, build_data
 from tessel.train.checkpoint import load_weights
@@ -46,7 +46,7 @@ def _cfg(model, layout, strategy, schedule, optimizer, micro=2, extra=()):
 
 
 def _compose(cfg):
-    plan = ParallelPlan.from_config(cfg, dist.get_world_size()).check(cfg)
+    plan, settings = planned(cfg)
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
     torch.manual_seed(1)
@@ -54,7 +54,7 @@ def _compose(cfg):
     ref = copy.deepcopy(model)
     dp = mesh.get_local_rank("dp")
     peek = ShardedLoader(data, B, dp, plan.dp)
-    par = parallelize(model, plan, mesh, cfg, [peek.next_batch(), peek.next_batch()])
+    par = parallelize(model, plan, mesh, [peek.next_batch(), peek.next_batch()], settings)
     return par, ref, ShardedLoader(data, B, dp, plan.dp), mesh
 
 
@@ -77,7 +77,7 @@ def check_parity(model, layout, strategy, schedule, optimizer, micro=2, steps=3,
     cfg = _cfg(model, layout, strategy, schedule, optimizer, micro, extra)
     par, ref, loader, mesh = _compose(cfg)
     dp_group, last = mesh.get_group("dp"), mesh.get_local_rank("pp") == par.plan.pp - 1
-    ref_engine = engine_for(ref, cfg.train)
+    ref_engine = TorchReference(ref, cfg.train)
     for step in range(steps):
         x, y = loader.next_batch()
         upcoming = loader.peek()[0] if step + 1 < steps else None
@@ -104,7 +104,7 @@ def check_parity(model, layout, strategy, schedule, optimizer, micro=2, steps=3,
         torch.testing.assert_close(got, want[f"{name}.weight"].detach()[_rows(par, name)], rtol=0, atol=ATOL,
                                    msg=name)
         served[name] = t.strategy
-    return served, [(c.name, c.strategy) for c in par.plan.tables]
+    return served, [(c.name, c.strategy.name) for c in par.plan.tables]
 
 
 PIPELINED = [("lstm", "ps", "gpipe", "adagrad", ()), ("lstm", "alltoall", "1f1b", "sgd", ()),

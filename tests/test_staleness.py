@@ -8,13 +8,12 @@ the schedule's definition, not taken from the code under test.
 """
 
 import torch
-import torch.distributed as dist
 
+from composed import planned
 from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.mesh import build_mesh
 from tessel.parallelize import parallelize
-from tessel.plan import ParallelPlan
 from tessel.train.build import build, build_data
 
 LR, WARMUP, STEPS, STAGES = 0.05, 4, 6, 3
@@ -49,13 +48,13 @@ def _engine(schedule: str, variant: str, micro: int, stages: int = STAGES):
                              "train.schedule=constant", "train.clip=0", f"train.steps={STEPS}", f"parallel.pp={stages}",
                              f"pipeline.schedule={schedule}", f"pipeline.predict={variant}",
                              "pipeline.split=" + ",".join(["1"] * stages)])
-    plan = ParallelPlan.from_config(cfg, dist.get_world_size()).check(cfg)
+    plan, settings = planned(cfg)
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
     torch.manual_seed(1)
     model = build(cfg, 0).double()
     x, y = ShardedLoader(data, 4, 0, 1).next_batch()
-    built = parallelize(model, plan, mesh, cfg, [(x.double(), y)])
+    built = parallelize(model, plan, mesh, [(x.double(), y)], settings)
     return built, ShardedLoader(data, 4, 0, 1)
 
 

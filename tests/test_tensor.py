@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from steps import engine_for
+from composed import check_before_workers
+from steps import TorchReference, tessel_engine
 from tessel import comm
 from tessel.chain import chain_of
 from tessel.config import load_config
@@ -19,8 +20,8 @@ from tessel.errors import PlanError
 from tessel.mesh import ParallelDims, build_mesh
 from tessel.models.transformer_lm import MLP, CausalSelfAttention, TransformerLM
 from tessel.parallelize import apply_ddp
-from tessel.plan import ParallelPlan
-from tessel.tensor import GridSpec, TensorParallel, check_shapes, parallelize
+from tessel.settings import Settings
+from tessel.tensor import GridSpec, TensorParallel, apply_whole, check_shapes
 from tessel.tensor.cost import block_bytes, linear_traffic
 from tessel.tensor.grid import Grid
 from tessel.tensor.layers import TPEmbedding, TPLayerNorm, TPLinear, rows_of, vocab_cross_entropy
@@ -213,11 +214,11 @@ def check_lm(mode, tp, shape, optimizer, steps=3, regather=False, sequence_paral
                              "train.dtype=float64"]).train
     torch.manual_seed(1)
     ref = TransformerLM(V, T, dim=H, layers=2, heads=HEADS).double()
-    model, tp_handle = parallelize(copy.deepcopy(ref), mode, mesh, gspec, regather, sequence_parallel)
+    model, tp_handle = apply_whole(copy.deepcopy(ref), gspec, mesh, regather, sequence_parallel)
     if dims.dp > 1:
         model = apply_ddp(model, mesh.get_group("dp"))
-    engine = engine_for(model, cfg, tp=tp_handle)
-    ref_engine = engine_for(ref, cfg)
+    engine = tessel_engine(model, cfg, tp=tp_handle)
+    ref_engine = TorchReference(ref, cfg)
     dp_rank = mesh.get_local_rank("dp")
     for step in range(steps):
         g = torch.Generator().manual_seed(100 + step)
@@ -267,9 +268,8 @@ def check_checkpoint(tmp, phase):
     ref = TransformerLM(V, T, dim=H, layers=2, heads=HEADS).double()
     if phase == "save":
         dims, gspec, mesh, grid = _grid("3d", 8, "")
-        model, tp = parallelize(copy.deepcopy(ref), "3d", mesh, gspec)
-        cfg = load_config(None, ["train.optimizer=adamw", "train.dtype=float64"]).train
-        opt = build_optimizer(model.parameters(), cfg)
+        model, tp = apply_whole(copy.deepcopy(ref), gspec, mesh)
+        opt = build_optimizer(model.parameters(), Settings(optimizer="adamw", dtype="float64"))
         model(torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))).backward()
         tp.reduce_grads()
         opt.step()
@@ -278,7 +278,7 @@ def check_checkpoint(tmp, phase):
         return {n: p.detach().clone() for n, p in model.root.named_parameters()}
     mode, tp_size, shape = phase
     dims, gspec, mesh, grid = _grid(mode, tp_size, shape)
-    model, tp = parallelize(copy.deepcopy(ref), mode, mesh, gspec)
+    model, tp = apply_whole(copy.deepcopy(ref), gspec, mesh)
     load_weights(f"{tmp}/step-00000001", model.root, {"model": {}}, tp)
     return {n: (p.detach().clone(), p.tp_split) for n, p in model.root.named_parameters()}, grid.coords
 
@@ -324,7 +324,7 @@ def _cfg(*extra):
     (["tensor.mode=3d", "tensor.grid=2x2"], 8, "tensor.grid '2x2' is invalid for mode 3d"),
     (["tensor.mode=2d", "tensor.grid=2x3"], 8, "has 6 ranks but tp=8"),
     (["model.name=lstm_lm"], 2, "applies to models transformer_lm and classifier, not lstm_lm"),
-    (["tensor.mode=torch-1d", "parallel.dp=2"], 4, "runs transformer_lm alone"),
+    (["tensor.mode=torch-1d", "parallel.dp=2"], 4, "runs alone"),
     (["tensor.sequence_parallel=true"], 2, "only the torch-1d peer runs"),
     (["parallel.pp=2", "sparse.strategy=torch-sparse", "train.optimizer=sgd"], 4, "torch-sparse under pp and tp"),
     (["tensor.mode=2d", "sparse.strategy=ps"], 4, "only the 1-D vocabulary shard"),
@@ -332,7 +332,7 @@ def _cfg(*extra):
 def test_config_errors(extra, tp, message):
     cfg = _cfg(f"parallel.tp={tp}", *extra)
     with pytest.raises(PlanError, match=message):
-        ParallelPlan.from_config(cfg, cfg.nproc).check(cfg)
+        check_before_workers(cfg)
 
 
 @pytest.mark.parametrize("mode,tp,batch,message", [

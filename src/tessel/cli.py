@@ -26,6 +26,7 @@ from .bench import cli as bench_cli
 from .cluster import cli as cluster_cli
 from .config import Config, all_keys, load_config
 from .errors import CommError, ConfigError, Preempted, TesselError
+from .plan import ParallelPlan
 
 # short flag -> config key (flags that take a value)
 ALIASES = {
@@ -122,9 +123,10 @@ def _memory(text: str | None) -> float:
     return value / 2**30
 
 
-def _plan(ns: argparse.Namespace) -> int:
+def _plan_verb(ns: argparse.Namespace) -> int:
     """tessel plan: rank the candidates on the topology the flags describe, print, optionally save the winner."""
     from . import planner
+    from .resolve import job_of, topology_of
 
     cfg = config_from_args(ns)
     ranks = cfg.nproc
@@ -141,7 +143,7 @@ def _plan(ns: argparse.Namespace) -> int:
     if cfg.nproc % (cfg.plan.hosts or 1):
         raise ConfigError(f"--hosts {cfg.plan.hosts} does not divide --nproc {cfg.nproc}; every host holds as many "
                           "ranks as the others")
-    planned = planner.choose(cfg, planner.topology_of(cfg, ranks))
+    planned = planner.choose(job_of(cfg), topology_of(cfg, ranks), cfg.plan.allow_async)
     print(planned.table(ns.top))
     if ns.json:
         Path(ns.json).write_text(planned.best.plan.to_json() + "\n")
@@ -149,19 +151,24 @@ def _plan(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _planned(cfg: Config, argv: list[str]) -> tuple[Config, list[str]]:
-    """tessel train --plan auto|FILE in the launcher: the plan applied to the config; for auto the planner runs
-    here, once, its table is printed and the winner saved beside the run, and the workers are given that file."""
+def _planned(cfg: Config, argv: list[str]) -> tuple[Config, list[str], ParallelPlan]:
+    """tessel train --plan auto|FILE in the launcher: the plan the workers will follow, and as many workers as it
+    has ranks; for auto the planner runs here, once, its table is printed and the winner saved beside the run,
+    and the workers are given that file (a file's plan is followed exactly as it says, whatever the flags)."""
     from . import planner
+    from .resolve import job_of, saved_plan_for, topology_of
 
-    cfg, planned = planner.resolve(cfg, cfg.parallel.nproc)
-    if planned is None:
-        return cfg, argv
+    if cfg.plan.source != "auto":
+        plan = saved_plan_for(cfg, cfg.parallel.nproc)
+        cfg.parallel.nproc = plan.world
+        return cfg, [*argv, "--nproc", str(plan.world)], plan
+    planned = planner.choose(job_of(cfg), topology_of(cfg, cfg.nproc), cfg.plan.allow_async)
     print(planned.table(), flush=True)
     path = Path(cfg.metrics.out) / "plan.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(planned.best.plan.to_json() + "\n")
-    return cfg, [*argv, "--plan", str(path), "--nproc", str(cfg.nproc)]
+    cfg.parallel.nproc, cfg.plan.source = planned.best.plan.world, str(path)
+    return cfg, [*argv, "--plan", str(path), "--nproc", str(cfg.nproc)], planned.best.plan
 
 
 def _count(text: str) -> int:
@@ -252,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         if ns.verb == "run":
             return _run(ns)
         if ns.verb == "plan":
-            return _plan(ns)
+            return _plan_verb(ns)
         cfg = config_from_args(ns)
         if ns.print_config:
             print(cfg.to_toml())
@@ -272,9 +279,10 @@ def main(argv: list[str] | None = None) -> int:
             return _leave_worker(0)
         from .preflight import preflight
 
+        plan = None
         if cfg.plan.source:
-            cfg, argv = _planned(cfg, argv)
-        preflight(cfg)
+            cfg, argv, plan = _planned(cfg, argv)
+        preflight(cfg, plan=plan)
         from .cluster.launch import launch
 
         code = launch(argv, cfg.nproc, verbose=ns.verbose, max_restarts=ns.max_restarts)

@@ -20,16 +20,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .choices import (
-    MODELS,
-    PREDICT_VARIANTS,
-    ROW_OPTIMIZERS,
-    SCHEDULES,
-    SPARSE_SPLITS,
-    SPARSE_STRATEGIES,
-    TP_MODES,
-)
+from . import choices
+from .choices import MODELS, SPARSE_SPLITS, Optimizer, Prediction, Schedule, TableStrategy, TensorMode
 from .errors import ConfigError
+from .settings import LR_SCHEDULES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -205,23 +199,32 @@ class Config:
         return Path(self.checkpoint.dir or Path(self.metrics.out) / "checkpoints")
 
 
-CHOICES: dict[str, tuple[str, ...]] = {
+# a key's valid values: a tuple, or a kind of record whose registered names are valid (tessel.choices)
+CHOICES: dict[str, tuple[str, ...] | type] = {
     "model.name": MODELS,
     "model.softmax": ("full", "sampled"),
     "data.source": ("auto", "zipf", "text", "gaussian"),
     "parallel.backend": ("auto", "gloo", "nccl"),
     "parallel.ddp_comm": ("tessel", "torch"),
-    "train.optimizer": ("adamw", "adam", "sgd", "adagrad"),
-    "train.schedule": ("cosine", "linear", "constant"),
+    "train.optimizer": Optimizer,
+    "train.schedule": LR_SCHEDULES,
     "train.dtype": ("float32", "float64"),
     "metrics.progress": ("auto", "bar", "log", "off"),
-    "sparse.strategy": SPARSE_STRATEGIES,
+    "sparse.strategy": TableStrategy,
     "sparse.split": SPARSE_SPLITS,
-    "sparse.optimizer": ROW_OPTIMIZERS,
-    "pipeline.schedule": SCHEDULES,
-    "pipeline.predict": PREDICT_VARIANTS,
-    "tensor.mode": TP_MODES,
+    "sparse.optimizer": Optimizer,  # or auto
+    "pipeline.schedule": Schedule,
+    "pipeline.predict": Prediction,
+    "tensor.mode": TensorMode,
 }
+
+
+def valid(key: str) -> tuple[str, ...]:
+    """The valid values of a closed config key."""
+    found = CHOICES[key]
+    if isinstance(found, type):
+        return (("auto",) if key == "sparse.optimizer" else ()) + choices.names(found)
+    return found
 
 # Lower bounds of numeric keys; keys not listed must be >= 0 when numeric.
 MINIMUM: dict[str, float] = {
@@ -306,8 +309,8 @@ def validate(cfg: Config) -> Config:
         section = getattr(cfg, sec.name)
         for f in fields(section):
             dotted, value = f"{sec.name}.{f.name}", getattr(section, f.name)
-            if dotted in CHOICES and value not in CHOICES[dotted]:
-                raise ConfigError(f"config key '{dotted}' is '{value}'; valid: {', '.join(CHOICES[dotted])}")
+            if dotted in CHOICES and value not in valid(dotted):
+                raise ConfigError(f"config key '{dotted}' is '{value}'; valid: {', '.join(valid(dotted))}")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 _check_number(dotted, value)
     if not 0.0 <= cfg.model.dropout < 1.0:
@@ -320,9 +323,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.source 'gaussian' is for the classifier; model '{cfg.model.name}' "
                           "needs zipf or text")
     sparse_overrides(cfg)
-    if cfg.sparse.strategy == "torch-sparse" and cfg.train.optimizer not in ("sgd", "adagrad"):
-        raise ConfigError(f"sparse.strategy 'torch-sparse' needs a torch optimizer that takes sparse gradients; "
-                          f"train.optimizer is '{cfg.train.optimizer}'; valid: sgd, adagrad")
+    if choices.table_strategy(cfg.sparse.strategy).ddp_sparse and not choices.optimizer(cfg.train.optimizer).sparse:
+        takes = ", ".join(o.name for o in choices.records(Optimizer) if o.sparse)
+        raise ConfigError(f"sparse.strategy '{cfg.sparse.strategy}' needs a torch optimizer that takes sparse "
+                          f"gradients; train.optimizer is '{cfg.train.optimizer}'; valid: {takes}")
     return cfg
 
 
@@ -331,10 +335,10 @@ def sparse_overrides(cfg: Config) -> dict[str, str]:
     out = {}
     for item in filter(None, (x.strip() for x in cfg.sparse.tables.split(","))):
         name, eq, strategy = item.partition("=")
-        valid = CHOICES["sparse.strategy"]
-        if not eq or not name.strip() or strategy.strip() not in valid:
+        strategies = valid("sparse.strategy")
+        if not eq or not name.strip() or strategy.strip() not in strategies:
             raise ConfigError(f"sparse.tables item '{item}' must be name=strategy with strategy one of "
-                              f"{', '.join(valid)}, e.g. 'embedding=ps,head.weight=dense'")
+                              f"{', '.join(strategies)}, e.g. 'embedding=ps,head.weight=dense'")
         out[name.strip()] = strategy.strip()
     return out
 

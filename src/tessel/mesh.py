@@ -74,6 +74,20 @@ class ParallelDims:
     def __str__(self) -> str:
         return f"dp={self.dp} pp={self.pp} tp={self.tp} (world {self.world_size})"
 
+    def strides(self) -> dict[str, tuple[int, int]]:
+        """mesh dim -> (size, stride between neighbouring ranks of its groups): the mesh is (pp, dp, tp), pp
+        outermost, so tp's ranks are consecutive and a pp group's are dp x tp apart.
+
+        >>> ParallelDims(dp=2, pp=2, tp=2, world_size=8).strides()
+        {'pp': (2, 4), 'dp': (2, 2), 'tp': (2, 1)}
+        """
+        return {"pp": (self.pp, self.dp * self.tp), "dp": (self.dp, self.tp), "tp": (self.tp, 1)}
+
+    def rank(self, pp: int, dp: int, tp: int) -> int:
+        """The global rank at mesh coordinate (pp, dp, tp)."""
+        s = self.strides()
+        return pp * s["pp"][1] + dp * s["dp"][1] + tp
+
 
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"

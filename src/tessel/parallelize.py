@@ -20,22 +20,19 @@ which axes are on. Run it inside a torchrun worker, e.g.::
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import comm, pipeline, sparse, tensor
+from . import choices, comm, pipeline, sparse, tensor
 from .chain import Chain, Runner, chain_of
-from .choices import ASYNC_SCHEDULES, TORCH_SCHEDULES
-from .config import Config, sparse_overrides
 from .plan import ParallelPlan, TableChoice
-from .sparse.rowopt import RowOptimizer, row_kind
-from .tensor.cost import step_formula
-from .train.build import DTYPES
-from .train.engine import Engine
+from .settings import Settings
+from .sparse.rowopt import RowOptimizer
+from .train.engine import Engine, StepEngine
 from .train.optim import build_optimizer
 from .train.tail import StepTail
 
@@ -65,15 +62,15 @@ def auto_bucket_mb(model: torch.nn.Module, buckets: int = 8) -> float:
     return float(min(TORCH_BUCKET_MB, max(1.0, round(total / buckets))))
 
 
-def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 0.0, ddp_comm: str = "tessel") -> DDP:
+def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 0.0, hook: bool = True) -> DDP:
     """Wrap ``model`` in DDP whose every byte (init and gradients) goes through tessel.comm.
 
-    ``bucket_mb=0`` picks :func:`auto_bucket_mb` for tessel's wrapper. ``ddp_comm="torch"`` leaves DDP
-    exactly as torch ships it (its own broadcast and all-reduce, bytes not counted, 25 MB buckets unless
-    ``bucket_mb`` is given): the peer that benchmarks compare tessel's wrapper against.
+    ``bucket_mb=0`` picks :func:`auto_bucket_mb` for tessel's wrapper. ``hook=False`` leaves DDP exactly as
+    torch ships it (its own broadcast and all-reduce, bytes not counted, 25 MB buckets unless ``bucket_mb`` is
+    given): the peer that benchmarks compare tessel's wrapper against.
     """
     device_ids = [torch.cuda.current_device()] if next(model.parameters()).is_cuda else None
-    if ddp_comm == "torch":
+    if not hook:
         return DDP(model, device_ids=device_ids, process_group=dp_group, bucket_cap_mb=bucket_mb or TORCH_BUCKET_MB)
     bucket_mb = bucket_mb or auto_bucket_mb(model)
     replicate_from_first(model, dp_group)
@@ -89,9 +86,9 @@ class Parallelized:
 
     module: torch.nn.Module  # what is checkpointed: the plain model's names, pruned to the stage, tp layers in it
     optimizer: torch.optim.Optimizer
-    engine: Any  # Engine or PipelineEngine: step(x, y, step, next_x) -> StepResult, drain(step), stats()
+    engine: StepEngine
     plan: ParallelPlan  # complete: stage bounds and table strategies decided
-    cfg: Config
+    settings: Settings
     tables: sparse.SparseTables | None = None
     shards: tensor.TensorParallel | None = None  # places of tensor-parallel shards in full tensors (checkpoints)
     stages: pipeline.StagePlan | None = None
@@ -101,10 +98,10 @@ class Parallelized:
         parts = [self.plan.describe()]
         if self.stages is not None:
             parts.append(self.stages.describe())
-            if self.plan.schedule in ASYNC_SCHEDULES and not self.stages.given:
+            if self.plan.schedule.asynchronous and not self.stages.given:
                 # stage k's layers run up to pp - k - 1 updates stale: a cut elsewhere is other math, and the
                 # profile's sub-millisecond timings can pick another cut next time
-                parts.append(f"  {self.plan.schedule}: the cut sets how stale each layer runs; --pipeline.split "
+                parts.append(f"  {self.plan.schedule.name}: the cut sets how stale each layer runs; --pipeline.split "
                              f"{pipeline.split_text(self.stages.bounds)} repeats this run's math")
         if self.tables and self.tables.choices:
             parts.append(self.tables.describe())
@@ -112,45 +109,47 @@ class Parallelized:
 
     def dense_tables(self) -> list[tuple[torch.nn.Parameter, bool]]:
         """(weight, has sparse gradient) of the tables left in the model (dense / torch-sparse)."""
-        choices = self.tables.choices if self.tables else []
-        return [(self.module.get_submodule(c.info.name).weight, c.strategy == "torch-sparse") for c in choices
-                if c.strategy in ("dense", "torch-sparse")]
+        picked = self.tables.choices if self.tables else []
+        return [(self.module.get_submodule(c.info.name).weight, c.strategy.ddp_sparse) for c in picked
+                if not c.strategy.served]
 
     def summary(self, stats: list) -> dict:
         """The run summary's entries about the axes, from every rank's ``engine.stats()``."""
-        plan, cfg = self.plan, self.cfg
-        out: dict[str, Any] = {"plan": plan.to_dict(), "sparse_plan": {
-            t.name: t.strategy + (f"/{t.split}" if t.strategy == "alltoall" else "") for t in plan.tables}}
+        plan = self.plan
+        out: dict[str, Any] = {"plan": plan.to_dict(), "sparse_plan": {t.name: t.describe().split("=", 1)[1]
+                                                                       for t in plan.tables}}
         if plan.tp > 1:
-            spec = tensor.GridSpec(plan.tp_mode, plan.tp_grid)
-            out["tensor"] = str(spec) + (" regather" if plan.regather else "")
-            if plan.pp == 1:  # the formula counts every block; a stage holds only some
-                out["tensor_formula"] = step_formula(cfg, plan.dp, spec)
+            out["tensor"] = str(tensor.GridSpec(plan.tp_mode, plan.tp_grid)) + (" regather" if plan.regather else "")
         if self.stages is not None:
             out["pipeline"] = pipeline.summary(stats, self.stages, plan.schedule, plan.micro_batches, plan.predict)
         return out
 
 
-def apply_sparse(root: torch.nn.Module, found: sparse.Survey, plan: ParallelPlan, cfg: Config, group,
-                 only: list[str] | None = None, share: float = 1.0, agree=None, rows: RowOptimizer | None = None):
+def row_optimizer(plan: ParallelPlan, settings: Settings) -> RowOptimizer | None:
+    """The served rows' optimizer: the one the plan's table policy names, else the dense optimizer's row mirror
+    (None for an optimizer that has none: then no table can be served)."""
+    name = plan.sparse.row_optimizer
+    kind = settings.optimizer.rows if name == "auto" else choices.optimizer(name).rows
+    if not kind:
+        return None
+    return RowOptimizer(kind, settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
+
+
+def apply_sparse(root: torch.nn.Module, found: sparse.Survey, plan: ParallelPlan, rows: RowOptimizer | None, group,
+                 timeout: float, only: list[str] | None = None, share: float = 1.0, agree=None):
     """Serve the surveyed tables this rank holds (``only``: a stage's) over ``group`` (its dp group), in place,
-    before the stage's data-parallel sync (which must not see them); a plan that already names its tables (a
-    resumed run's) keeps them. ``share``: the stage's part of the step's compute; ``rows``: the row optimizer
-    (default: the one ``cfg`` names). Returns (tables, the plan with this rank's tables decided)."""
-    s = cfg.sparse
-    kind = rows or (row_kind(cfg.train.optimizer) if s.optimizer == "auto" else s.optimizer)
-    fixed = {t.name: [t.strategy, t.split] for t in plan.tables} or None
+    before the stage's data-parallel sync (which must not see them), as the plan's table policy says; tables the
+    plan has decided already (a resumed run's) keep their choice. ``share``: the stage's part of the step's
+    compute. Returns (tables, the plan with this rank's tables decided)."""
     found = sparse.Survey(found.infos, found.compute * share)
-    tables = sparse.serve(root, found, s.strategy, kind, cfg.train.lr, cfg.train.momentum, group,
-                          sparse_overrides(cfg), s.max_touched, s.partitions, hosts=s.hosts or None,
-                          timeout=cfg.parallel.timeout, split=s.split, schedule=s.schedule, link_mbit=s.link_mbit,
-                          fixed=fixed, weight_decay=cfg.train.weight_decay, only=only, agree=agree)
+    tables = sparse.serve(root, found, plan.sparse, rows, group, timeout=timeout, fixed=plan.tables, only=only,
+                          agree=agree)
     return tables, plan.with_(tables=tuple(TableChoice.of(c) for c in tables.choices))
 
 
 def _agree(mesh, plan: ParallelPlan):
     """Under tensor parallelism every shard of a table takes the first shard's choice (one plan entry each)."""
-    if plan.tp == 1 or plan.tp_mode != "1d":  # 2-D/3-D keep their tables dense (their columns are cut)
+    if plan.tp == 1 or not plan.tp_mode.serves_tables:  # 2-D/3-D keep their tables dense (their columns are cut)
         return None
     return lambda picks: comm.all_gather_object(picks, "sparse.plan", mesh.get_group("tp"))[0]
 
@@ -162,17 +161,18 @@ def _stage_tables(found: sparse.Survey, chain: Chain, lo: int, hi: int | None) -
     return [i.name for i in found.infos if any(i.name == p or i.name.startswith(p + ".") for p in owns)]
 
 
-def check_model(model: torch.nn.Module, plan: ParallelPlan, cfg: Config) -> None:
-    """What the model itself allows of ``plan`` (table names, layer count, even splits on the grid), checked on
-    a meta-device model before any worker starts; ``model`` is changed in place."""
-    sparse.check_overrides([i.name for i in sparse.find_tables(model)], sparse_overrides(cfg))
+def check_model(model: torch.nn.Module, plan: ParallelPlan, settings: Settings) -> None:
+    """What the model itself allows of ``plan`` (table names, layer count and cut, a tensor-parallel plan
+    registered for it, even splits on the grid), checked on a meta-device model before any worker starts;
+    ``model`` is changed in place."""
+    sparse.check_overrides([i.name for i in sparse.find_tables(model)], plan.sparse.overrides)
     if plan.pp == 1 and plan.tp == 1:
         return
     chain = chain_of(model)
     if plan.pp > 1:
-        pipeline.check_model(chain, plan.pieces, cfg.pipeline.split)
+        pipeline.check_model(chain, plan.pieces, plan.bounds)
     if plan.tp > 1:
-        per_rank = cfg.train.global_batch // (plan.dp * plan.micro_batches)
+        per_rank = settings.global_batch // (plan.dp * plan.micro_batches)
         tensor.check_shapes(model, chain, tensor.GridSpec(plan.tp_mode, plan.tp_grid), per_rank)
 
 
@@ -183,71 +183,70 @@ def _micro(batch: tuple, micro_batches: int) -> tuple:
     return x[:b], y[:b]
 
 
-def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, cfg: Config, batches: list[tuple], *,
+def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, batches: list[tuple], settings: Settings, *,
                 make_optimizer: Callable | None = None, rows: RowOptimizer | None = None) -> Parallelized:
-    """Apply ``plan`` to the plain ``model`` (same seed, so the same weights, on every rank) on ``mesh``.
+    """Apply ``plan`` to the plain ``model`` (same seed, so the same weights, on every rank) on ``mesh``, trained
+    as ``settings`` says.
 
     ``batches``: this rank's first batches (sparse tables measure them, the pipeline profiles the first).
     ``make_optimizer``: (this rank's dense parameters) -> optimizer, and ``rows``: the served tables' row
-    optimizer, for a caller mirroring its own optimizer (``tessel.prepare``); by default both follow ``cfg``."""
-    make_optimizer = make_optimizer or (lambda params: build_optimizer(params, cfg.train))
+    optimizer, for a caller mirroring its own optimizer (``tessel.prepare``); by default both follow ``settings``."""
+    make_optimizer = make_optimizer or (lambda params: build_optimizer(params, settings))
+    rows = rows if rows is not None else row_optimizer(plan, settings)
     dp_group = mesh.get_group("dp")
     # tables are measured on the whole plain model, the only one every rank can run
-    found = sparse.survey(model, batches[:cfg.sparse.sample_batches])
+    found = sparse.survey(model, batches[:plan.sparse.sample_batches])
     chain = chain_of(model) if plan.pp > 1 or plan.tp > 1 else None
     root, stages, lo, hi, share = model, None, 0, None, 1.0
     if plan.pp > 1:
-        stages = pipeline.cut(model, chain, plan.pieces, cfg.pipeline.split,
-                              _micro(batches[0], plan.micro_batches), plan.bounds)
+        stages = pipeline.cut(model, chain, plan.pieces, _micro(batches[0], plan.micro_batches), plan.bounds)
         plan = plan.with_(bounds=tuple(tuple(b) for b in stages.bounds))
         mine = pipeline.held(plan.schedule, mesh.get_local_rank("pp"), plan.pp)  # one stage, or two (torch's)
         lo, hi = stages.bounds[mine[0]]
         share = sum(stages.stage_seconds()[i] for i in mine) / max(sum(stages.stage_seconds()), 1e-12)
         root = pipeline.prune(model, chain, lo, hi, *(stages.bounds[i] for i in mine[1:]))
     handle = shards = None
-    if plan.tp > 1 and plan.tp_mode == "torch-1d":
-        root, handle = tensor.parallelize(root, plan.tp_mode, mesh, None, sequence_parallel=plan.sequence_parallel)
+    spec = tensor.GridSpec(plan.tp_mode, plan.tp_grid)
+    if plan.tp > 1 and plan.tp_mode.torch_peer:
+        root, handle = tensor.apply_whole(root, spec, mesh, sequence_parallel=plan.sequence_parallel)
     elif plan.tp > 1:
-        chain, handle = tensor.apply(root, chain, tensor.GridSpec(plan.tp_mode, plan.tp_grid), mesh, plan.regather)
-        handle.grid.live_weights = plan.pp > 1 and pipeline.backward_reads_newer(plan.schedule, plan.predict)
+        chain, handle = tensor.apply(root, chain, spec, mesh, plan.regather)
+        handle.grid.live_weights = plan.live_backward
         shards = handle
     tables = None
-    # torch's own tensor parallelism and pipeline schedules (the peers) keep their tables dense
-    if not (plan.tp > 1 and plan.tp_mode == "torch-1d") and not (plan.pp > 1 and plan.schedule in TORCH_SCHEDULES):
+    if plan.serves_tables:  # torch's tensor parallelism and pipeline schedules (the peers) keep tables dense
         only = _stage_tables(found, chain, lo, hi) if chain is not None else None
-        tables, plan = apply_sparse(root, found, plan, cfg, dp_group, only, share, _agree(mesh, plan), rows)
+        tables, plan = apply_sparse(root, found, plan, rows, dp_group, settings.timeout, only, share,
+                                    _agree(mesh, plan))
         if plan.tp > 1 and tables:
             tables.shards_group = mesh.get_group("tp")
         if plan.pp > 1:  # each stage decided its own tables; the plan holds them all, first stage first
-            mine = comm.all_gather_object([[t.name, t.strategy, t.split] for t in plan.tables], "meta",
+            mine = comm.all_gather_object([[t.name, t.strategy.name, t.split] for t in plan.tables], "meta",
                                           mesh.get_group("pp"))
             plan = plan.with_(tables=tuple(TableChoice(*t) for stage in mine for t in stage))
     if plan.pp > 1:
-        engine, optimizer = _stage_engine(root, chain, plan, cfg, mesh, stages, lo, hi, handle, batches[0], tables,
-                                          make_optimizer)
+        engine, optimizer = _stage_engine(root, chain, plan, settings, mesh, stages, lo, hi, handle, batches[0],
+                                          tables, make_optimizer)
     else:
-        engine, optimizer = _engine(root, chain, plan, cfg, dp_group, handle, tables, make_optimizer)
-    return Parallelized(root, optimizer, engine, plan, cfg, tables, shards, stages)
+        engine, optimizer = _engine(root, chain, plan, settings, dp_group, handle, tables, make_optimizer)
+    return Parallelized(root, optimizer, engine, plan, settings, tables, shards, stages)
 
 
-def _train(cfg: Config, plan: ParallelPlan):
-    """The train settings the engines step by, with the plan's micro-batches (a re-formed job may change them,
-    see :func:`tessel.plan.regrouped`)."""
-    return replace(cfg.train, micro_batches=plan.micro_batches)
-
-
-def _engine(root, chain: Chain | None, plan: ParallelPlan, cfg: Config, dp_group, tp, tables, make_optimizer):
+def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, dp_group, tp, tables,
+            make_optimizer):
     """One stage holding the whole model: DDP syncs gradients during backward."""
-    model = Runner(root, chain) if chain is not None and plan.tp_mode != "torch-1d" else root
+    model = Runner(root, chain) if chain is not None and not plan.tp_mode.torch_peer else root
     if plan.dp > 1:
-        ddp_comm = "torch" if cfg.sparse.strategy == "torch-sparse" else cfg.parallel.ddp_comm
-        model = apply_ddp(model, dp_group, cfg.parallel.bucket_mb, ddp_comm)
+        # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
+        as_shipped = not plan.ddp_hook or any(c.strategy.ddp_sparse for c in (tables.choices if tables else []))
+        model = apply_ddp(model, dp_group, plan.bucket_mb, hook=not as_shipped)
     optimizer = make_optimizer(model.parameters())
     params = [p for p in model.parameters() if p.requires_grad]
-    return Engine(model, StepTail(params, optimizer, _train(cfg, plan), tp=tp, tables=tables), tables), optimizer
+    tail = StepTail(params, optimizer, settings.clip, tp=tp, tables=tables)
+    return Engine(model, tail, plan.micro_batches, settings.lr_at, tables), optimizer
 
 
-def _stage_engine(root, chain: Chain, plan: ParallelPlan, cfg: Config, mesh, stages, lo: int, hi: int, tp,
+def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, mesh, stages, lo: int, hi: int, tp,
                   batch: tuple, tables, make_optimizer):
     """A pipeline stage: the step tail averages its gradients over its dp group and sums the norm over pp."""
     pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp")
@@ -256,11 +255,16 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, cfg: Config, mesh, sta
         replicate_from_first(runner, dp_group)
     optimizer = make_optimizer(runner.parameters())
     params = [p for p in runner.parameters() if p.requires_grad]
-    tail = StepTail(params, optimizer, _train(cfg, plan), dp_group=dp_group, tp=tp, tables=tables,
-                    norm_group=pp_group)
+    tail = StepTail(params, optimizer, settings.clip, dp_group=dp_group, tp=tp, tables=tables, norm_group=pp_group)
     micro = batch[0].shape[0] // plan.micro_batches
     index = mesh.get_local_rank("pp")
     stage = pipeline.Stage(runner, index, plan.pp, dist.get_process_group_ranks(pp_group), stages, micro,
-                           DTYPES[cfg.train.dtype], pp_group, pipeline.held(plan.schedule, index, plan.pp),
+                           settings.torch_dtype, pp_group, pipeline.held(plan.schedule, index, plan.pp),
                            micro_batches=plan.micro_batches)
-    return pipeline.PipelineEngine(stage, chain, tail, plan.schedule, plan.predict, stages, tables), optimizer
+    if plan.schedule.torch_peer:
+        engine = pipeline.TorchPipelineEngine(stage, chain, tail, plan.schedule, plan.micro_batches, settings.lr_at,
+                                              stages)
+    else:
+        engine = pipeline.PipelineEngine(stage, chain, tail, plan.schedule, plan.micro_batches, settings.lr_at,
+                                         plan.predict, tables)
+    return engine, optimizer

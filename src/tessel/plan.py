@@ -1,10 +1,13 @@
 """The parallel plan: every decision about how one model is spread over the ranks, as frozen data.
 
 A :class:`ParallelPlan` holds the degrees (dp × pp × tp), the tensor-parallel mode and grid, the pipeline
-schedule, micro-batches and stage bounds, and each sparse table's strategy. It is made once, from the
-config (``ParallelPlan.from_config``); the workers complete the two parts that need measurement (stage
-bounds from a profile, table strategies from the cost model) with :meth:`ParallelPlan.with_`; it is
-printed at start and stored in every checkpoint. Every package reads only its slice of it.
+schedule, its prediction variant, micro-batches and stage bounds, how the sparse tables are to be held
+(:class:`TablePolicy`) and each table's decided strategy, and the data-parallel sync's hook and buckets. It is
+the composer's only input for parallel decisions: made once (from a config by :mod:`tessel.resolve`, by the
+planner, from a plan file, or by ``tessel.prepare``), completed by the workers where measurement decides (stage
+bounds from a profile, table strategies from the cost model) with :meth:`ParallelPlan.with_`, printed at
+start and stored in every checkpoint. Choices are records (:mod:`tessel.choices`); a name given for one is
+resolved on construction.
 
 Feasibility is a list of predicates, each returning a reason or None (:func:`problems`), so a caller can
 ask whether a plan runs without catching exceptions; :meth:`ParallelPlan.check` raises the first reason.
@@ -12,8 +15,8 @@ ask whether a plan runs without catching exceptions; :meth:`ParallelPlan.check` 
     >>> plan = ParallelPlan(dp=2, pp=2, tp=2, tp_mode="1d", tp_grid=(2,), schedule="1f1b", micro_batches=2)
     >>> ParallelPlan.from_json(plan.to_json()) == plan
     True
-    >>> plan.mesh_axes
-    (('tp', 2),)
+    >>> plan.mesh_axes, plan.schedule.flushed, plan.serves_tables
+    ((('tp', 2),), True, True)
 """
 
 from __future__ import annotations
@@ -23,25 +26,67 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from .choices import ASYNC_SCHEDULES, SYNC_SCHEDULES, TORCH_SCHEDULES, TP_MODES
-from .config import sparse_overrides
+from . import choices
+from .choices import Prediction, Schedule, TableStrategy, TensorMode
 from .errors import CheckpointError, PlanError
 from .mesh import ParallelDims
-from .pipeline.predict import check_optimizer
-from .pipeline.schedules import check_micro, chunks
-from .tensor.grid import AXES, GridSpec
 
 
 @dataclass(frozen=True)
 class TableChoice:
+    """One table's decided strategy (``split``: alltoall's column | row)."""
+
     name: str  # the table's module path in the plain model
-    strategy: str  # dense | torch-sparse | allgather | ps | alltoall
-    split: str = ""  # alltoall: column | row
+    strategy: TableStrategy
+    split: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", choices.table_strategy(self.strategy))
 
     @classmethod
     def of(cls, choice) -> TableChoice:
         """The plan's entry for a sparse table's decided :class:`tessel.sparse.Choice`."""
-        return cls(choice.info.name, choice.strategy, choice.split if choice.strategy == "alltoall" else "")
+        return cls(choice.info.name, choice.strategy, choice.split)
+
+    def describe(self) -> str:
+        return f"{self.name}={self.strategy.name}" + (f"/{self.split}" if self.split else "")
+
+
+@dataclass(frozen=True)
+class TablePolicy:
+    """How the model's sparse tables are to be held, before they are measured: a strategy for every table
+    (``auto``: the cost model decides each), per-table ``overrides``, alltoall's split and 2-D scheduling, and
+    what the cost model and the row layout go by."""
+
+    strategy: TableStrategy = field(default_factory=lambda: choices.table_strategy("auto"))
+    overrides: tuple[tuple[str, TableStrategy], ...] = ()  # (table, strategy): these tables take it
+    split: str = "auto"  # alltoall: column | row | auto (column unless the cost model prefers row)
+    schedule: bool = True  # alltoall: overlap its traffic with backward and the next forward (EmbRace)
+    max_touched: float = 0.5  # a table a step touches more of than this stays dense (a named strategy)
+    partitions: int = 0  # ps row partitions; 0: chosen from measured access counts
+    hosts: int = 0  # hosts the ranks fill, for ps local aggregation; 0: torchrun's node ranks
+    link_mbit: float = 0.0  # the link rate auto prices with; 0: TESSEL_LINK_MBIT, else measured
+    sample_batches: int = 2  # first batches measured for sparsity and row balance
+    row_optimizer: str = "auto"  # the served rows' optimizer; auto: the dense optimizer's row mirror
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", choices.table_strategy(self.strategy))
+        given = self.overrides.items() if isinstance(self.overrides, dict) else self.overrides
+        object.__setattr__(self, "overrides", tuple((n, choices.table_strategy(s)) for n, s in given))
+        if self.split not in choices.SPARSE_SPLITS:
+            raise PlanError(f"alltoall split '{self.split}' is invalid; valid: {', '.join(choices.SPARSE_SPLITS)}")
+
+    def of(self, name: str) -> TableStrategy | None:
+        """The strategy given for table ``name``, if any."""
+        return dict(self.overrides).get(name)
+
+    def given(self) -> set[TableStrategy]:
+        """Every strategy named for some table (the default and the overrides)."""
+        return {self.strategy, *(s for _, s in self.overrides)}
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**d, "strategy": self.strategy.name, "overrides": {n: s.name for n, s in self.overrides}}
 
 
 @dataclass(frozen=True)
@@ -49,15 +94,28 @@ class ParallelPlan:
     dp: int
     pp: int = 1
     tp: int = 1
-    tp_mode: str = "1d"
-    tp_grid: tuple[int, ...] = (1,)  # sizes of the grid's axes (see tessel.tensor.grid.AXES)
+    tp_mode: TensorMode = "1d"
+    tp_grid: tuple[int, ...] = (1,)  # sizes of the grid's axes (tp_mode.axes)
     regather: bool = False  # 2-D/3-D: keep only shards for backward
     sequence_parallel: bool = False  # torch-1d: torch's sequence parallelism around the blocks
-    schedule: str = "1f1b"
-    predict: str = "v1"
+    schedule: Schedule = "1f1b"
+    predict: Prediction = "v1"
     micro_batches: int = 1
     bounds: tuple[tuple[int, int], ...] = ()  # [lo, hi) layers per stage; () until the profile has cut
-    tables: tuple[TableChoice, ...] = field(default_factory=tuple)  # () until the tables are decided
+    tables: tuple[TableChoice, ...] = ()  # () until the tables are decided
+    sparse: TablePolicy = field(default_factory=TablePolicy)
+    ddp_hook: bool = True  # DDP's gradients through tessel.comm (counted); False: torch DDP as shipped (the peer)
+    bucket_mb: float = 0.0  # DDP's gradient buckets; 0: tessel's (parallelize.auto_bucket_mb)
+
+    def __post_init__(self) -> None:
+        # names given for choices resolve to their records once, here
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        set_("tp_mode", choices.tensor_mode(self.tp_mode))
+        set_("schedule", choices.schedule(self.schedule))
+        set_("predict", choices.prediction(self.predict))
+        set_("tp_grid", tuple(self.tp_grid))
+        set_("bounds", tuple(tuple(b) for b in self.bounds))
+        set_("tables", tuple(t if isinstance(t, TableChoice) else TableChoice(*t) for t in self.tables))
 
     @property
     def world(self) -> int:
@@ -70,19 +128,34 @@ class ParallelPlan:
     @property
     def flushed(self) -> bool:
         """Whether a step ends with every micro-batch's gradient applied (single-process equivalent)."""
-        return self.pp == 1 or self.schedule not in ASYNC_SCHEDULES
+        return self.pp == 1 or self.schedule.flushed
 
     @property
     def pieces(self) -> int:
         """Stages the model is cut into: pp, or two per rank for torch's interleaved and zero-bubble peers."""
-        return self.pp * chunks(self.schedule) if self.pp > 1 else 1
+        return self.pp * self.schedule.stages_per_rank if self.pp > 1 else 1
 
     @property
     def mesh_axes(self) -> tuple[tuple[str, int], ...]:
         """The tensor-parallel mesh dims, outermost first: ("tp",) for 1-D, the grid's axes for 2-D/3-D."""
-        if self.tp == 1 or self.tp_mode in ("1d", "torch-1d"):
+        if self.tp == 1 or not self.tp_mode.needs_grid:
             return (("tp", self.tp),)
-        return tuple(zip(AXES[self.tp_mode], self.tp_grid))
+        return tuple(zip(self.tp_mode.axes, self.tp_grid))
+
+    @property
+    def serves_tables(self) -> bool:
+        """Whether tables can be served by rows in this layout (else they stay with the dense parameters):
+        under tensor parallelism only a 1-D vocabulary shard keeps whole rows, and torch's pipeline schedules
+        run the lookups where tessel cannot tag them with their mini-batch."""
+        return (self.tp == 1 or self.tp_mode.serves_tables) and (self.pp == 1 or self.schedule.serves_tables)
+
+    @property
+    def live_backward(self) -> bool:
+        """Whether a stage's backward reads newer weights than its forward: ``async`` (the live weights, updated
+        in place meanwhile) and ``async-predict`` with a variant that predicts again at backward time. Layers that
+        keep a weight they derived at the forward (a gathered shard) must derive it again in backward then."""
+        s = self.schedule
+        return self.pp > 1 and (s.weights == "stale" or (s.weights == "predict" and self.predict.again_in_backward))
 
     def with_(self, **changes) -> ParallelPlan:
         return dataclasses.replace(self, **changes)
@@ -90,9 +163,10 @@ class ParallelPlan:
     # -- data ------------------------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["tp_grid"], d["bounds"] = list(self.tp_grid), [list(b) for b in self.bounds]
-        d["tables"] = [dataclasses.asdict(t) for t in self.tables]
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d.update(tp_mode=self.tp_mode.name, schedule=self.schedule.name, predict=self.predict.name,
+                 tp_grid=list(self.tp_grid), bounds=[list(b) for b in self.bounds], sparse=self.sparse.to_dict(),
+                 tables=[{"name": t.name, "strategy": t.strategy.name, "split": t.split} for t in self.tables])
         return d
 
     @classmethod
@@ -100,9 +174,11 @@ class ParallelPlan:
         names = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(d, dict) or "dp" not in d or set(d) - names:
             raise PlanError(f"not a parallel plan: {str(d)[:80]}; a plan has the keys {', '.join(sorted(names))}")
-        return cls(**{**d, "tp_grid": tuple(d.get("tp_grid", (1,))),
-                      "bounds": tuple(tuple(b) for b in d.get("bounds", ())),
-                      "tables": tuple(TableChoice(**t) for t in d.get("tables", ()))})
+        sparse = d.get("sparse", {})
+        if not isinstance(sparse, dict) or set(sparse) - {f.name for f in dataclasses.fields(TablePolicy)}:
+            raise PlanError(f"not a table policy: {str(sparse)[:80]}")
+        return cls(**{**d, "tables": tuple(TableChoice(**t) for t in d.get("tables", ())),
+                      "sparse": TablePolicy(**sparse)})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -111,21 +187,11 @@ class ParallelPlan:
     def from_json(cls, text: str) -> ParallelPlan:
         return cls.from_dict(json.loads(text))
 
-    @classmethod
-    def from_config(cls, cfg, world: int) -> ParallelPlan:
-        """The plan the config asks for on ``world`` ranks (degrees resolved, grid chosen), unchecked."""
-        p = cfg.parallel
-        dims = ParallelDims.resolve(world, p.dp, p.pp, p.tp)
-        grid = GridSpec.parse(cfg.tensor.mode, dims.tp, cfg.tensor.grid)
-        return cls(dp=dims.dp, pp=dims.pp, tp=dims.tp, tp_mode=cfg.tensor.mode, tp_grid=grid.shape,
-                   regather=cfg.tensor.regather, sequence_parallel=cfg.tensor.sequence_parallel,
-                   schedule=cfg.pipeline.schedule, predict=cfg.pipeline.predict, micro_batches=cfg.train.micro_batches)
-
     # -- checks and printing ---------------------------------------------------------------------------
 
-    def check(self, cfg) -> ParallelPlan:
-        """The plan itself, or a PlanError naming the first reason it cannot run."""
-        reasons = problems(self, cfg)
+    def check(self, settings) -> ParallelPlan:
+        """The plan itself, or a PlanError naming the first reason it cannot run with ``settings``."""
+        reasons = problems(self, settings)
         if reasons:
             raise PlanError(reasons[0])
         return self
@@ -134,97 +200,109 @@ class ParallelPlan:
         parts = [f"dp={self.dp}", f"pp={self.pp}", f"tp={self.tp}"]
         if self.tp > 1:
             grid = "x".join(str(s) for s in self.tp_grid)
-            parts.append(f"tensor {self.tp_mode} {grid}" + (" regather" if self.regather else "")
+            parts.append(f"tensor {self.tp_mode.name} {grid}" + (" regather" if self.regather else "")
                          + (" sequence-parallel" if self.sequence_parallel else ""))
         if self.pp > 1:
-            parts.append(f"schedule {self.schedule}" + (f" ({self.predict})" if self.schedule == "async-predict"
-                                                        else ""))
+            parts.append(f"schedule {self.schedule.name}"
+                         + (f" ({self.predict.name})" if self.schedule.weights == "predict" else ""))
             if self.bounds:
                 parts.append("stages " + " | ".join(f"{lo}-{hi - 1}" for lo, hi in self.bounds))
         parts.append(f"{self.micro_batches} micro-batch{'es' if self.micro_batches > 1 else ''}")
         if self.tables:
-            parts.append("tables " + ", ".join(f"{t.name}={t.strategy}" + (f"/{t.split}" if t.split else "")
-                                               for t in self.tables))
+            parts.append("tables " + ", ".join(t.describe() for t in self.tables))
+        elif self.sparse != TablePolicy():
+            given = ", ".join(f"{n}={s.name}" for n, s in self.sparse.overrides)
+            parts.append(f"tables {self.sparse.strategy.name}" + (f" ({given})" if given else ""))
+        if not self.ddp_hook or self.bucket_mb:
+            parts.append(("torch DDP" if not self.ddp_hook else "DDP") + (f" {self.bucket_mb:g} MB buckets"
+                                                                          if self.bucket_mb else ""))
         return "plan: " + ", ".join(parts)
 
 
 # -- feasibility: each predicate returns a reason, or None -------------------------------------------------
 
-def _degrees(plan: ParallelPlan, cfg) -> str | None:
+def _degrees(plan: ParallelPlan, settings) -> str | None:
     if min(plan.dp, plan.pp, plan.tp) < 1 or math.prod(plan.tp_grid) != plan.tp:
         return f"degrees dp={plan.dp} pp={plan.pp} tp={plan.tp} grid {plan.tp_grid} are invalid"
-    if plan.tp_mode not in TP_MODES:
-        return f"tensor mode '{plan.tp_mode}' is invalid; valid: {', '.join(TP_MODES)}"
+    if plan.tp > 1 and len(plan.tp_grid) != len(plan.tp_mode.axes):
+        return f"tensor grid {plan.tp_grid} has {len(plan.tp_grid)} axes; mode {plan.tp_mode.name} has " \
+               f"{len(plan.tp_mode.axes)} ({', '.join(plan.tp_mode.axes)})"
     return None
 
 
-def _batch(plan: ParallelPlan, cfg) -> str | None:
+def _batch(plan: ParallelPlan, settings) -> str | None:
     unit = plan.dp * plan.micro_batches
-    b = cfg.train.global_batch
+    b = settings.global_batch
     if b % unit:
         return (f"global batch {b} is not divisible by dp={plan.dp} x micro_batches={plan.micro_batches} = "
                 f"{unit}; use a multiple of {unit}, e.g. {max(unit, b // unit * unit)}")
     return None
 
 
-def _schedule(plan: ParallelPlan, cfg) -> str | None:
+def _schedule(plan: ParallelPlan, settings) -> str | None:
     if plan.pp == 1:
         return None
-    try:
-        check_micro(plan.schedule, plan.pp, plan.micro_batches)
-        if plan.schedule == "async-predict":
-            check_optimizer(cfg.train.optimizer, cfg.train.momentum)
-    except PlanError as e:
-        return str(e)
+    s, m, pp = plan.schedule, plan.micro_batches, plan.pp
+    if s.micro_rule == "at_least_pp" and m < pp:
+        # torch's Schedule1F1B fills every stage in its warm-up
+        return f"pipeline.schedule={s.name} needs train.micro_batches >= pp ({pp}), got {m}; valid: micro_batches " \
+               f">= {pp}"
+    if s.micro_rule == "multiple_of_pp" and m % pp:
+        # torch runs the micro-batches in rounds of pp; a partial round is refused inside torch
+        return f"pipeline.schedule={s.name} needs train.micro_batches to be a multiple of pp ({pp}), got {m}; " \
+               f"valid: {pp}, {2 * pp}, ..."
+    if s.weights == "predict" and not settings.has_direction:
+        can = sorted((o for o in choices.records(choices.Optimizer) if o.direction), key=lambda o: not o.momentum_state)
+        valid = ", ".join(o.name + (" (train.momentum > 0)" if o.momentum_state else "") for o in can)
+        return (f"pipeline.schedule={s.name} cannot predict weights for {settings.optimizer.name}"
+                + (" without momentum" if settings.optimizer.momentum_state else "")
+                + f" (it keeps no smoothed update direction); valid: train.optimizer {valid}")
     return None
 
 
-def _tensor(plan: ParallelPlan, cfg) -> str | None:
+def _tensor(plan: ParallelPlan, settings) -> str | None:
     if plan.tp == 1:
         return None
-    if cfg.model.name == "lstm_lm":
-        return (f"tensor parallelism (tp={plan.tp}) applies to models transformer_lm and classifier, not lstm_lm "
-                "(nn.LSTM runs its gates as one fused kernel that has no tensor-parallel form here); use tp=1")
-    if plan.sequence_parallel and plan.tp_mode != "torch-1d":
-        return (f"tensor.sequence_parallel with tensor.mode {plan.tp_mode}: it is torch's SequenceParallel, which "
+    mode = plan.tp_mode
+    if plan.sequence_parallel and not mode.sequence_parallel:
+        return (f"tensor.sequence_parallel with tensor.mode {mode.name}: it is torch's SequenceParallel, which "
                 "only the torch-1d peer runs; valid: tensor.mode torch-1d, or tensor.sequence_parallel false")
-    if plan.tp_mode == "torch-1d" and (plan.dp > 1 or plan.pp > 1 or cfg.model.name != "transformer_lm"):
-        return ("tensor.mode 'torch-1d' (torch's parallelize_module, the peer) runs transformer_lm alone "
-                "(dp=1, pp=1); use mode 1d to combine tensor parallelism with dp or pp")
+    if not mode.composes and (plan.dp > 1 or plan.pp > 1):
+        return (f"tensor.mode '{mode.name}' (torch's parallelize_module, the peer) runs alone (dp=1, pp=1); use "
+                "mode 1d to combine tensor parallelism with dp or pp")
     return None
 
 
-def _sparse(plan: ParallelPlan, cfg) -> str | None:
+def _sparse(plan: ParallelPlan, settings) -> str | None:
     """Tables are served on every axis, with these exceptions (``auto`` keeps such tables dense instead)."""
     if plan.pp == 1 and plan.tp == 1:
         return None
-    given = {cfg.sparse.strategy, *sparse_overrides(cfg).values()} - {"auto", "dense"}
+    given = {s for s in plan.sparse.given() if s.served}
     where = " and ".join(a for a, on in (("pp", plan.pp > 1), ("tp", plan.tp > 1)) if on)
-    if "torch-sparse" in given:
-        return (f"sparse torch-sparse under {where}: it is torch DDP's sparse-gradient path, which only an "
+    ddp_sparse = [s.name for s in plan.sparse.given() if s.ddp_sparse]
+    if ddp_sparse:
+        return (f"sparse {ddp_sparse[0]} under {where}: it is torch DDP's sparse-gradient path, which only an "
                 "unpipelined, untensor-parallel model has; valid there: dense, allgather, ps, alltoall, auto")
-    if plan.tp > 1 and cfg.model.softmax == "sampled" and plan.tp_mode != "1d":
-        return (f"model.softmax=sampled with tp-mode {plan.tp_mode}: the sampled head reads whole hidden states, "
-                "which only 1-D tensor parallelism keeps on every rank (its tables are then served over dp); valid: "
-                "--tp-mode 1d, or model.softmax=full")
-    if given and plan.tp > 1 and plan.tp_mode != "1d":
-        return (f"sparse {', '.join(sorted(given))} with tp-mode {plan.tp_mode}: only the 1-D vocabulary shard of a "
-                "table is served row by row (2-D/3-D cut its columns, torch-1d shards it inside torch); valid: "
-                "--tp-mode 1d, or sparse.strategy auto/dense")
-    if given and plan.pp > 1 and plan.schedule in TORCH_SCHEDULES:
-        return (f"sparse {', '.join(sorted(given))} with pipeline.schedule {plan.schedule}: torch's schedules (the "
+    names = ", ".join(sorted(s.name for s in given))
+    if given and plan.tp > 1 and not plan.tp_mode.serves_tables:
+        return (f"sparse {names} with tp-mode {plan.tp_mode.name}: only the 1-D vocabulary shard of a table is "
+                "served row by row (2-D/3-D cut its columns, torch-1d shards it inside torch); valid: --tp-mode 1d, "
+                "or sparse.strategy auto/dense")
+    if given and plan.pp > 1 and not plan.schedule.serves_tables:
+        valid = ", ".join(s.name for s in choices.records(Schedule) if s.serves_tables)
+        return (f"sparse {names} with pipeline.schedule {plan.schedule.name}: torch's schedules (the "
                 "benchmark's peers) run a stage's forwards and backwards inside torch, where tessel cannot tag each "
                 "lookup's rows with its mini-batch nor fetch the next batch's rows, so their tables stay dense; "
-                "valid with tables: " + ", ".join(SYNC_SCHEDULES + ASYNC_SCHEDULES))
+                f"valid with tables: {valid}")
     return None
 
 
 PREDICATES = (_degrees, _batch, _schedule, _tensor, _sparse)
 
 
-def problems(plan: ParallelPlan, cfg) -> list[str]:
-    """Every reason ``plan`` cannot run with ``cfg`` (empty: it can, as far as is known before the model)."""
-    return [r for r in (p(plan, cfg) for p in PREDICATES) if r]
+def problems(plan: ParallelPlan, settings) -> list[str]:
+    """Every reason ``plan`` cannot run with ``settings`` (empty: it can, as far as is known before the model)."""
+    return [r for r in (p(plan, settings) for p in PREDICATES) if r]
 
 
 def saved_plan(meta: dict, plan: ParallelPlan, path) -> ParallelPlan:

@@ -18,9 +18,11 @@ from .config import Config
 from .errors import ConfigError
 from .parallelize import check_model
 from .plan import ParallelPlan, saved_plan
+from .resolve import plan_of, settings_of
+from .settings import DTYPES
 from .sparse.cost import env_link_mbit
 from .train import checkpoint
-from .train.build import DTYPES, build, build_data, model_identity
+from .train.build import build, build_data, model_identity
 from .train.resume import find_start
 
 # Peak bytes per class-mean element while GaussianClassification generates them (measured with tracemalloc: uint64
@@ -77,10 +79,12 @@ def _check_memory(cfg: Config, model: torch.nn.Module) -> None:
                       f"{' x '.join(map(str, big.shape))}: make model.* or data.* smaller")
 
 
-def preflight(cfg: Config, world_size: int | None = None) -> ParallelPlan:
+def preflight(cfg: Config, world_size: int | None = None, plan: ParallelPlan | None = None) -> ParallelPlan:
     """Validate the plan (degrees, batch, schedule, axes), the model's arguments and shapes, data files and
-    the checkpoint to start or resume from; returns the plan."""
-    plan = ParallelPlan.from_config(cfg, world_size or cfg.nproc).check(cfg)
+    the checkpoint to start or resume from; returns the plan. ``plan``: the run's (a plan file's or the
+    planner's), else the one the config's flags ask for."""
+    settings = settings_of(cfg)
+    plan = (plan or plan_of(cfg, world_size or cfg.nproc)).check(settings)
     _check_machine(cfg)
     # Text is tokenized and cached once here, before the workers read it; the classifier's data (classes x
     # in_features means) is made only after the memory check.
@@ -91,8 +95,8 @@ def preflight(cfg: Config, world_size: int | None = None) -> ParallelPlan:
     _check_memory(cfg, model)
     if dataset is None:
         build_data(cfg)
-    check_model(model, plan, cfg)
-    identity = model_identity(cfg, vocab)
+    check_model(model, plan, settings)
+    identity = model_identity(cfg, vocab, plan)
     if cfg.checkpoint.init_from:
         path = checkpoint.latest(cfg.checkpoint.init_from) or cfg.checkpoint.init_from
         checkpoint.inspect(path, identity, weights_only=True)

@@ -38,15 +38,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import sparse
+from . import choices, sparse
+from .choices import TableStrategy
 from .data.prepared import PreparedLoader
-from .errors import TesselError
+from .errors import ConfigError, TesselError
 from .mesh import ParallelDims, build_mesh, init_distributed
 from .parallelize import apply_ddp
-from .plan import ParallelPlan, TableChoice
+from .plan import ParallelPlan, TableChoice, TablePolicy
 from .prepare_axes import checkpoint_plan, identity_of, prepare_axes
 from .sparse.rowopt import mirror
-from .train.tail import local_sq
+from .train.tail import clip_coef, local_sq
 
 __all__ = ["prepare", "clip_grad_norm_", "save", "load", "PreparedModel", "PreparedOptimizer", "PreparedLoader"]
 
@@ -154,7 +155,7 @@ def clip_grad_norm_(model: PreparedModel, max_norm: float) -> torch.Tensor:
         raise TesselError("tessel.clip_grad_norm_ takes the model tessel.prepare returned")
     params = list(model.parameters())
     norm = (local_sq(params) + model.finish_rows()).sqrt().reshape(())  # a scalar, as torch's
-    coef = min(1.0, max_norm / (float(norm) + 1e-6))  # torch's rule
+    coef = clip_coef(float(norm), max_norm)
     for p in params:
         if p.grad is not None:
             p.grad.mul_(coef)
@@ -162,23 +163,30 @@ def clip_grad_norm_(model: PreparedModel, max_norm: float) -> torch.Tensor:
     return norm
 
 
-def _plan(plan, names: list[str], tied: dict[str, list[str]]) -> tuple[str, dict[str, str]]:
+def _strategy(name) -> TableStrategy:
+    try:
+        return choices.table_strategy(name)
+    except ConfigError:
+        raise TesselError(f"plan '{name}' is unknown; valid: {', '.join(choices.names(TableStrategy))}") from None
+
+
+def _table_plan(plan, names: list[str], tied: dict[str, list[str]]) -> tuple[TableStrategy, dict[str, TableStrategy]]:
     """(strategy for all tables, per-table overrides) from ``plan``; tied tables refused by name."""
     if isinstance(plan, str):
-        strategy, overrides = plan, {}
+        strategy, overrides = _strategy(plan), {}
     elif isinstance(plan, dict):
-        strategy, overrides = "auto", {str(k): str(v) for k, v in plan.items()}
+        strategy, overrides = _strategy("auto"), {str(k): _strategy(v) for k, v in plan.items()}
     else:
         raise TesselError(f"plan {plan!r} is neither a strategy nor {{table: strategy}}; strategies: "
-                          f"{', '.join(sparse.STRATEGIES)}")
-    if strategy not in sparse.STRATEGIES:
-        raise TesselError(f"plan '{strategy}' is unknown; valid: {', '.join(sparse.STRATEGIES)}")
-    named = names if strategy not in ("auto", "dense") else list(overrides)
-    if not names and strategy not in ("auto", "dense"):
-        raise TesselError(f"plan '{strategy}' serves tables, and the model has no nn.Embedding or nn.EmbeddingBag; "
-                          "use plan='auto' or 'dense' (plain DDP)")
+                          f"{', '.join(choices.names(TableStrategy))}")
+    serves = strategy.served or strategy.ddp_sparse  # a strategy every table is given, not auto or dense
+    named = names if serves else list(overrides)
+    if not names and serves:
+        raise TesselError(f"plan '{strategy.name}' serves tables, and the model has no nn.Embedding or "
+                          "nn.EmbeddingBag; use plan='auto' or 'dense' (plain DDP)")
     for name in named:
-        if tied.get(name) and overrides.get(name, strategy) != "dense":
+        given = overrides.get(name, strategy)
+        if tied.get(name) and (given.served or given.ddp_sparse):
             raise TesselError(f"table '{name}' shares its weight with {', '.join(tied[name])} (tied), so every row "
                               "gets a gradient and it cannot be served by rows; give it 'dense'")
     return strategy, overrides
@@ -223,24 +231,25 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
             _join(timeout)
             return prepare_axes(model, optimizer, loader, plan, samples=samples, lazy=lazy, max_norm=max_norm,
                                 timeout=timeout, resume=resume, verbose=verbose)
-        world, plan = plan.world, {t.name: t.strategy for t in plan.tables} or "auto"
+        world, plan = plan.world, {t.name: t.strategy for t in plan.tables} or plan.sparse.strategy.name
     if max_norm:
         raise TesselError("max_norm clips inside model.step under pp or tp; in a data-parallel loop call "
                           "tessel.clip_grad_norm_(model, max_norm) between backward and optimizer.step")
     group, rank, size = _world(world, timeout)
     prepared_loader = PreparedLoader(loader, rank, size)
     found = sparse.find_tables(model)
-    strategy, overrides = _plan(plan, [i.name for i in found], {i.name: i.shared_with for i in found})
+    strategy, overrides = _table_plan(plan, [i.name for i in found], {i.name: i.shared_with for i in found})
     groups = _table_groups(model, optimizer, found)
     tables = sparse.SparseTables([], {}, group, 0.0)
-    if size > 1 and found and (strategy != "dense" or any(v != "dense" for v in overrides.values())):
+    dense = choices.table_strategy("dense")
+    if size > 1 and found and (strategy != dense or any(v != dense for v in overrides.values())):
         g = optimizer.param_groups[groups[0]]
         before = list(model.parameters())
         saved = checkpoint_plan(resume)  # a resumed run serves each table as saved (auto may choose otherwise now)
-        fixed = {t.name: [t.strategy, t.split] for t in saved.tables} if saved else None
-        tables = sparse.shard(model, prepared_loader.samples(samples), strategy=strategy,
-                              optimizer=mirror(optimizer, g, lazy), lr=g["lr"], group=group, fixed=fixed,
-                              overrides=overrides, max_touched=1.0, timeout=timeout, link_mbit=link_mbit)
+        policy = TablePolicy(strategy=strategy, overrides=tuple(overrides.items()), max_touched=1.0,
+                             link_mbit=link_mbit)
+        tables = sparse.serve(model, sparse.survey(model, prepared_loader.samples(samples)), policy,
+                              mirror(optimizer, g, lazy), group, timeout=timeout, fixed=saved.tables if saved else ())
         _drop_served(optimizer, before, model)
         if verbose and rank == 0:
             print(tables.describe())

@@ -21,6 +21,8 @@ mirroring it, and ``max_norm`` clips by the norm over every stage, shard and row
 from __future__ import annotations
 
 import copy
+import inspect
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +32,15 @@ from torch import nn
 
 from . import comm, pipeline, sparse
 from .chain import chain_of
-from .choices import TORCH_SCHEDULES
-from .config import Config
+from .choices import Optimizer
 from .data.prepared import PreparedLoader
 from .errors import TesselError
 from .mesh import build_mesh
 from .parallelize import parallelize
 from .plan import ParallelPlan
 from .registry import registered, spec_of
-from .sparse.rowopt import TORCH_KINDS, mirror
-from .train.build import DTYPES
+from .settings import DTYPES, Settings
+from .sparse.rowopt import mirror, record_of
 
 KEEP_LRS = 64
 
@@ -116,31 +117,30 @@ class SteppedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state)
 
 
-def _settings(optimizer: torch.optim.Optimizer) -> dict:
-    """The optimizer's one set of constructor settings, rebuilt over each rank's share of the weights."""
-    groups = [{k: g[k] for k in optimizer.defaults if k in g} for g in optimizer.param_groups]
+def _constructor(optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's one set of constructor settings, to rebuild it over each rank's share of the weights: its
+    param group's values for the parameters its class's constructor takes (torch 2.13's AdamW keeps a
+    ``decoupled_weight_decay`` in its groups that its constructor does not take)."""
+    takes = inspect.signature(type(optimizer).__init__).parameters
+    groups = [{k: v for k, v in g.items() if k in takes and k != "params"} for g in optimizer.param_groups]
     if any(g != groups[0] for g in groups):
         raise TesselError(f"{type(optimizer).__name__} has {len(groups)} param groups with different settings; "
                           "under pp or tp each rank's optimizer is rebuilt with one group: give all the same settings")
     return groups[0]
 
 
-def _config(model: nn.Module, optimizer, settings: dict, plan: ParallelPlan, global_batch: int, max_norm: float,
-            timeout: float, serve: bool) -> Config:
-    """The config the composer reads, mirroring the user's optimizer (model.step gives the engine each step's LR)."""
-    cfg = Config()
-    t = cfg.train
-    # another optimizer keeps its own name: the plan's checks then refuse what needs a known one (async-predict)
-    t.optimizer = TORCH_KINDS.get(type(optimizer), type(optimizer).__name__.lower())
-    t.lr, t.momentum, t.weight_decay = settings["lr"], settings.get("momentum", 0.0), settings.get("weight_decay", 0.0)
-    t.schedule, t.warmup, t.clip = "constant", 0, max_norm
-    t.global_batch, t.micro_batches = global_batch, plan.micro_batches
+def _settings(model: nn.Module, optimizer, given: dict, global_batch: int, max_norm: float,
+              timeout: float) -> Settings:
+    """The run settings the composer takes, mirroring the user's optimizer (model.step gives the engine each step's
+    LR). An optimizer tessel has no record of keeps its class: the plan's checks then refuse what needs a known
+    one (async-predict's prediction)."""
+    cls = type(optimizer)
+    record = record_of(optimizer) or Optimizer(cls.__name__.lower(), cls.__name__, rows="", states=2, direction=False)
     dtype = next(model.parameters()).dtype
-    t.dtype = next((name for name, d in DTYPES.items() if d == dtype), "float32")
-    cfg.parallel.timeout = timeout
-    # tables not served need no row optimizer: "sgd" names one that is never built
-    cfg.sparse.strategy, cfg.sparse.optimizer = ("auto", "auto") if serve else ("dense", "sgd")
-    return cfg
+    return Settings(optimizer=record, lr=given["lr"], momentum=given.get("momentum", 0.0),
+                    weight_decay=given.get("weight_decay", 0.0), lr_schedule="constant", warmup=0, clip=max_norm,
+                    dtype=next((name for name, d in DTYPES.items() if d == dtype), "float32"),
+                    global_batch=global_batch, timeout=timeout)
 
 
 def _meta_copy(model: nn.Module) -> nn.Module:
@@ -151,15 +151,16 @@ def _meta_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _check(model: nn.Module, plan: ParallelPlan, cfg: Config, world: int) -> None:
+def _check(model: nn.Module, plan: ParallelPlan, settings: Settings, world: int) -> None:
     """What the plan, the launch and the model allow, each a one-line TesselError, before any collective."""
     if plan.world != world:
         raise TesselError(f"the plan needs dp x pp x tp = {plan.dp} x {plan.pp} x {plan.tp} = {plan.world} ranks and "
                           f"the script runs on {world}; start it with 'tessel run --nproc {plan.world} script.py'")
-    if plan.schedule in TORCH_SCHEDULES or plan.tp_mode == "torch-1d":
-        raise TesselError(f"plan {plan.describe()} names torch's own {plan.schedule if plan.pp > 1 else 'tp'}, the "
-                          "peer tessel benchmarks against; prepare runs tessel's schedules and tensor modes")
-    plan.check(cfg)
+    peer = plan.schedule if plan.pp > 1 and plan.schedule.torch_peer else plan.tp_mode if plan.tp > 1 else None
+    if peer is not None and peer.torch_peer:
+        raise TesselError(f"plan {plan.describe()} names torch's own {peer.name}, the peer tessel benchmarks "
+                          "against; prepare runs tessel's schedules and tensor modes")
+    plan.check(settings)
     if plan.tp > 1 and spec_of(model).tensor is None:
         raise TesselError(f"tp={plan.tp} needs a tensor-parallel plan registered for {type(model).__name__} "
                           f"(tessel.register_model(cls, tensor=...); registered: {', '.join(registered())})")
@@ -169,7 +170,7 @@ def _check(model: nn.Module, plan: ParallelPlan, cfg: Config, world: int) -> Non
     if plan.tp > 1:
         from . import tensor
 
-        per_rank = cfg.train.global_batch // (plan.dp * plan.micro_batches)
+        per_rank = settings.global_batch // (plan.dp * plan.micro_batches)
         meta = _meta_copy(model)
         tensor.check_shapes(meta, chain_of(meta), tensor.GridSpec(plan.tp_mode, plan.tp_grid), per_rank)
 
@@ -196,7 +197,8 @@ def _resumed(plan: ParallelPlan, resume) -> ParallelPlan:
     saved = checkpoint_plan(resume)
     if saved is None:
         return plan
-    if saved.with_(bounds=(), tables=()) != plan.with_(bounds=(), tables=()):
+    # the cut and the tables are the checkpoint's to give; so is the table policy (dense where nothing is served)
+    if saved.with_(bounds=(), tables=(), sparse=plan.sparse) != plan.with_(bounds=(), tables=()):
         raise TesselError(f"the checkpoint in '{resume}' was saved under {saved.describe()} and this run's is "
                           f"{plan.describe()}; resume under the plan it was saved with")
     return plan.with_(bounds=saved.bounds, tables=saved.tables)
@@ -207,19 +209,21 @@ def prepare_axes(model: nn.Module, optimizer: torch.optim.Optimizer, loader, pla
     """(SteppedModel, SteppedOptimizer, PreparedLoader); see the module docstring."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     found = sparse.find_tables(model)
-    serve = plan.dp > 1 and bool(found) and (not plan.tables or any(t.strategy != "dense" for t in plan.tables))
+    serve = plan.dp > 1 and bool(found) and (not plan.tables or any(t.strategy.served for t in plan.tables))
     probe = PreparedLoader(loader, 0, 1).samples(1)[0]
-    settings, cls = _settings(optimizer), type(optimizer)
-    cfg = _config(model, optimizer, settings, plan, probe[0].shape[0], max_norm, timeout, serve)
-    _check(model, plan, cfg, world)
+    given, cls = _constructor(optimizer), type(optimizer)
+    settings = _settings(model, optimizer, given, probe[0].shape[0], max_norm, timeout)
+    _check(model, plan, settings, world)
     plan = _resumed(plan, resume)
+    if not serve:  # nothing to serve: no row optimizer is needed or built
+        plan = plan.with_(sparse=replace(plan.sparse, strategy="dense", overrides=()))
     rows = mirror(optimizer, optimizer.param_groups[0], lazy) if serve else None
     mesh = build_mesh(plan.dims, timeout, plan.mesh_axes)
     prepared = PreparedLoader(loader, mesh.get_local_rank("dp"), plan.dp)
     identity = identity_of(model)  # the whole plain model, before a cut or shards change it
-    par = parallelize(model, plan, mesh, cfg, prepared.samples(samples), rows=rows,
+    par = parallelize(model, plan, mesh, prepared.samples(samples), settings, rows=rows,
                       make_optimizer=lambda params: cls([p for p in params if p.requires_grad] or [{"params": []}],
-                                                        **settings))
+                                                        **given))
     for group in optimizer.param_groups:  # the weights now live in each rank's own optimizer
         group["params"] = []
     optimizer.state.clear()

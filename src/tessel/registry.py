@@ -24,16 +24,19 @@ class ModelSpec:
     # (model) -> per chain layer, the tensor-parallel linears it runs: (features in, out, up, channel); the
     # planner prices their traffic with tessel.tensor.cost.linear_traffic
     linears: Callable | None = None
+    # (model, mesh, sequence_parallel) -> the model under torch's own parallelize_module (the peer, tensor mode
+    # torch-1d); mesh None: only check that the model can take it
+    torch_tensor: Callable | None = None
 
 
 _SPECS: dict[type, ModelSpec] = {}
 
 
 def register_model(cls: type, *, chain: Callable | None = None, tensor: Callable | None = None,
-                   linears: Callable | None = None) -> None:
+                   linears: Callable | None = None, torch_tensor: Callable | None = None) -> None:
     """Register (or extend) what tessel knows about ``cls``; given fields replace earlier ones."""
     spec = _SPECS.get(cls, ModelSpec())
-    given = (("chain", chain), ("tensor", tensor), ("linears", linears))
+    given = (("chain", chain), ("tensor", tensor), ("linears", linears), ("torch_tensor", torch_tensor))
     _SPECS[cls] = replace(spec, **{k: v for k, v in given if v is not None})
 
 

@@ -31,8 +31,11 @@ from .mesh import build_mesh, init_distributed
 from .parallelize import Parallelized, parallelize
 from .plan import ParallelPlan, regrouped, saved_plan
 from .planner import probe
+from .resolve import job_of, plan_of, saved_plan_for, settings_of, topology_of
+from .settings import Settings
+from .tensor.cost import step_formula
 from .train import checkpoint
-from .train.build import DTYPES, build, build_data, model_identity
+from .train.build import build, build_data, model_identity
 from .train.integrity import set_aside
 from .train.memory import allocator_bytes, model_state_bytes, peak_memory_bytes, resident_bytes, table_memory_bytes
 from .train.metrics import MetricsLogger
@@ -67,39 +70,41 @@ def _find_start(cfg: Config) -> Start:
     return Start(**answer)
 
 
-def _resume_point(cfg: Config, plan: ParallelPlan) -> tuple[Start, ParallelPlan]:
+def _resume_point(cfg: Config, plan: ParallelPlan, settings: Settings) -> tuple[Start, ParallelPlan]:
     """(where to start, the plan with the checkpoint's stage cut and tables if it resumes one)."""
     start = _find_start(cfg)
     if start.path is None:
         return start, plan
     saved = saved_plan(checkpoint.read_meta(start.path), plan, start.path)
     # a resumed run keeps the stage bounds and table strategies it was saved with, whatever profile says now
-    resumed = regrouped(plan, saved, cfg.train.global_batch).with_(bounds=saved.bounds, tables=saved.tables)
+    resumed = regrouped(plan, saved, settings.global_batch).with_(bounds=saved.bounds, tables=saved.tables)
     if resumed.micro_batches != plan.micro_batches and dist.get_rank() == 0:
         print(f"tessel: dp {saved.dp} -> {plan.dp} with the global batch kept: {resumed.micro_batches} micro-batches "
               "per rank keep each micro-batch no larger than the checkpoint's", flush=True)
-    return start, resumed.check(cfg)
+    return start, resumed.check(settings)
 
 
-def _planned(cfg: Config, world: int) -> Config:
-    """The config with ``plan.source`` applied: a saved plan read by every rank, or (auto, under plain torchrun)
-    the planner run once on rank 0 and its winner handed to every rank."""
-    if cfg.plan.source != "auto":
-        return planner.resolve(cfg, world)[0]
+def _auto_plan(cfg: Config, world: int) -> ParallelPlan:
+    """``--plan auto`` under plain torchrun: the planner run once on rank 0, its winner handed to every rank."""
     chosen = None
     measured = probe.measure()  # every rank takes part: latency under load and the share of a core each gets
     if dist.get_rank() == 0:
-        planned = planner.choose(cfg, planner.topology_of(cfg, world, measured))
+        planned = planner.choose(job_of(cfg), topology_of(cfg, world, measured), cfg.plan.allow_async)
         print(planned.table(), flush=True)
         chosen = planned.best.plan.to_json()
-    return planner.apply(cfg, ParallelPlan.from_json(comm.all_gather_object(chosen, "meta")[0]))
+    return ParallelPlan.from_json(comm.all_gather_object(chosen, "meta")[0])
 
 
-def _plan(cfg: Config, world: int) -> ParallelPlan:
-    """The config's plan on ``world`` ranks. After an elastic restart the world may have re-formed smaller (a
-    host lost under ``torchrun --nnodes MIN:MAX``); a layout that no longer fits is said so, as one line."""
+def _plan_for_world(cfg: Config, world: int, settings: Settings) -> ParallelPlan:
+    """The run's plan on ``world`` ranks: a plan file's exactly as it says, the planner's pick, or the config's
+    flags. After an elastic restart the world may have re-formed smaller (a host lost under ``torchrun --nnodes
+    MIN:MAX``); a layout that no longer fits is said so, as one line."""
     try:
-        return ParallelPlan.from_config(cfg, world).check(cfg)
+        if cfg.plan.source == "auto":
+            return _auto_plan(cfg, world).check(settings)
+        if cfg.plan.source:
+            return saved_plan_for(cfg, world).check(settings)
+        return plan_of(cfg, world).check(settings)
     except PlanError as e:
         if not restart_count():
             raise
@@ -108,35 +113,35 @@ def _plan(cfg: Config, world: int) -> ParallelPlan:
                         "minimum at which pp x tp still fits") from None
 
 
-def _build(cfg: Config, mesh, plan: ParallelPlan):
+def _build(cfg: Config, mesh, plan: ParallelPlan, settings: Settings):
     """(the composed model, its loader, the checkpoint identity, the checkpoint to resume from)."""
     # The same seed on every rank: identical initial weights, and identical draws for the
     # sampled softmax's candidates, which data-parallel parity relies on.
-    torch.manual_seed(cfg.train.seed)
+    torch.manual_seed(settings.seed)
     dataset = build_data(cfg)
     vocab = getattr(dataset, "vocab_size", 0)
-    model = build(cfg, vocab).to(DTYPES[cfg.train.dtype])
+    model = build(cfg, vocab).to(settings.torch_dtype)
     if dist.get_backend() == "nccl":
         model = model.cuda()
-    identity = model_identity(cfg, vocab)
-    start, plan = _resume_point(cfg, plan)
+    identity = model_identity(cfg, vocab, plan)
+    start, plan = _resume_point(cfg, plan, settings)
     if cfg.checkpoint.init_from and start.path is None:
         # into the plain model, before any parallelism: the source may have any world size or layout
         source = checkpoint.latest(cfg.checkpoint.init_from) or cfg.checkpoint.init_from  # a run's folder or a step
         checkpoint.load_weights(source, model, identity)
-    loader = ShardedLoader(dataset, cfg.train.global_batch, mesh.get_local_rank("dp"), plan.dp, seed=cfg.train.seed)
-    batches = _first_batches(loader, max(1, cfg.sparse.sample_batches), model)
-    return parallelize(model, plan, mesh, cfg, batches), loader, identity, start
+    loader = ShardedLoader(dataset, settings.global_batch, mesh.get_local_rank("dp"), plan.dp, seed=settings.seed)
+    batches = _first_batches(loader, max(1, plan.sparse.sample_batches), model)
+    return parallelize(model, plan, mesh, batches, settings), loader, identity, start
 
 
 def _source_rank(rank: int, plan: ParallelPlan, path: str) -> int:
     """The saving rank at this rank's (pp, tp) place with dp index 0: dp replicas share one RNG stream and data
-    position, so a job re-formed with another dp takes its state from there (ranks are pp-major, tp-minor)."""
-    saved_dp = checkpoint.read_meta(path)["plan"]["dp"]
-    if saved_dp == plan.dp:
+    position, so a job re-formed with another dp takes its state from there."""
+    saved = ParallelPlan.from_dict(checkpoint.read_meta(path)["plan"])
+    if saved.dp == plan.dp:
         return rank
-    pp_index, tp_index = rank // (plan.dp * plan.tp), rank % plan.tp
-    return (pp_index * saved_dp) * plan.tp + tp_index
+    (_, pp_stride), tp = plan.dims.strides()["pp"], rank % plan.tp
+    return saved.dims.rank(rank // pp_stride, 0, tp)
 
 
 def _say_start(begin: Start, step: int) -> None:
@@ -163,6 +168,9 @@ def _summary(cfg: Config, par: Parallelized, logger: MetricsLogger, run_bytes: d
             "table_mem": table_memory_bytes(par.tables, par.dense_tables(), par.optimizer),
             "state_mem": model_state_bytes(par.module.parameters(), par.optimizer), "stats": par.engine.stats()}
     per_rank = comm.all_gather_object(mine, "meta")
+    axes = par.summary([r["stats"] for r in per_rank])
+    if par.plan.tp > 1 and par.plan.pp == 1:  # what the blocks should send on channel tp (a stage holds only some)
+        axes["tensor_formula"] = step_formula(cfg, par.plan)
     return logger.summary(
         [r["bytes"] for r in per_rank],
         {"model": cfg.model.name, "dims": f"dp={par.plan.dp} pp={par.plan.pp} tp={par.plan.tp} "
@@ -172,7 +180,7 @@ def _summary(cfg: Config, par: Parallelized, logger: MetricsLogger, run_bytes: d
          "activation_mem_per_rank": [r["act_mem"] for r in per_rank],
          "table_mem_per_rank": [r["table_mem"] for r in per_rank],
          "state_mem_per_rank": [r["state_mem"] for r in per_rank],
-         **par.summary([r["stats"] for r in per_rank])})
+         **axes})
 
 
 def _draw(loader, reads: str | None):
@@ -199,11 +207,11 @@ def run(cfg: Config) -> dict[str, Any]:
     """Train as one rank of the world torchrun started; returns the run summary (same on every rank)."""
     init_distributed(cfg.parallel.backend, cfg.parallel.timeout)
     rank = dist.get_rank()
-    cfg = _planned(cfg, dist.get_world_size())
-    plan = _plan(cfg, dist.get_world_size())
-    mesh = build_mesh(plan.dims, cfg.parallel.timeout, plan.mesh_axes)
+    settings = settings_of(cfg)
+    plan = _plan_for_world(cfg, dist.get_world_size(), settings)
+    mesh = build_mesh(plan.dims, settings.timeout, plan.mesh_axes)
     dp_group = mesh.get_group("dp")
-    par, loader, identity, begin = _build(cfg, mesh, plan)
+    par, loader, identity, begin = _build(cfg, mesh, plan, settings)
     if rank == 0:
         print(par.describe(), flush=True)
     meta = {**identity, "plan": par.plan.to_dict(), "run": begin.run}

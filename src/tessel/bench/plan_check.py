@@ -22,6 +22,7 @@ from pathlib import Path
 from ..config import load_config
 from ..planner import Planned, choose, short
 from ..planner.topology import Topology
+from ..resolve import job_of, policy_of, settings_of
 from .report import update_doc
 from .runner import run_scenario
 from .scenarios import Scenario
@@ -79,7 +80,7 @@ def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path, measured: d
     topo = Topology(ranks=hosts, hosts=hosts, link_mbit=parse_rate(rate) / 1e6, latency=measured["latency"],
                     speed=min(1.0, cpus, measured["speed"]), rate_mbit=measured["mbit"],
                     overlap=measured["overlap"], source="emulated cluster, latency, speed, rate and overlap probed")
-    planned = choose(cfg, topo)
+    planned = choose(job_of(cfg), topo, cfg.plan.allow_async)
     picked = pick(planned)
     folder = out / "plans" / f"{model}-h{hosts}-{rate}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -142,7 +143,6 @@ def reprice(rows: list[dict], out: Path) -> list[dict]:
     (whose noise it cannot change); the profile is this machine's now, so it carries today's drift."""
     from ..cluster.emulate import parse_rate
     from ..plan import ParallelPlan
-    from ..planner import apply
     from ..planner.estimate import estimate
 
     profiles, again = {}, []
@@ -152,11 +152,12 @@ def reprice(rows: list[dict], out: Path) -> list[dict]:
                         latency=r["latency"], speed=r["speed"], rate_mbit=r["rate_mbit"], overlap=r["overlap"],
                         source="the saved probe of the cell")
         if r["model"] not in profiles:  # profiled at every candidate's micro-batch size, as planning does
-            profiles[r["model"]] = choose(cfg, topo).profile
+            profiles[r["model"]] = choose(job_of(cfg), topo, cfg.plan.allow_async).profile
         label = r["plan"].replace(" ", "-")
         plan = ParallelPlan.from_json((out / "plans" / f"{r['model']}-h{r['hosts']}-{r['rate']}" /
                                        f"{label}.json").read_text())
-        e = estimate(plan, apply(cfg, plan), profiles[r["model"]], topo)
+        # the saved files predate plans that carry the table policy: the cell's config gives it
+        e = estimate(plan.with_(sparse=policy_of(cfg)), settings_of(cfg), profiles[r["model"]], topo)
         again.append({**r, "predicted": e.step, "compute": e.compute, "comm": e.comm, "bubble": e.bubble,
                       "predicted_at_run": r.get("predicted_at_run", r["predicted"])})
     return again

@@ -250,11 +250,11 @@ def regime(p: dict[str, Any]) -> str:
     >>> regime({"schedule": "torch-1f1b", "micro_batches": 4, "plan_bounds": [[0, 2]] * 4})
     'flushed'
     """
-    from ..choices import ASYNC_SCHEDULES
+    from ..choices import Schedule, names, schedule
     from ..pipeline.schedules import ahead
 
     stages, micro = len(p.get("plan_bounds") or []), p.get("micro_batches") or 1
-    if p.get("schedule") not in ASYNC_SCHEDULES or not stages:
+    if not stages or p.get("schedule") not in names(Schedule) or schedule(p["schedule"]).flushed:
         return "flushed"
     most = max(ahead(i, micro, 0, stages) for i in range((stages + 1) * micro))
     return f"async, s ≤ {most} ({stages} stages, {micro} micro-batch{'es' if micro > 1 else ''})"

@@ -128,7 +128,7 @@ def run_scenario(scn: Scenario, out: Path, repeats: int = 3, prefix: str = "tslb
                             "--steps", str(scn.steps), "--out", str(where.resolve())]
                     pp = _flag(args, "--pp")
                     # torch's interleaved and zero-bubble peers cut twice as many stages: their own cut
-                    cut = (model, pp, chunks(_flag(args, "--pipeline.schedule") or ""))
+                    cut = (model, pp, chunks(_flag(args, "--pipeline.schedule") or "1f1b"))
                     if pp not in (None, "1") and cut in cuts and _flag(args, "--pipeline.split") is None:
                         args += ["--pipeline.split", cuts[cut]]
                     done += 1

@@ -7,7 +7,7 @@ CPU quota, so traffic overlapped with compute slows the compute it should hide b
 single thread id in a group's ``tasks``, so :func:`move_gloo_threads` puts each host's gloo threads (named
 ``gloo_tcp_loop`` and ``pt_gloo_runloop``) into its NIC group as they appear.
 
-    >>> host_groups("nosuchprefix")
+    >>> host_cgroups("nosuchprefix")
     []
 """
 
@@ -45,7 +45,7 @@ def nic_group(prefix: str, host: int) -> Path:
 GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")  # gloo's transport loop and ProcessGroupGloo's workers
 
 
-def host_groups(prefix: str) -> list[Path]:
+def host_cgroups(prefix: str) -> list[Path]:
     """The hosts' cpu groups, their NIC groups and, where pinned, their cpuset groups."""
     pattern = re.compile(rf"{re.escape(prefix)}-h\d+(-nic)?")
     parents = [root / "tessel" for root in (CGROUP_ROOT, CPUSET_ROOT) if (root / "tessel").is_dir()]
@@ -125,7 +125,7 @@ class ThreadMover:
 
 def remove(prefix: str) -> None:
     """Remove the hosts' groups (their processes must be gone), and the parents once no prefix uses them."""
-    for group in host_groups(prefix):
+    for group in host_cgroups(prefix):
         for _ in range(100):  # the kernel may take a moment to account for the last exits
             with contextlib.suppress(OSError):
                 group.rmdir()

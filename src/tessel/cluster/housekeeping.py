@@ -46,7 +46,7 @@ def leftovers(prefix: str = "tsl") -> list[str]:
     >>> leftovers("nosuchprefix")
     []
     """
-    found = [f"netns {n}" for n in namespaces(prefix)] + [f"cgroup {p}" for p in cgroups.host_groups(prefix)]
+    found = [f"netns {n}" for n in namespaces(prefix)] + [f"cgroup {p}" for p in cgroups.host_cgroups(prefix)]
     return found + ([f"file {state_file(prefix)}"] if state_file(prefix).exists() else [])
 
 
@@ -69,7 +69,7 @@ def live(pid: int) -> bool:
 def host_pids(prefix: str) -> set[int]:
     """Every live process in the cluster's CPU groups or namespaces, this one excepted."""
     pids: set[int] = set()
-    for group in cgroups.host_groups(prefix):
+    for group in cgroups.host_cgroups(prefix):
         with contextlib.suppress(OSError):
             pids |= {int(p) for p in (group / "cgroup.procs").read_text().split()}
     if shutil.which("ip"):

@@ -22,28 +22,28 @@ from ..chain import Chain
 from ..errors import PlanError
 from .layers import check_no_shared, prune
 from .partition import StagePlan, parse_split, plan_stages, split_text
-from .predict import backward_reads_newer
-from .runtime import PipelineEngine, summary
+from .runtime import PipelineEngine, TorchPipelineEngine, summary
 from .schedules import chunks, held
 from .stage import Stage
 
 
-def check_model(chain: Chain, stages: int, split: str = "") -> None:
-    """What the model's layers allow (the launcher runs this on a meta-device model)."""
+def check_model(chain: Chain, stages: int, bounds: tuple = ()) -> None:
+    """What the model's layers allow of ``stages`` stages cut at ``bounds`` (the launcher runs this on a
+    meta-device model)."""
     names = chain.names
     if stages > len(names):
         raise PlanError(f"pp={stages} stages but the model has only {len(names)} pipeline layers "
                         f"({', '.join(names)}); valid: pp <= {len(names)}")
-    if split:
-        parse_split(split, len(names), stages, names)
+    if bounds:
+        parse_split(split_text(bounds), len(names), stages, names)
 
 
-def cut(model: torch.nn.Module, chain: Chain, stages: int, split: str, sample: tuple[torch.Tensor, torch.Tensor],
+def cut(model: torch.nn.Module, chain: Chain, stages: int, sample: tuple[torch.Tensor, torch.Tensor],
         bounds: tuple = ()) -> StagePlan:
     """The stage plan every rank agrees on: rank 0 profiles the plain model on the micro-batch ``sample`` and
-    cuts (``bounds``, e.g. a resumed run's, fix the cut but are profiled the same way, for the printout)."""
-    check_model(chain, stages, split)
-    given = split_text(bounds) if bounds else split
+    cuts (``bounds``, given or a resumed run's, fix the cut but are profiled the same way, for the printout)."""
+    check_model(chain, stages, bounds)
+    given = split_text(bounds) if bounds else ""
     plan = None
     if dist.get_rank() == 0:
         with torch.random.fork_rng(devices=[]):  # the profile's draws (dropout, sampled candidates) leave no trace
@@ -53,5 +53,5 @@ def cut(model: torch.nn.Module, chain: Chain, stages: int, split: str, sample: t
     return plan
 
 
-__all__ = ["PipelineEngine", "Stage", "StagePlan", "backward_reads_newer", "check_model", "chunks", "cut", "held",
+__all__ = ["PipelineEngine", "Stage", "StagePlan", "TorchPipelineEngine", "check_model", "chunks", "cut", "held",
            "prune", "split_text", "summary"]

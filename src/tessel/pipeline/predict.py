@@ -38,44 +38,32 @@ from collections.abc import Callable
 
 import torch
 
+from .. import choices
+from ..choices import Optimizer, Prediction
 from ..errors import PlanError
 
-MODES = ("stale", "stash", "predict")
-VARIANTS = ("v1", "v2")
+MODES = ("stale", "stash", "predict")  # Schedule.weights of the asynchronous schedules
 
 
-def backward_reads_newer(schedule: str, variant: str) -> bool:
-    """Whether a stage's backward reads newer weights than its forward: ``async`` (the live weights, updated in
-    place meanwhile) and ``async-predict`` v1 (predicted again at backward time). Layers that keep a weight they
-    derived at the forward (a concatenation, a gathered shard) must derive it again in backward then.
-
-    >>> backward_reads_newer("async-predict", "v1"), backward_reads_newer("async-stash", "v1")
-    (True, False)
-    """
-    return schedule == "async" or (schedule == "async-predict" and variant == "v1")
-
-
-def staleness(stage: int, stages: int, variant: str) -> tuple[int, int]:
+def staleness(stage: int, stages: int, variant: Prediction | str) -> tuple[int, int]:
     """(forward s, backward s) of SpecTrain's two variants for stage ``stage`` of ``stages`` (0 = input), one
     update per mini-batch; :func:`tessel.pipeline.schedules.ahead` gives the forward s for any schedule."""
-    if variant == "v1":
+    if choices.prediction(variant).again_in_backward:
         return stage // 2 + stages - stage - 1, stage // 2
     return stages - stage - 1, 0
 
 
-def check_optimizer(name: str, momentum: float = 0.0) -> None:
-    """Weight prediction needs a smoothed update direction: SGD with momentum, Adam or AdamW (by config name)."""
-    if name in ("adam", "adamw") or (name == "sgd" and momentum > 0):
+def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Weight prediction needs a smoothed update direction: SGD with momentum, Adam or AdamW."""
+    rec = next((o for o in choices.records(Optimizer) if getattr(torch.optim, o.torch_class) is type(optimizer)),
+               None)
+    momentum = min((g.get("momentum", 0.0) for g in optimizer.param_groups), default=0.0)
+    if rec is not None and rec.direction and (not rec.momentum_state or momentum > 0):
         return
-    raise PlanError(f"pipeline.schedule=async-predict cannot predict weights for {name}"
-                    + (" without momentum" if name == "sgd" else "")
-                    + "; valid: train.optimizer sgd (train.momentum > 0), adam or adamw")
-
-
-def _config_name(optimizer: torch.optim.Optimizer) -> tuple[str, float]:
-    if isinstance(optimizer, torch.optim.SGD):
-        return "sgd", min(g["momentum"] for g in optimizer.param_groups)
-    return type(optimizer).__name__.lower(), 0.0
+    valid = ", ".join(o.torch_class + (" (momentum > 0)" if o.momentum_state else "")
+                      for o in choices.records(Optimizer) if o.direction)
+    raise PlanError(f"pipeline.schedule=async-predict cannot predict weights for {type(optimizer).__name__}"
+                    + (" without momentum" if rec is not None and rec.momentum_state else "") + f"; valid: {valid}")
 
 
 def direction(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor | None:
@@ -129,15 +117,14 @@ class StageWeights:
     slots; with ``micro`` micro-batches per update that is ⌊k/2⌋ // micro updates."""
 
     def __init__(self, params: dict[str, torch.nn.Parameter], optimizer, mode: str, stage: int, stages: int,
-                 variant: str = "v1", micro: int = 1, lr_of: Callable[[int], float] | None = None) -> None:
+                 variant: Prediction | str = "v1", micro: int = 1, lr_of: Callable[[int], float] | None = None) -> None:
         if mode not in MODES:
             raise PlanError(f"weight mode '{mode}' is invalid; valid: {', '.join(MODES)}")
-        if variant not in VARIANTS:
-            raise PlanError(f"pipeline.predict '{variant}' is invalid; valid: {', '.join(VARIANTS)}")
+        variant = choices.prediction(variant)
         if mode == "predict":
-            check_optimizer(*_config_name(optimizer))
+            check_optimizer(optimizer)
         self.params, self.optimizer, self.mode, self.variant = params, optimizer, mode, variant
-        self.extra = (stage // 2) // micro if variant == "v1" else 0
+        self.extra = (stage // 2) // micro if variant.again_in_backward else 0
         self.updates = 0  # bumped by the engine after every optimizer step: names the weight version
         # update index (0: the engine's first) -> the LR it applies; None: the optimizer's current LR for all
         self.lr_of = lr_of
@@ -190,8 +177,8 @@ class StageWeights:
             return leaves, leaves, contextlib.nullcontext(), None
         shift = self._logged_shift("F", ahead + self.extra)
         weights = {n: self._predicted(n, leaf, shift) for n, leaf in leaves.items()}
-        if self.variant == "v2":
+        if not self.variant.again_in_backward:  # v2: the graph keeps this copy for the backward
             self.made += 1
-            return weights, leaves, contextlib.nullcontext(), ("v2", self.made)
+            return weights, leaves, contextlib.nullcontext(), (self.variant.name, self.made)
         hooks = _RebuildSaved(weights, self._backward_weight)
         return weights, leaves, hooks.context(), None

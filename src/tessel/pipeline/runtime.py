@@ -14,8 +14,9 @@ training loop does not care whether it drives a pipeline.
 Only the last stage computes the loss, so it is the one that logs (``loss`` is 0.0 elsewhere): a per-step
 collective over the pp group would re-align the stages every step and bring back a fill bubble that the
 asynchronous schedules exist to avoid.
-- ``torch-gpipe`` / ``torch-1f1b``: torch.distributed.pipelining's own schedules on the same stage, the
-  peer the benchmark compares against (their messages are not counted by tessel.comm).
+- torch's schedules (``torch-gpipe``, ``torch-1f1b``, the interleaved and zero-bubble ones): torch.distributed.
+  pipelining's own on the same stage, the peer the benchmark compares against (their messages are not counted
+  by tessel.comm), stepped by :class:`TorchPipelineEngine`.
 
 Data parallelism on a stage: after the backwards of an update, the step tail all-reduces the stage's
 gradients over its dp group as one flat buffer (``dp.dense``). DDP cannot be used here: the asynchronous
@@ -28,62 +29,46 @@ from __future__ import annotations
 
 import copy
 import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 from torch.func import functional_call
 
 from .. import comm
 from ..chain import Chain, Runner
-from ..choices import TORCH_MULTI_SCHEDULES
+from ..choices import Prediction, Schedule
 from ..train.draws import SameDraws
 from ..train.engine import StepResult
-from ..train.optim import lr_at
 from ..train.tail import StepTail
 from .layers import prune
 from .predict import StageWeights
-from .schedules import ASYNC, SYNC, TORCH, ahead, async_ops, drain_ops, sync_ops
+from .schedules import ahead, async_ops, drain_ops, sync_ops
 from .stage import Stage
 
-_MODE = {"async": "stale", "async-stash": "stash", "async-predict": "predict"}
 
-
-class PipelineEngine:
-    """Stage ``stage`` of ``chain`` under ``schedule``; ``tail``: the shared step tail (its ``dp_group`` averages
-    the stage's gradients over the stage's replicas, its ``norm_group`` is the pp group)."""
+class _StageEngine(ABC):
+    """What every engine of a pipeline stage shares: the stage, its tail and update, and the step marks its
+    idle share is measured from (``stats``)."""
 
     # the first stage reads inputs (and, holding the last too, targets), the last only targets, a middle one nothing
     reads = property(lambda self: "batch" if self.stage.first else "targets" if self.stage.last else None)
     computes_loss = property(lambda self: self.stage.last)  # torch's ZBV puts the last stage on pp rank 0
 
-    def __init__(self, stage: Stage, chain: Chain, tail: StepTail, schedule: str, variant: str = "v1",
-                 plan=None, tables=None) -> None:
-        self.stage, self.chain, self.tail = stage, chain, tail
+    def __init__(self, stage: Stage, chain: Chain, tail: StepTail, schedule: Schedule, micro_batches: int,
+                 lr_of: Callable[[int], float], tables=None) -> None:
+        self.stage, self.chain, self.tail, self.schedule = stage, chain, tail, schedule
         # Sparse tables of this stage (the first stage's embedding, the last stage's sampled softmax), served
         # over its dp group; the tail reduces and updates them. Rows are read at their current version (see
         # docs/sparse.md): a lookup's gradient does not depend on the rows it read, so stashing them would
         # change nothing, and a row's owner updates it once per step, outside the stage's weight versions.
-        self.tables = tables
-        if tables and schedule in ASYNC:
-            # the next step's first forwards run before this step's update: rows prefetched for them could
-            # not wait for that update (2-D scheduling's late phase), so only in-step scheduling stays on
-            tables.lookahead(False)
-        self.optimizer, self.cfg, self.schedule = tail.optimizer, tail.cfg, schedule
+        self.tables, self.micro_batches, self.optimizer = tables, micro_batches, tail.optimizer
         self.params = dict((n, p) for n, p in stage.runner.named_parameters() if p.requires_grad)
         # the LR of the mini-batch of a step (a caller with its own schedule replaces it, see tessel.prepare)
-        self.lr_of = lambda step: lr_at(step, self.cfg)
-        self.first_step: int | None = None  # the step this engine started at (a resumed run's is not 0)
-        self.base = 0  # the step whose mini-batch entered first since the pipeline was last empty (async)
-        # the stage's u-th update belongs to mini-batch first_step + u: every one is applied, in order
-        self.weights = (StageWeights(self.params, self.optimizer, _MODE[schedule], stage.index, stage.stages,
-                                     variant, self.cfg.micro_batches,
-                                     lambda u: self.lr_of(self.first_step + u)) if schedule in ASYNC else None)
-        self.fed = 0  # micro-batches that have entered this stage since the pipeline was last empty (async)
-        self.last_backward = -1  # the micro-batch whose backward ends a flushed step (-1: every one may be)
-        self.inflight: dict[int, tuple] = {}
+        self.lr_of = lr_of
         self.stage_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
         self.peak_kept_bytes = 0  # weight copies the in-flight graphs hold (stash, predict v2)
         self.updates = 0
-        self.plan = plan  # the StagePlan this stage was cut by
         self.busy = 0.0  # seconds this stage computed (forward, backward, update), for the bubble measure
         # (wall clock, process CPU, busy, waited for activations, for gradients) at the first step's start, at
         # the fourth's (where the timed steps begin) and at the last step's end; every entry is a running total,
@@ -92,9 +77,85 @@ class PipelineEngine:
         self._fourth: tuple[float, ...] | None = None
         self._end: tuple[float, ...] | None = None
         self._steps = 0
-        self.draws = SameDraws(self.cfg.micro_batches, any(p.is_cuda for p in self.params.values()))
-        self._torch = (_torch_schedule(stage, chain, schedule, self.cfg.micro_batches, plan) if schedule in TORCH
-                       else None)
+        self.times_work = True  # whether ``busy`` counts the stage's forwards and backwards
+
+    def _update(self, lr: float, global_norm: bool, upto: int | None = None) -> float:
+        """The shared tail: dp average, tp sums, norm (whole model for flushed schedules, else the stage),
+        clip, step (tables: rows of mini-batches up to ``upto``). Time spent waiting for other stages' norms
+        is not this stage's work."""
+        t0, waited = time.perf_counter(), self.tail.waited
+        norm = self.tail(lr, global_norm, upto)
+        self.busy += time.perf_counter() - t0 - (self.tail.waited - waited)
+        self.updates += 1
+        return norm
+
+    def _now(self) -> tuple[float, ...]:
+        w = self.stage.waited
+        return time.perf_counter(), time.process_time(), self.busy, w["activation"], w["grad"]
+
+    def _mark(self) -> None:
+        now = self._now()
+        self._first = self._first or now
+        if self._steps == 3:
+            self._fourth = now
+        self._steps += 1
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int, next_inputs=None) -> StepResult:
+        """One training step on this rank's batch (the inputs matter on the first stage, targets on the last)."""
+        self._mark()
+        self.stage.runner.train()
+        with comm.guard(f"pipeline {self.schedule.name} step (stage {self.stage.index})", "pp"):
+            result = self._step(inputs, targets, step, next_inputs)
+        self._end = self._now()
+        return result
+
+    @abstractmethod
+    def _step(self, inputs, targets, step: int, next_inputs) -> StepResult:
+        """Run this engine's schedule for one step."""
+
+    def drain(self, step: int) -> None:  # noqa: B027 - a flushed schedule has nothing in flight
+        """Nothing is in flight between flushed steps."""
+
+    def stats(self) -> dict:
+        """This rank's measured share of idle time and CPU per step, over the steps after warm-up.
+
+        A step runs from its start to the next step's start (so the loop's own work between steps counts
+        as idle); the metrics' warm-up rule leaves the first 3 of more than 4 steps out."""
+        timed = self._steps - 3 if self._steps > 4 else self._steps  # the metrics' warm-up rule
+        start = self._fourth if self._steps > 4 else self._first
+        wall, cpu, work, act, grad = (b - a for a, b in zip(start, self._end)) if timed else (0.0,) * 5
+        if not self.times_work:
+            work = 0.0
+        per_step = (lambda v: v / timed if timed and self.times_work else None)
+        return {"stage": self.stage.index, "busy_s": work, "wall_s": wall, "kept_bytes": self.peak_kept_bytes,
+                "cpu_per_step": cpu / timed if timed else None,
+                "bubble": (1 - work / wall) if wall > 0 and work > 0 else None,
+                # the idle time's two causes that a stage can name: waiting on the previous stage's activations,
+                # and on the next stage's gradients (the rest is the step tail's norm and the loop between steps)
+                "wait_activation_per_step": per_step(act), "wait_grad_per_step": per_step(grad)}
+
+
+class PipelineEngine(_StageEngine):
+    """Stage ``stage`` of ``chain`` under one of tessel's schedules; ``tail``: the shared step tail (its
+    ``dp_group`` averages the stage's gradients over the stage's replicas, its ``norm_group`` is the pp group)."""
+
+    def __init__(self, stage: Stage, chain: Chain, tail: StepTail, schedule: Schedule, micro_batches: int,
+                 lr_of: Callable[[int], float], prediction: Prediction | None = None, tables=None) -> None:
+        super().__init__(stage, chain, tail, schedule, micro_batches, lr_of, tables)
+        if tables and schedule.asynchronous:
+            # the next step's first forwards run before this step's update: rows prefetched for them could
+            # not wait for that update (2-D scheduling's late phase), so only in-step scheduling stays on
+            tables.lookahead(False)
+        self.first_step: int | None = None  # the step this engine started at (a resumed run's is not 0)
+        self.base = 0  # the step whose mini-batch entered first since the pipeline was last empty (async)
+        # the stage's u-th update belongs to mini-batch first_step + u: every one is applied, in order
+        self.weights = (StageWeights(self.params, self.optimizer, schedule.weights, stage.index, stage.stages,
+                                     prediction or "v1", micro_batches, lambda u: self.lr_of(self.first_step + u))
+                        if schedule.asynchronous else None)
+        self.fed = 0  # micro-batches that have entered this stage since the pipeline was last empty (async)
+        self.last_backward = -1  # the micro-batch whose backward ends a flushed step (-1: every one may be)
+        self.inflight: dict[int, tuple] = {}
+        self.draws = SameDraws(micro_batches, any(p.is_cuda for p in self.params.values()))
 
     # -- one forward / backward --------------------------------------------------------------------------
 
@@ -106,9 +167,9 @@ class PipelineEngine:
         t0 = time.perf_counter()
         kept = leaves = None
         if self.tables:
-            self.tables.tag(i // self.cfg.micro_batches)  # the mini-batch its rows' gradients belong to
+            self.tables.tag(i // self.micro_batches)  # the mini-batch its rows' gradients belong to
         self.draws.before(i)  # a mini-batch's micro-batches draw alike (sampled candidates, dropout)
-        s = ahead(i, self.cfg.micro_batches, st.index, st.stages)
+        s = ahead(i, self.micro_batches, st.index, st.stages)
         made = None if self.weights is None else self.weights.make(s)
         if made is None:  # a flushed schedule, or weights that are the live ones (see StageWeights.make)
             out = st.runner(x)
@@ -146,6 +207,16 @@ class PipelineEngine:
         if not st.first:
             st.send_grad(x.grad)
 
+    def _async_backward(self, i: int, posted, norms: list[float] | None = None) -> None:
+        """An asynchronous schedule's backward: after its mini-batch's last micro-batch, that mini-batch's update,
+        at its own LR (the stream has later mini-batches in flight, whose rows the update leaves)."""
+        self._backward(i, posted)
+        m = self.micro_batches
+        if (i + 1) % m == 0:
+            norm = self._update(self.lr_of(self.base + i // m), global_norm=False, upto=i // m)
+            if norms is not None:
+                norms.append(norm)
+
     def _run(self, ops: list[tuple[str, int]], forward, backward) -> None:
         """Run ``ops`` in order, each op's receive posted one op early so its transfer overlaps compute
         (posting in op order keeps the per-peer message order)."""
@@ -162,120 +233,66 @@ class PipelineEngine:
             post(j + 1)
             (forward if kind == "F" else backward)(i, posted.pop(j, None))
 
-    # -- updates ------------------------------------------------------------------------------------------
-
     def _update(self, lr: float, global_norm: bool, upto: int | None = None) -> float:
-        """The shared tail: dp average, tp sums, norm (whole model for flushed schedules, else the stage),
-        clip, step (tables: rows of mini-batches up to ``upto``). Time spent waiting for other stages' norms
-        is not this stage's work."""
-        t0, waited = time.perf_counter(), self.tail.waited
-        norm = self.tail(lr, global_norm, upto)
-        self.busy += time.perf_counter() - t0 - (self.tail.waited - waited)
-        self.updates += 1
+        norm = super()._update(lr, global_norm, upto)
         if self.weights is not None:
             self.weights.updates = self.updates
         return norm
 
     # -- steps --------------------------------------------------------------------------------------------
 
-    def _now(self) -> tuple[float, ...]:
-        w = self.stage.waited
-        return time.perf_counter(), time.process_time(), self.busy, w["activation"], w["grad"]
-
-    def _mark(self) -> None:
-        now = self._now()
-        self._first = self._first or now
-        if self._steps == 3:
-            self._fourth = now
-        self._steps += 1
-
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int, next_inputs=None) -> StepResult:
-        """One training step on this rank's batch (the inputs matter on the first stage, targets on the last)."""
-        self._mark()
-        if self.tables and self.stage.first and self.schedule in SYNC:
-            with comm.guard("prefetch of sparse rows", "sparse"):
-                self.tables.begin_step(inputs, next_inputs)
-        result = self._step(inputs, targets, step)
-        self._end = self._now()
-        return result
-
-    def stats(self) -> dict:
-        """This rank's measured share of idle time and CPU per step, over the steps after warm-up.
-
-        A step runs from its start to the next step's start (so the loop's own work between steps counts
-        as idle); the metrics' warm-up rule leaves the first 3 of more than 4 steps out."""
-        timed = self._steps - 3 if self._steps > 4 else self._steps  # the metrics' warm-up rule
-        start = self._fourth if self._steps > 4 else self._first
-        wall, cpu, work, act, grad = (b - a for a, b in zip(start, self._end)) if timed else (0.0,) * 5
-        if self._torch is not None:
-            work = 0.0  # torch's schedules run their forwards and backwards where this engine cannot time them
-        per_step = (lambda v: v / timed if timed and self._torch is None else None)
-        return {"stage": self.stage.index, "busy_s": work, "wall_s": wall, "kept_bytes": self.peak_kept_bytes,
-                "cpu_per_step": cpu / timed if timed else None,
-                "bubble": (1 - work / wall) if wall > 0 and work > 0 else None,
-                # the idle time's two causes that a stage can name: waiting on the previous stage's activations,
-                # and on the next stage's gradients (the rest is the step tail's norm and the loop between steps)
-                "wait_activation_per_step": per_step(act), "wait_grad_per_step": per_step(grad)}
-
-    def _step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int) -> StepResult:
-        self.stage.runner.train()
-        m = self.cfg.micro_batches
+    def _step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int, next_inputs) -> StepResult:
+        m = self.micro_batches
         # middle stages get no batch (they do not read one); the first uses inputs, the last targets
         xs = inputs.chunk(m) if inputs is not None else [None] * m
         ys = targets.chunk(m) if targets is not None else [None] * m
         lr = self.lr_of(step)
         self.first_step = step if self.first_step is None else self.first_step
         losses: list[float] = []
-        norm = 0.0
-        with comm.guard(f"pipeline {self.schedule} step (stage {self.stage.index})", "pp"):
-            if self._torch is not None:
-                losses, norm = self._torch_step(inputs, targets, lr)
-            elif self.schedule in SYNC:
-                ops = sync_ops(self.schedule, self.stage.index, self.stage.stages, m)
-                self.last_backward = [i for kind, i in ops if kind == "B"][-1]
-                self._run(ops,
-                          lambda i, r: losses.append(self._forward(i, xs[i], ys[i], 1.0 / m, r)), self._backward)
-                norm = self._update(lr, global_norm=True)
-                # every neighbour has finished its step (the norm was summed over the stages): this step's sends
-                # were all received, and waiting on them retires them at once
-                self.stage.flush_sends()
-                losses = [sum(losses)] if self.stage.last else []
-            else:
-                first, norms = self.fed, [norm]
-                self.base = step if first == 0 else self.base
-
-                def backward(i: int, r) -> None:
-                    self._backward(i, r)
-                    if (i + 1) % m == 0:  # the last micro-batch of its mini-batch: at that mini-batch's LR
-                        norms.append(self._update(self.lr_of(self.base + i // m), global_norm=False, upto=i // m))
-
-                self._run(async_ops(self.stage.index, self.stage.stages, first, m),
-                          lambda i, r: losses.append(self._forward(i, xs[i - first], ys[i - first], 1.0 / m, r)),
-                          backward)
-                norm = norms[-1]
-                self.fed += m
-                losses = [sum(losses)] if self.stage.last else []
-        return StepResult(loss=losses[0] if losses else 0.0, grad_norm=norm, lr=lr)
+        if self.schedule.flushed:
+            if self.tables and self.stage.first:
+                with comm.guard("prefetch of sparse rows", "sparse"):
+                    self.tables.begin_step(inputs, next_inputs)
+            ops = sync_ops(self.schedule, self.stage.index, self.stage.stages, m)
+            self.last_backward = [i for kind, i in ops if kind == "B"][-1]
+            self._run(ops, lambda i, r: losses.append(self._forward(i, xs[i], ys[i], 1.0 / m, r)), self._backward)
+            norm = self._update(lr, global_norm=True)
+            # every neighbour has finished its step (the norm was summed over the stages): this step's sends
+            # were all received, and waiting on them retires them at once
+            self.stage.flush_sends()
+        else:
+            first, norms = self.fed, [0.0]
+            self.base = step if first == 0 else self.base
+            self._run(async_ops(self.stage.index, self.stage.stages, first, m),
+                      lambda i, r: losses.append(self._forward(i, xs[i - first], ys[i - first], 1.0 / m, r)),
+                      lambda i, r: self._async_backward(i, r, norms))
+            norm = norms[-1]
+            self.fed += m
+        return StepResult(loss=sum(losses) if self.stage.last else 0.0, grad_norm=norm, lr=lr)
 
     def drain(self, step: int) -> None:
         """Finish every mini-batch still in flight and apply its update (asynchronous schedules only)."""
-        if self.schedule not in ASYNC:
+        if self.schedule.flushed:
             return
-        m = self.cfg.micro_batches
         with comm.guard(f"pipeline drain (stage {self.stage.index})", "pp"):
-            def backward(i: int, r) -> None:
-                self._backward(i, r)
-                if (i + 1) % m == 0:
-                    self._update(self.lr_of(self.base + i // m), global_norm=False, upto=i // m)
-
-            self._run(drain_ops(self.stage.index, self.stage.stages, self.fed), None, backward)
+            self._run(drain_ops(self.stage.index, self.stage.stages, self.fed), None, self._async_backward)
             self.stage.flush_sends()
         # an empty pipeline starts its stream afresh (the next step fills it again)
         self.fed = 0
 
-    def _torch_step(self, inputs, targets, lr) -> tuple[list[float], float]:
-        st = self.stage
-        losses: list = []
+
+class TorchPipelineEngine(_StageEngine):
+    """torch.distributed.pipelining's own schedule on exactly this rank's stage (or its two), cut by the same
+    plan, then tessel's step tail: the peer the benchmarks compare tessel's schedules against."""
+
+    def __init__(self, stage: Stage, chain: Chain, tail: StepTail, schedule: Schedule, micro_batches: int,
+                 lr_of: Callable[[int], float], plan=None) -> None:
+        super().__init__(stage, chain, tail, schedule, micro_batches, lr_of)
+        self.times_work = False  # torch runs the forwards and backwards where this engine cannot time them
+        self._torch = _torch_schedule(stage, chain, schedule, micro_batches, plan)
+
+    def _step(self, inputs, targets, step: int, next_inputs) -> StepResult:
+        st, lr, losses = self.stage, self.lr_of(step), []
         if st.first and st.last:  # ZBV: rank 0 holds the first and the last stage
             self._torch.step(inputs, target=targets, losses=losses)
         elif st.first:
@@ -285,16 +302,16 @@ class PipelineEngine:
         else:
             self._torch.step()
         norm = self._update(lr, global_norm=True)
-        loss = [sum(float(v.detach()) for v in losses) / len(losses)] if losses else []
-        return loss, norm
+        loss = sum(float(v.detach()) for v in losses) / len(losses) if losses else 0.0
+        return StepResult(loss=loss, grad_norm=norm, lr=lr)
 
 
-def summary(stats: list[dict], plan, schedule: str, micro: int, predict: str) -> dict:
+def summary(stats: list[dict], plan, schedule: Schedule, micro: int, predict: Prediction) -> dict:
     """The run's pipeline figures from every rank's :meth:`PipelineEngine.stats`."""
     bubbles = [s["bubble"] for s in stats]
     busy = [s["busy_s"] for s in stats]
-    return {"schedule": schedule, "micro_batches": micro,
-            "predict": predict if schedule == "async-predict" else None,
+    return {"schedule": schedule.name, "micro_batches": micro,
+            "predict": predict.name if schedule.weights == "predict" else None,
             "stage_of_rank": [s["stage"] for s in stats], "bubble_per_rank": bubbles,
             "bubble": sum(bubbles) / len(bubbles) if None not in bubbles else None,
             # the profile's balance (what the partitioner promised) and the measured one
@@ -310,17 +327,14 @@ def summary(stats: list[dict], plan, schedule: str, micro: int, predict: str) ->
             "cpu_per_step_per_rank": [s["cpu_per_step"] for s in stats]}
 
 
-def _torch_schedule(stage: Stage, chain: Chain, schedule: str, micro: int, plan):
+def _torch_schedule(stage: Stage, chain: Chain, schedule: Schedule, micro: int, plan):
     """torch.distributed.pipelining's schedule on exactly this rank's stage module, or on its two stages (the
     interleaved and zero-bubble schedules), cut by the same plan."""
     import torch.distributed.pipelining as pipelining
 
     device = next(stage.runner.parameters()).device
-    cls = {"torch-gpipe": pipelining.ScheduleGPipe, "torch-1f1b": pipelining.Schedule1F1B,
-           "torch-interleaved-1f1b": pipelining.ScheduleInterleaved1F1B,
-           "torch-interleaved-zb": pipelining.ScheduleInterleavedZeroBubble,
-           "torch-zbv": pipelining.ScheduleZBVZeroBubble}[schedule]
-    if schedule not in TORCH_MULTI_SCHEDULES:
+    cls = getattr(pipelining, schedule.torch_class)
+    if schedule.stages_per_rank == 1:
         return cls(pipelining.PipelineStage(_Contiguous(stage.runner), stage.index, stage.stages, device,
                                             group=stage.group), micro, loss_fn=chain.loss)
     root = stage.runner.root

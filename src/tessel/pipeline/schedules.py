@@ -7,7 +7,7 @@ receives block, so any prefix of these lists is deadlock-free.
 
 Example::
 
-    >>> sync_ops("1f1b", stage=0, stages=2, micro=3)
+    >>> sync_ops(schedule("1f1b"), stage=0, stages=2, micro=3)
     [('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2)]
     >>> async_ops(stage=0, stages=2, first=4, count=2)
     [('F', 4), ('B', 3), ('F', 5), ('B', 4)]
@@ -15,42 +15,34 @@ Example::
 
 from __future__ import annotations
 
-from ..choices import ASYNC_SCHEDULES, SCHEDULES, SYNC_SCHEDULES, TORCH_MULTI_SCHEDULES, TORCH_SCHEDULES
-from ..errors import PlanError
-
-SYNC, ASYNC, TORCH = SYNC_SCHEDULES, ASYNC_SCHEDULES, TORCH_SCHEDULES
-CHUNKS = 2  # stages per rank of torch's multi-stage schedules (ZBV needs exactly 2)
+from ..choices import Schedule, schedule
 
 
-def chunks(name: str) -> int:
-    """Stages each rank runs under schedule ``name``.
+def chunks(name: Schedule | str) -> int:
+    """Stages each rank runs under a schedule.
 
     >>> chunks("1f1b"), chunks("torch-interleaved-1f1b")
     (1, 2)
     """
-    return CHUNKS if name in TORCH_MULTI_SCHEDULES else 1
+    return schedule(name).stages_per_rank
 
 
-def held(name: str, rank: int, pp: int) -> list[int]:
+def held(name: Schedule | str, rank: int, pp: int) -> list[int]:
     """The stages rank ``rank`` of ``pp`` runs: its own, or for torch's multi-stage schedules two of ``2 pp``,
     round-robin (interleaved: r and r + pp) or in a V (ZBV: r and 2 pp - 1 - r, so rank 0 holds both ends).
 
     >>> held("1f1b", 1, 4), held("torch-interleaved-zb", 1, 4), held("torch-zbv", 1, 4)
     ([1], [1, 5], [1, 6])
     """
-    if name not in TORCH_MULTI_SCHEDULES:
+    s = schedule(name)
+    if s.stages_per_rank == 1:
         return [rank]
-    return [rank, 2 * pp - 1 - rank] if name == "torch-zbv" else [rank + k * pp for k in range(CHUNKS)]
+    return [rank, 2 * pp - 1 - rank] if s.layout == "v" else [rank + k * pp for k in range(s.stages_per_rank)]
 
 
-def check(name: str) -> None:
-    if name not in SCHEDULES:
-        raise PlanError(f"pipeline schedule '{name}' is invalid; valid: {', '.join(SCHEDULES)}")
-
-
-def sync_ops(name: str, stage: int, stages: int, micro: int) -> list[tuple[str, int]]:
+def sync_ops(name: Schedule | str, stage: int, stages: int, micro: int) -> list[tuple[str, int]]:
     """One flushed step of ``micro`` micro-batches: GPipe (all forwards, then all backwards) or 1F1B."""
-    if name == "gpipe":
+    if schedule(name).holds_all_micro:
         return [("F", i) for i in range(micro)] + [("B", i) for i in range(micro)]
     warm = min(stages - stage - 1, micro)
     ops = [("F", i) for i in range(warm)]
@@ -86,15 +78,3 @@ def drain_ops(stage: int, stages: int, fed: int) -> list[tuple[str, int]]:
     """The backwards still owed after ``fed`` mini-batches went in: they empty the pipeline."""
     lag = stages - stage - 1
     return [("B", i) for i in range(max(0, fed - lag), fed)]
-
-
-def check_micro(name: str, stages: int, micro: int) -> None:
-    """torch's Schedule1F1B refuses fewer micro-batches than stages (its warm-up fills every stage); its GPipe
-    runs any count, one micro-batch being the plain sequential pipeline, the flushed peer of SpecTrain's regime."""
-    if name == "torch-1f1b" and micro < stages:
-        raise PlanError(f"pipeline.schedule={name} needs train.micro_batches >= pp ({stages}), got {micro}; "
-                        f"valid: micro_batches >= {stages}")
-    if name in TORCH_MULTI_SCHEDULES and micro % stages:
-        # torch runs the micro-batches in rounds of pp; a partial round is refused inside torch
-        raise PlanError(f"pipeline.schedule={name} needs train.micro_batches to be a multiple of pp ({stages}), "
-                        f"got {micro}; valid: {stages}, {2 * stages}, ...")

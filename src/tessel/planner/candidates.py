@@ -10,14 +10,27 @@ torch's schedules and tensor-parallel peer are benchmarks' peers, not the planne
 
 from __future__ import annotations
 
-from ..config import Config
+from .. import choices
+from ..choices import Prediction, Schedule, TensorMode
 from ..errors import PlanError, TesselError
 from ..parallelize import check_model
 from ..plan import ParallelPlan, problems
-from ..tensor.grid import AXES
+from ..settings import Settings
 
-FLUSHED = (("1f1b", "v1"), ("gpipe", "v1"))
-ASYNC = (("async-predict", "v1"), ("async-predict", "v2"), ("async-stash", "v1"), ("async", "v1"))
+
+def _schedules(pp: int, allow_async: bool) -> list[tuple[Schedule, Prediction]]:
+    """(schedule, prediction variant) pairs the planner weighs: tessel's own flushed ones (1F1B first), and with
+    ``allow_async`` the asynchronous ones, weight prediction once per variant."""
+    first = choices.prediction("v1")
+    if pp == 1:
+        return [(choices.schedule("1f1b"), first)]
+    out = []
+    for s in sorted(choices.records(Schedule), key=lambda s: s.staleness):
+        if not s.planned or (s.asynchronous and not allow_async):
+            continue
+        variants = choices.records(Prediction) if s.weights == "predict" else [first]
+        out += [(s, v) for v in sorted(variants, key=lambda v: v.staleness)]
+    return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -31,42 +44,45 @@ def _shapes(n: int, parts: int) -> list[tuple[int, ...]]:
     return [(d, *rest) for d in _divisors(n) for rest in _shapes(n // d, parts - 1)]
 
 
-def _grids(tp: int) -> list[tuple[str, tuple[int, ...]]]:
+def _grids(tp: int) -> list[tuple[TensorMode, tuple[int, ...]]]:
+    modes = [m for m in choices.records(TensorMode) if m.planned]
+    first = next(m for m in modes if not m.needs_grid)
     if tp == 1:
-        return [("1d", (1,))]
-    out = [("1d", (tp,))]
-    for mode in ("2d", "3d"):
+        return [(first, (1,))]
+    out = [(m, (tp,)) for m in modes if not m.needs_grid]
+    for mode in (m for m in modes if m.needs_grid):
         # a grid with one real axis is the 1-D layout in disguise
-        out += [(mode, shape) for shape in _shapes(tp, len(AXES[mode])) if sum(s > 1 for s in shape) > 1]
+        out += [(mode, shape) for shape in _shapes(tp, len(mode.axes)) if sum(s > 1 for s in shape) > 1]
     return out
 
 
-def enumerate_plans(cfg: Config, world: int, allow_async: bool = False) -> list[ParallelPlan]:
+def enumerate_plans(base: ParallelPlan, world: int, global_batch: int, allow_async: bool = False
+                    ) -> list[ParallelPlan]:
+    """Every candidate on ``world`` ranks, each keeping ``base``'s table policy, DDP hook and buckets."""
     out = []
     for tp in _divisors(world):
         for pp in _divisors(world // tp):
             dp = world // (tp * pp)
-            local = cfg.train.global_batch // dp if cfg.train.global_batch % dp == 0 else 0
+            local = global_batch // dp if global_batch % dp == 0 else 0
             micro = sorted({m for m in (1, 2, 4, 8, pp, 2 * pp) if local and local % m == 0})
-            schedules = FLUSHED[:1] if pp == 1 else FLUSHED + (ASYNC if allow_async else ())
             for mode, grid in _grids(tp):
-                for schedule, predict in schedules:
+                for schedule, predict in _schedules(pp, allow_async):
                     for m in micro if pp > 1 else micro[:1]:
-                        out.append(ParallelPlan(dp=dp, pp=pp, tp=tp, tp_mode=mode, tp_grid=grid, schedule=schedule,
-                                                predict=predict, micro_batches=m))
+                        out.append(base.with_(dp=dp, pp=pp, tp=tp, tp_mode=mode, tp_grid=grid, schedule=schedule,
+                                              predict=predict, micro_batches=m, bounds=(), tables=()))
     return out
 
 
-def feasible(plans: list[ParallelPlan], cfg: Config, model, model_checked: bool = False
+def feasible(plans: list[ParallelPlan], settings: Settings, model, model_checked: bool = False
              ) -> tuple[list[ParallelPlan], list[tuple[ParallelPlan, str]]]:
     """(plans that can run, (plan, reason) for those that cannot); ``model``: the plain model on the meta device
     (changed in place by the checks), not used when ``model_checked``."""
     ok, dropped = [], []
     for plan in plans:
-        reasons = problems(plan, cfg)
+        reasons = problems(plan, settings)
         if not reasons and not model_checked:
             try:
-                check_model(model, plan, cfg)
+                check_model(model, plan, settings)
             except (PlanError, TesselError) as e:
                 reasons = [str(e)]
         if reasons:

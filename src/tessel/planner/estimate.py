@@ -28,18 +28,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..choices import ASYNC_SCHEDULES, TORCH_SCHEDULES
-from ..pipeline import backward_reads_newer
+from .. import choices
 from ..pipeline.partition import balance
 from ..plan import ParallelPlan
+from ..settings import Settings
 from ..sparse.cost import Link, Sparsity
 from ..sparse.cost import estimate as table_estimate
+from ..sparse.plan import AUTO_OPTIONS
 from ..tensor.cost import grad_sum_traffic, linear_traffic, norm_sum_traffic
-from ..tensor.grid import AXES
 from .profile import Profile
 from .topology import Topology
 
-OPT_STATES = {"adamw": 2, "adam": 2, "sgd": 1, "adagrad": 1}  # optimizer state tensors per parameter
 DDP_BUCKETS = 8  # tessel's DDP cuts the gradients into about this many all-reduces (parallelize.auto_bucket_mb)
 
 
@@ -63,16 +62,16 @@ def _ring(size: int, n: float) -> float:
 
 
 def _strides(plan: ParallelPlan) -> dict[str, tuple[int, int]]:
-    """mesh dim -> (size, stride): pp outermost, then dp, then tp (tessel.mesh.DIM_NAMES)."""
-    return {"tp": (plan.tp, 1), "dp": (plan.dp, plan.tp), "pp": (plan.pp, plan.tp * plan.dp)}
+    """mesh dim -> (size, stride) (tessel.mesh.ParallelDims.strides)."""
+    return plan.dims.strides()
 
 
 def _tp_axes(plan: ParallelPlan) -> dict[str, tuple[int, int]]:
     """grid axis -> (size, stride) inside the tp dim (the last grid axis holds consecutive ranks)."""
-    if plan.tp == 1 or plan.tp_mode in ("1d", "torch-1d"):
+    if plan.tp == 1 or not plan.tp_mode.needs_grid:
         return {"tp": (plan.tp, 1)}
     out, stride = {}, 1
-    for name, size in reversed(list(zip(AXES[plan.tp_mode], plan.tp_grid))):
+    for name, size in reversed(list(zip(plan.tp_mode.axes, plan.tp_grid))):
         out[name] = (size, stride)
         stride *= size
     return out
@@ -92,7 +91,7 @@ def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float
     if plan.tp == 1:
         return {}, 0.0
     shards = profile.tp_layers(plan.tp_mode, plan.tp_grid)
-    live = plan.pp > 1 and backward_reads_newer(plan.schedule, plan.predict)  # weights gathered again in backward
+    live = plan.live_backward  # weights gathered again in backward
     elems: dict[str, float] = {}
     seconds = 0.0
     for i in layers:
@@ -132,24 +131,16 @@ def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: d
     return seconds
 
 
-def _served(plan: ParallelPlan, cfg) -> bool:
-    """Whether tables can be served by rows in this layout (else they stay in the dense parameters)."""
-    if cfg.sparse.strategy == "dense":
-        return False
-    if plan.tp > 1 and plan.tp_mode != "1d":
-        return False
-    return not (plan.pp > 1 and plan.schedule in TORCH_SCHEDULES)
-
-
-def _tables(plan: ParallelPlan, cfg, profile: Profile, topo: Topology, compute: float
+def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float
             ) -> tuple[dict[str, str], float, float, set[str]]:
     """(table -> strategy, bytes per step, exposed seconds, tables taken out of the dense sync)."""
-    if plan.dp == 1 or not _served(plan, cfg):
+    policy = plan.sparse
+    if plan.dp == 1 or not plan.serves_tables or not (policy.strategy.served or policy.strategy.decides):
         return {}, 0.0, 0.0, set()
     size, stride = _strides(plan)["dp"]
     link = Link(rate=topo.group_rate(size, stride), latency=topo.latency * 2 * (size - 1), per_elem=2e-9,
                 source="topology")
-    allowed = ("dense", "allgather", "ps", "alltoall") if cfg.sparse.strategy == "auto" else (cfg.sparse.strategy,)
+    allowed = AUTO_OPTIONS if policy.strategy.decides else (policy.strategy.builds,)
     hosts = max(1, min(plan.dp, topo.hosts))
     picks, nbytes, seconds, served = {}, 0.0, 0.0, set()
     for t in profile.tables:
@@ -159,12 +150,12 @@ def _tables(plan: ParallelPlan, cfg, profile: Profile, topo: Topology, compute: 
         parts = _table_parts(profile, plan, t.name)  # a 1-D vocabulary shard holds 1/tp of the rows
         s = Sparsity(t.rows // parts, t.dim, profile.elem, k / parts, t.unique[1] / parts,
                      min(t.unique[1], k * plan.dp / hosts) / parts, 0.5, t.fed and parts == 1)
-        est = table_estimate(s, plan.dp, hosts, link, compute, cfg.sparse.schedule)
+        est = table_estimate(s, plan.dp, hosts, link, compute, policy.schedule)
         est = {o: e for o, e in est.items() if o.split("/")[0] in allowed}
-        if not est or (cfg.sparse.strategy == "auto" and k / max(t.rows, 1) > cfg.sparse.max_touched):
+        if not est or (policy.strategy.decides and k / max(t.rows, 1) > policy.max_touched):
             continue
-        choice = min(est, key=lambda o: est[o].time)
-        if choice == "dense":
+        choice = min(est, key=lambda o: est[o].time)  # the cost model's option: dense, ps, ..., alltoall/column
+        if not choices.table_strategy(choice.split("/")[0]).served:
             continue
         picks[t.name], served = choice, served | {t.name}
         nbytes += est[choice].bytes / max(topo.per_host, 1)
@@ -172,9 +163,9 @@ def _tables(plan: ParallelPlan, cfg, profile: Profile, topo: Topology, compute: 
     return picks, nbytes, seconds, served
 
 
-def estimate(plan: ParallelPlan, cfg, profile: Profile, topo: Topology) -> Estimate:
+def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Topology) -> Estimate:
     """The step a plan should take on ``topo`` (bounds filled in by the min-max cut if the plan has none)."""
-    m, b = plan.micro_batches, cfg.train.global_batch
+    m, b = plan.micro_batches, settings.global_batch
     samples = b / (plan.dp * m)  # per micro-batch on a dp rank
     rows = samples * profile.tokens_per_sample
     # the layers' profile times the measured ratio of a real step to it (autograd glue, loss, norm, clip)
@@ -202,7 +193,7 @@ def estimate(plan: ParallelPlan, cfg, profile: Profile, topo: Topology) -> Estim
         tp_step.append(_tp_step(plan, profile, range(lo, hi), topo))  # once per step, after the micro-batches
         pp_elems.append((out + inp) * m)  # a middle stage sends both
     slot = max(stage_slot)
-    flushed = plan.pp > 1 and plan.schedule not in ASYNC_SCHEDULES
+    flushed = plan.pp > 1 and plan.schedule.flushed
     # a flushed step is the first micro-batch's trip through every stage (each at its own slot) and then one
     # slowest slot per further micro-batch; an asynchronous one is m slowest slots (no flush)
     span = sum(stage_slot) + (m - 1) * slot if flushed else m * slot
@@ -210,7 +201,7 @@ def estimate(plan: ParallelPlan, cfg, profile: Profile, topo: Topology) -> Estim
     comm_pipe = (slot - max(stage_compute)) * m
     # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
     bubble = span - compute - comm_pipe + (sum(hops) if flushed else 0.0)
-    picks, table_bytes, table_s, served = _tables(plan, cfg, profile, topo, compute)
+    picks, table_bytes, table_s, served = _tables(plan, profile, topo, compute)
     dense = [_stage_params(profile, plan, lo, hi, served) for lo, hi in bounds]
     dp_size, dp_stride = strides["dp"]
     dp_bytes = [_ring(dp_size, p) * profile.elem for p in dense]
@@ -227,7 +218,7 @@ def estimate(plan: ParallelPlan, cfg, profile: Profile, topo: Topology) -> Estim
     nbytes["tp.grads"] = max(b for b, _ in tp_step)
     if table_bytes:
         nbytes["sparse"] = table_bytes
-    mem = _memory(plan, cfg, profile, bounds, samples, served)
+    mem = _memory(plan, settings, profile, bounds, samples, served)
     tp_grads_s = max(s for _, s in tp_step)
     return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s, bubble,
                     {k: v for k, v in nbytes.items() if v}, mem, picks)
@@ -256,22 +247,20 @@ def _table_parts(profile: Profile, plan: ParallelPlan, name: str) -> int:
     return profile.tp_layers(plan.tp_mode, plan.tp_grid).table_parts.get(name, plan.tp)
 
 
-def _memory(plan: ParallelPlan, cfg, profile: Profile, bounds, samples: float, served: set[str]) -> float:
+def _memory(plan: ParallelPlan, settings: Settings, profile: Profile, bounds, samples: float,
+            served: set[str]) -> float:
     """Bytes the fullest rank holds: weights, gradients, optimizer state, weight copies of the asynchronous
     schedules, and the boundary activations kept for backward (a floor: layer internals are not counted)."""
-    states = OPT_STATES.get(cfg.train.optimizer, 2)
-    if cfg.train.optimizer == "sgd" and not cfg.train.momentum:
-        states = 0
+    states = settings.state_tensors
     worst = 0.0
     for k, (lo, hi) in enumerate(bounds):
         params = sum(_layer_params(profile, plan)[lo:hi])
         copies = 0
-        if plan.pp > 1 and plan.schedule == "async-stash":
+        if plan.pp > 1 and plan.schedule.weights == "stash":
             copies = plan.pp - k  # one version per micro-batch in flight
-        elif plan.pp > 1 and plan.schedule == "async-predict":
-            copies = 1 if plan.predict == "v1" else 2
-        in_flight = plan.micro_batches if plan.schedule in ("gpipe", "torch-gpipe") else min(
-            plan.micro_batches, plan.pp - k)
+        elif plan.pp > 1 and plan.schedule.weights == "predict":
+            copies = plan.predict.kept_copies
+        in_flight = plan.micro_batches if plan.schedule.holds_all_micro else min(plan.micro_batches, plan.pp - k)
         shares = _out_share(profile, plan)
         acts = in_flight * samples * sum(layer.out_per_sample * shares[i] for i, layer in
                                          enumerate(profile.layers[lo:hi], start=lo))

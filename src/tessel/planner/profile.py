@@ -7,9 +7,10 @@ layer's time under tensor parallelism is that over tp (the layers split every GE
 surveyed on the dp-local batch of each candidate dp (unique rows per rank) and on the global batch.
 
     >>> from tessel.config import load_config
+    >>> from tessel.resolve import job_of
     >>> cfg = load_config(None, ["model.name=classifier", "model.layers=2", "model.hidden=64",
     ...                          "model.in_features=32", "model.classes=4"])
-    >>> p = measure(cfg, sizes=(2, 8), dps=(1,))
+    >>> p = measure(job_of(cfg), sizes=(2, 8), dps=(1,))
     >>> [layer.name for layer in p.layers], p.layers[0].params
     (['net.0', 'net.2', 'net.4'], 2112)
 """
@@ -26,16 +27,16 @@ import torch
 
 from .. import tensor
 from ..chain import Runner, chain_of
-from ..data.loader import ShardedLoader
 from ..pipeline.layers import stage_params
 from ..pipeline.partition import profile
 from ..registry import spec_of
+from ..settings import Settings
 from ..sparse import find_tables
 from ..sparse.detect import measure as measure_tables
-from ..train.build import DTYPES, build, build_data
 from ..train.engine import Engine
 from ..train.optim import build_optimizer
 from ..train.tail import StepTail
+from .job import Job
 
 
 @dataclass
@@ -80,8 +81,7 @@ class Profile:
     tokens_per_sample: int  # rows a sample feeds each linear (seq_len for the LMs, 1 for the classifier)
     seconds: float = 0.0  # how long measuring took
     step_factor: float = 1.0  # a real single-process training step's CPU time over the layers' and optimizer's sum
-    cfg: object = None  # the config measured (its model is rebuilt on the meta device for shard sizes)
-    vocab: int = 0
+    job: Job | None = None  # what was measured (its model is rebuilt on the meta device for shard sizes)
     _shards: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -105,7 +105,7 @@ class Profile:
         key = (mode, tuple(grid))
         if key not in self._shards:
             with torch.device("meta"):
-                model = build(self.cfg, self.vocab)
+                model = self.job.build()
             chain = chain_of(model)
             tp_chain, handle = tensor.apply(model, chain, tensor.GridSpec(mode, tuple(grid)))
             rows = math.prod(grid)  # a sample count every row split divides
@@ -147,16 +147,11 @@ class TensorShards:
     table_parts: dict[str, int] = field(default_factory=dict)  # table -> blocks its rows are cut into (1: whole)
 
 
-def _batch(cfg, dataset, global_batch: int, dp: int, dtype) -> tuple:
-    loader = ShardedLoader(dataset, global_batch, 0, dp, seed=cfg.train.seed)
-    return tuple(t.to(dtype) if t.is_floating_point() else t for t in loader.next_batch())
-
-
-def _optimizer_cost(model: torch.nn.Module, cfg) -> float:
+def _optimizer_cost(model: torch.nn.Module, settings: Settings) -> float:
     """Seconds per parameter element of one optimizer step (the second step: the first allocates state)."""
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
-    opt = build_optimizer(list(model.parameters()), cfg.train)
+    opt = build_optimizer(list(model.parameters()), settings)
     opt.step()
     t0 = time.thread_time()
     opt.step()
@@ -165,25 +160,24 @@ def _optimizer_cost(model: torch.nn.Module, cfg) -> float:
     return seconds / max(sum(p.numel() for p in model.parameters()), 1)
 
 
-def measure(cfg, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...] = (1,)) -> Profile:
-    """Profile ``cfg``'s model at every micro-batch size in ``sizes`` (default: 1 sample and the global batch;
+def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...] = (1,)) -> Profile:
+    """Profile ``job``'s model at every micro-batch size in ``sizes`` (default: 1 sample and the global batch;
     other sizes are priced on the line through the nearest two) and survey its tables on the dp-local batch of
     every dp in ``dps``."""
     t_start = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a worker runs one thread (OMP_NUM_THREADS=1 in the launcher and the cluster)
+    settings = job.settings
     try:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.train.seed)
-            dataset = build_data(cfg)
-            dtype = DTYPES[cfg.train.dtype]
-            model = build(cfg, getattr(dataset, "vocab_size", 0)).to(dtype)
+            torch.manual_seed(settings.seed)
+            model = job.build()
             chain = chain_of(model)
-            b = cfg.train.global_batch
+            b = settings.global_batch
             sizes = sorted(set(sizes or (1, b)) | {b})
-            x, y = _batch(cfg, dataset, b, 1, dtype)
+            x, y = job.batch(b, 1)
             costs = {n: profile(model, chain, x[:n], y[:n], repeats=3) for n in sizes}
-            tables = _tables(cfg, model, dataset, dps, dtype)
+            tables = _tables(job, model, dps)
             spec = spec_of(model)
             linears = spec.linears(model) if spec.linears else [[] for _ in chain.layers]
             layers = []
@@ -197,15 +191,15 @@ def measure(cfg, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...] = (1
                 layers.append(LayerProfile(layer.name, points[small] - per * small, per, params,
                                            _numel(costs[large][i].out_shape), owns, tuple(linears[i]), points))
             tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
-            opt = _optimizer_cost(model, cfg)
+            opt = _optimizer_cost(model, settings)
             whole = sum(layer.measured[b] for layer in layers) + opt * sum(p.numel() for p in model.parameters())
             # a real step does the layers' work and more (autograd glue, loss, clip): a ratio under 1 can only
             # be a profiled run that the machine slowed, and it would scale every plan's compute down
-            factor = max(1.0, _real_step(model, chain, cfg, x, y) / max(whole, 1e-9))
+            factor = max(1.0, _real_step(model, chain, settings, x, y) / max(whole, 1e-9))
     finally:
         torch.set_num_threads(threads)
-    return Profile(layers, tables, dtype.itemsize, opt, tokens, time.perf_counter() - t_start, factor, cfg,
-                   getattr(dataset, "vocab_size", 0))
+    elem = next(model.parameters()).element_size()
+    return Profile(layers, tables, elem, opt, tokens, time.perf_counter() - t_start, factor, job)
 
 
 def _steady(points: dict[int, float]) -> dict[int, float]:
@@ -226,7 +220,7 @@ def _steady(points: dict[int, float]) -> dict[int, float]:
     return out
 
 
-def _real_step(model, chain, cfg, x, y, repeats: int = 3) -> float:
+def _real_step(model, chain, settings: Settings, x, y, repeats: int = 3) -> float:
     """CPU seconds of one real training step of the plain model (engine, step tail, optimizer), the median of
     ``repeats`` after a warm-up. What the layers' profile leaves out (autograd across layers, the loss,
     zeroing, the norm and clip) comes back as the ratio of the two, and so does the gap between a layer's
@@ -234,8 +228,8 @@ def _real_step(model, chain, cfg, x, y, repeats: int = 3) -> float:
     benchmark's median measures: the fastest of a few steps ran 15% under their median here)."""
     model = copy.deepcopy(model)
     runner = Runner(model, chain_of(model))
-    optimizer = build_optimizer(list(runner.parameters()), cfg.train)
-    engine = Engine(runner, StepTail(list(runner.parameters()), optimizer, cfg.train), None)
+    optimizer = build_optimizer(list(runner.parameters()), settings)
+    engine = Engine(runner, StepTail(list(runner.parameters()), optimizer, settings.clip), 1, settings.lr_at)
     times = []
     for step in range(repeats + 1):
         t0 = time.thread_time()
@@ -251,13 +245,14 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _tables(cfg, model, dataset, dps: tuple[int, ...], dtype) -> list[TableProfile]:
+def _tables(job: Job, model, dps: tuple[int, ...]) -> list[TableProfile]:
     infos = [i for i in find_tables(model) if i.unsupported is None]
     out = {i.name: TableProfile(i.name, i.rows, i.dim, False) for i in infos}
+    b = job.settings.global_batch
     for dp in sorted(set(dps) | {1}):
-        if not infos or cfg.train.global_batch % dp:
+        if not infos or b % dp:
             continue
-        measure_tables(model, infos, [_batch(cfg, dataset, cfg.train.global_batch, dp, dtype)])
+        measure_tables(model, infos, [job.batch(b, dp)])
         for i in infos:
             out[i.name].unique[dp] = i.unique_per_step
             out[i.name].fed = i.fed

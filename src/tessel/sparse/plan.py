@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import comm
+from .. import choices, comm
+from ..choices import TableStrategy
 from .cost import Estimate, Link, Sparsity, choose, estimate, format_plan, probe
 from .detect import TableInfo, unsupported
 
@@ -24,31 +25,34 @@ AUTO_OPTIONS = ("dense", "allgather", "ps", "alltoall")
 @dataclass
 class Choice:
     info: TableInfo
-    strategy: str
+    strategy: TableStrategy
     why: str
-    split: str = "column"  # alltoall only
+    split: str = ""  # alltoall: column | row
     estimates: dict[str, Estimate] = field(default_factory=dict)
 
     def describe_plan(self) -> str:
-        chosen = f"alltoall/{self.split}" if self.strategy == "alltoall" else self.strategy
+        chosen = f"{self.strategy.name}/{self.split}" if self.split else self.strategy.name
         return format_plan(self.estimates, chosen) if self.estimates else ""
 
 
-def forced(info: TableInfo, module: nn.Module, strategy: str, override: str | None,
+def forced(info: TableInfo, module: nn.Module, strategy: TableStrategy, override: TableStrategy | None,
            max_touched: float) -> Choice | None:
     """The choice when nothing needs estimating, or None (``auto`` decides)."""
-    if override:
-        return Choice(info, override, "given")
-    if strategy in ("dense", "torch-sparse"):
+    dense = choices.table_strategy("dense")
+    if override is not None:
+        if not override.decides:
+            return Choice(info, override, "given")
+        strategy = override  # auto for this table
+    elif not strategy.served and not strategy.decides:  # dense, or torch DDP's sparse gradients
         return Choice(info, strategy, "given for all tables")
     if info.shared_with:
-        return Choice(info, "dense", f"weight shared with {', '.join(info.shared_with)}: every row gets a gradient")
+        return Choice(info, dense, f"weight shared with {', '.join(info.shared_with)}: every row gets a gradient")
     if why := info.unsupported or unsupported(module):
-        return Choice(info, "dense", why)
-    if strategy == "auto":
+        return Choice(info, dense, why)
+    if strategy.decides:
         return None  # the cost model weighs density itself
     if info.touched > max_touched:
-        return Choice(info, "dense", f"a step touches more than {max_touched:.0%} of its rows")
+        return Choice(info, dense, f"a step touches more than {max_touched:.0%} of its rows")
     return Choice(info, strategy, "sparse")
 
 
@@ -91,11 +95,11 @@ def decide_auto(pending: list[tuple[TableInfo, torch.Tensor]], group, hosts: int
         if split != "auto":
             est = {o: e for o, e in est.items() if o.split("/")[-1] == split or not o.startswith("alltoall")}
         best = choose(est, AUTO_OPTIONS)
-        strategy, _, how = best.partition("/")
-        out.append(Choice(info, strategy, f"cost model, link {link.rate * 8 / 1e6:.0f} Mbit/s ({link.source})",
-                          how or "column", est))
+        strategy, _, how = best.partition("/")  # the cost model's options: dense, ps, ..., alltoall/column
+        out.append(Choice(info, choices.table_strategy(strategy), f"cost model, link {link.rate * 8 / 1e6:.0f} "
+                          f"Mbit/s ({link.source})", how, est))
     # Floating-point sums may differ in the last bit between ranks; rank 0's plan is everyone's.
-    picked = comm.all_gather_object([(c.strategy, c.split) for c in out], "sparse.plan", group)[0]
+    picked = comm.all_gather_object([(c.strategy.name, c.split) for c in out], "sparse.plan", group)[0]
     for c, (strategy, how) in zip(out, picked):
-        c.strategy, c.split = strategy, how
+        c.strategy, c.split = choices.table_strategy(strategy), how
     return out, link

@@ -114,10 +114,11 @@ def apply(root: torch.nn.Module, chain, spec: GridSpec, mesh=None, regather: boo
 
 def check_shapes(model: torch.nn.Module, chain, spec: GridSpec, batch_per_rank: int) -> None:
     """Every weight, head count and micro-batch must split evenly on the grid (model on the meta device; it
-    is changed in place)."""
-    mode = "1d" if spec.mode == "torch-1d" else spec.mode
-    chain, _ = apply(model, chain, GridSpec(mode, spec.shape))
-    grid, plan = Grid(GridSpec(mode, spec.shape)), plan_for(mode)
+    is changed in place). torch's peer is checked as tessel's layers of its family would cut the model."""
+    if spec.mode.torch_peer:
+        _torch_plan(model)(model, None, False)
+    chain, _ = apply(model, chain, spec)
+    grid, plan = Grid(spec), plan_for(spec.mode)
     for layout in (plan.residual, plan.up.out, plan.down.inp):
         count = grid.block(layout.rows)[1]
         if batch_per_rank % count:
@@ -126,18 +127,26 @@ def check_shapes(model: torch.nn.Module, chain, spec: GridSpec, batch_per_rank: 
                             f"batch whose micro-batches per dp rank are a multiple of {count}")
 
 
-def parallelize(model: torch.nn.Module, mode: str, mesh, spec: GridSpec, regather: bool = False,
+def _torch_plan(model: torch.nn.Module):
+    fn = spec_of(model).torch_tensor
+    if fn is None:
+        raise PlanError(f"torch's own tensor parallelism (the peer) has no plan registered for {type(model).__name__}"
+                        " (tessel.register_model(..., torch_tensor=...)); use tessel's modes 1d, 2d or 3d")
+    return fn
+
+
+def apply_whole(model: torch.nn.Module, spec: GridSpec, mesh, regather: bool = False,
                 sequence_parallel: bool = False):
     """A whole model (no pipeline) made tensor-parallel: (module to train, its handle). tessel's modes give a
     :class:`tessel.chain.Runner` (call it with inputs and targets; its ``root`` is the model, names unchanged);
-    ``torch-1d`` gives the model under torch's ``parallelize_module`` (with ``sequence_parallel``, torch's)."""
-    if mode == "torch-1d":
-        from .native import NativeTP, parallelize_native
+    torch's peer gives the model under torch's ``parallelize_module`` (with ``sequence_parallel``, torch's)."""
+    if spec.mode.torch_peer:
+        from .native import NativeTP
 
-        model = parallelize_native(model, mesh, sequence_parallel)
+        model = _torch_plan(model)(model, mesh, sequence_parallel)
         return model, NativeTP(model, mesh)
     chain, handle = apply(model, chain_of(model), spec, mesh, regather)
     return Runner(model, chain), handle
 
 
-__all__ = ["Grid", "GridSpec", "TensorParallel", "apply", "check_shapes", "parallelize"]
+__all__ = ["Grid", "GridSpec", "TensorParallel", "apply", "apply_whole", "check_shapes"]

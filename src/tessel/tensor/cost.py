@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .grid import AXES
+from ..choices import tensor_mode
 from .layout import plan_for
 
 
@@ -23,13 +23,13 @@ def linear_traffic(mode: str, shape: tuple[int, ...], m: int, h: int, h2: int, u
     M rows, h -> h2 features. The formulas of :mod:`tessel.tensor.layout`. ``input_grad=False``: the input is
     data (a model's first linear), so no gradient of it is reduced. ``live``: the backward gathers the weight
     again (asynchronous schedules whose backward reads newer weights, see tessel.tensor.ops.matmul)."""
-    p = math.prod(shape)
-    if mode in ("1d", "torch-1d"):  # column: dX all-reduce; row: Y all-reduce
+    p, mode = math.prod(shape), tensor_mode(mode)
+    spec = plan_for(mode).up if up else plan_for(mode).down
+    if spec.summed:  # 1-D: column linears all-reduce dX, row linears Y
         if up and not input_grad:
             return []
-        return [("tp", 2 * (p - 1) / p * m * (h if up else h2), 2 * (p - 1))]
-    spec = plan_for(mode).up if up else plan_for(mode).down
-    size = dict(zip(AXES[mode], shape))
+        return [(spec.summed, 2 * (p - 1) / p * m * (h if up else h2), 2 * (p - 1))]
+    size = dict(zip(mode.axes, shape))
     gathered = 3 if regather else 2  # forward gather and its backward reduce-scatter, plus the re-gather
     w_gathered = 3 if regather or live else 2
     out = []
@@ -109,14 +109,15 @@ def _block(h: int, f: int) -> list[tuple[int, int, bool]]:
     return [(h, 3 * h, True), (h, h, False), (h, f, True), (f, h, False)]
 
 
-def step_formula(cfg, dp: int, spec) -> dict:
-    """What a run's blocks should send on channel ``tp`` per rank and step (written into its summary)."""
-    rows = cfg.train.global_batch // (dp * cfg.train.micro_batches) * cfg.data.seq_len
+def step_formula(cfg, plan) -> dict:
+    """What a run's Transformer blocks should send on channel ``tp`` per rank and step under ``plan`` (written into
+    its summary; ``cfg``: the run's config, for the model's widths)."""
+    rows = cfg.train.global_batch // (plan.dp * plan.micro_batches) * cfg.data.seq_len
     elem = 8 if cfg.train.dtype == "float64" else 4
-    per_block = block_bytes(spec.mode, spec.shape, rows, cfg.model.dim, cfg.model.hidden or 4 * cfg.model.dim, elem,
-                            cfg.tensor.regather)
+    per_block = block_bytes(plan.tp_mode, plan.tp_grid, rows, cfg.model.dim, cfg.model.hidden or 4 * cfg.model.dim,
+                            elem, plan.regather)
     return {"layers": cfg.model.layers, "block_bytes_per_micro_batch": per_block,
-            "tp_bytes_per_step": per_block * cfg.model.layers * cfg.train.micro_batches}
+            "tp_bytes_per_step": per_block * cfg.model.layers * plan.micro_batches}
 
 
 def block_bytes(mode: str, shape: tuple[int, ...], m: int, h: int, f: int, elem: int = 4,
@@ -153,7 +154,7 @@ def _group_gbs(c: Cluster, size: int, stride: int) -> float:
 def _strides(mode: str, shape: tuple[int, ...]) -> dict[str, tuple[int, int]]:
     """axis -> (size, stride): the mesh's last axis holds consecutive ranks."""
     out, stride = {}, 1
-    for name, size in reversed(list(zip(AXES[mode], shape))):
+    for name, size in reversed(list(zip(tensor_mode(mode).axes, shape))):
         out[name] = (size, stride)
         stride *= size
     return out

@@ -23,11 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..choices import TP_MODES
+from ..choices import TensorMode, tensor_mode
 from ..errors import PlanError
-
-MODES = TP_MODES
-AXES = {"1d": ("tp",), "torch-1d": ("tp",), "2d": ("tp_r", "tp_c"), "3d": ("tp_x", "tp_y", "tp_z")}
 
 
 def _near_equal(n: int, parts: int) -> tuple[int, ...]:
@@ -46,26 +43,29 @@ def _near_equal(n: int, parts: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class GridSpec:
-    mode: str
+    mode: TensorMode  # a name resolves to its record
     shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", tensor_mode(self.mode))
+        object.__setattr__(self, "shape", tuple(self.shape))
 
     @property
     def axes(self) -> tuple[tuple[str, int], ...]:
-        return tuple(zip(AXES[self.mode], self.shape))
+        return tuple(zip(self.mode.axes, self.shape))
 
     @property
     def size(self) -> int:
         return math.prod(self.shape)
 
     def __str__(self) -> str:
-        return f"{self.mode} {'x'.join(str(s) for s in self.shape)}"
+        return f"{self.mode.name} {'x'.join(str(s) for s in self.shape)}"
 
     @classmethod
-    def parse(cls, mode: str, tp: int, grid: str = "") -> GridSpec:
+    def parse(cls, mode: TensorMode | str, tp: int, grid: str = "") -> GridSpec:
         """The grid for ``tp`` ranks: ``grid`` ("2x2x2", "2x4") if given, else as square / cubic as tp allows."""
-        if mode not in MODES:
-            raise PlanError(f"tensor.mode '{mode}' is invalid; valid: {', '.join(MODES)}")
-        parts = len(AXES[mode])
+        mode = tensor_mode(mode)
+        parts = len(mode.axes)
         if not grid:
             return cls(mode, _near_equal(tp, parts))
         try:
@@ -74,7 +74,7 @@ class GridSpec:
             shape = ()
         example = "x".join(str(s) for s in _near_equal(tp, parts))
         if len(shape) != parts or min(shape) < 1:
-            raise PlanError(f"tensor.grid '{grid}' is invalid for mode {mode}: it needs {parts} sizes >= 1 "
+            raise PlanError(f"tensor.grid '{grid}' is invalid for mode {mode.name}: it needs {parts} sizes >= 1 "
                             f"joined by 'x', e.g. '{example}'")
         if math.prod(shape) != tp:
             raise PlanError(f"tensor.grid '{grid}' has {math.prod(shape)} ranks but tp={tp}; "

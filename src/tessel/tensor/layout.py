@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..choices import tensor_mode
 from ..errors import PlanError
 from .grid import Split
 
@@ -51,6 +52,11 @@ class LinearSpec:
     @property
     def bias(self) -> Split:
         return Split.of(d0=self.out.cols) if self.out.cols else Split()
+
+    @property
+    def summed(self) -> str | None:
+        """1-D (Megatron): the one axis a whole activation or its gradient is all-reduced over, else None."""
+        return self.copy or self.all_reduce
 
 
 @dataclass(frozen=True)
@@ -88,28 +94,41 @@ def check_chain(layers: list[tuple[str, Layout | None, Layout]]) -> None:
                             "join layers whose layouts match (see tessel.tensor.layout)")
 
 
-def plan_for(mode: str) -> Plan:
-    if mode == "1d":
-        whole, split = Layout(), Layout(cols="tp")
-        plan = Plan(mode, whole,
-                    up=LinearSpec(whole, split, Split.of(d0="tp"), copy="tp"),
-                    down=LinearSpec(split, whole, Split.of(d1="tp"), all_reduce="tp"),
-                    embedding=EmbeddingSpec(whole, Split.of(d0="tp"), vocab="tp", all_reduce="tp"))
-    elif mode == "2d":
-        r = Layout(rows=("tp_r",), cols="tp_c")
-        lin = LinearSpec(r, r, Split.of(d0="tp_c", d1="tp_r"), x_gather="tp_c", x_dim=-1, w_gather="tp_r")
-        plan = Plan(mode, r, up=lin, down=lin,
-                    embedding=EmbeddingSpec(r, Split.of(d0="tp_r", d1="tp_c"), w_gather="tp_r", ids_rows=("tp_r",)))
-    elif mode == "3d":
-        r, t = Layout(rows=("tp_z", "tp_x"), cols="tp_y"), Layout(rows=("tp_z", "tp_y"), cols="tp_x")
-        plan = Plan(mode, r,
-                    up=LinearSpec(r, t, Split.of(d0="tp_x", d1=("tp_y", "tp_z")), x_gather="tp_x", w_gather="tp_z",
-                                  reduce_scatter="tp_y"),
-                    down=LinearSpec(t, r, Split.of(d0="tp_y", d1=("tp_x", "tp_z")), x_gather="tp_y",
-                                    w_gather="tp_z", reduce_scatter="tp_x"),
-                    embedding=EmbeddingSpec(r, Split.of(d0=("tp_x", "tp_z"), d1="tp_y"), w_gather="tp_z",
-                                            vocab="tp_x", ids_rows=("tp_z",), reduce_scatter="tp_x"))
-    else:
-        raise PlanError(f"no layer plan for tensor mode '{mode}'; valid: 1d, 2d, 3d")
+def _one_d() -> Plan:
+    whole, split = Layout(), Layout(cols="tp")
+    return Plan("1d", whole,
+                up=LinearSpec(whole, split, Split.of(d0="tp"), copy="tp"),
+                down=LinearSpec(split, whole, Split.of(d1="tp"), all_reduce="tp"),
+                embedding=EmbeddingSpec(whole, Split.of(d0="tp"), vocab="tp", all_reduce="tp"))
+
+
+def _two_d() -> Plan:
+    r = Layout(rows=("tp_r",), cols="tp_c")
+    lin = LinearSpec(r, r, Split.of(d0="tp_c", d1="tp_r"), x_gather="tp_c", x_dim=-1, w_gather="tp_r")
+    return Plan("2d", r, up=lin, down=lin,
+                embedding=EmbeddingSpec(r, Split.of(d0="tp_r", d1="tp_c"), w_gather="tp_r", ids_rows=("tp_r",)))
+
+
+def _three_d() -> Plan:
+    r, t = Layout(rows=("tp_z", "tp_x"), cols="tp_y"), Layout(rows=("tp_z", "tp_y"), cols="tp_x")
+    return Plan("3d", r,
+                up=LinearSpec(r, t, Split.of(d0="tp_x", d1=("tp_y", "tp_z")), x_gather="tp_x", w_gather="tp_z",
+                              reduce_scatter="tp_y"),
+                down=LinearSpec(t, r, Split.of(d0="tp_y", d1=("tp_x", "tp_z")), x_gather="tp_y",
+                                w_gather="tp_z", reduce_scatter="tp_x"),
+                embedding=EmbeddingSpec(r, Split.of(d0=("tp_x", "tp_z"), d1="tp_y"), w_gather="tp_z",
+                                        vocab="tp_x", ids_rows=("tp_z",), reduce_scatter="tp_x"))
+
+
+# a tensor mode's ``layers`` family -> its layer plan
+LAYER_PLANS = {"1d": _one_d, "2d": _two_d, "3d": _three_d}
+
+
+def plan_for(mode) -> Plan:
+    """The layer plan of a :class:`tessel.choices.TensorMode` (or its name)."""
+    layers = tensor_mode(mode).layers
+    if layers not in LAYER_PLANS:
+        raise PlanError(f"no layer plan for tensor layers '{layers}'; valid: {', '.join(LAYER_PLANS)}")
+    plan = LAYER_PLANS[layers]()
     plan.check()
     return plan

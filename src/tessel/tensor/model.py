@@ -12,13 +12,15 @@ sharded GEMM split by heads, exactly as in the plain model's code path.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..chain import Chain, Layer
 from ..errors import PlanError
-from ..models import DenseClassifier, TransformerLM
+from ..models import LSTMLM, DenseClassifier, TransformerLM
 from ..models.transformer_lm import CausalSelfAttention
 from ..registry import register_model
 from . import cost, ops
@@ -35,6 +37,7 @@ from .layers import (
     vocab_cross_entropy,
 )
 from .layout import Layout, Plan
+from .native import parallelize_native
 
 
 class TPAttention(nn.Module):
@@ -137,10 +140,10 @@ def apply_transformer(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, reg
     """Replace the TransformerLM's submodules present on this stage by their tensor-parallel versions in place
     (same parameter names); returns the chain that runs them, with the vocabulary-parallel loss."""
     sampled = getattr(root, "softmax", "full") == "sampled"
-    if sampled and plan.mode != "1d":
-        raise PlanError(f"model.softmax=sampled with tensor mode {plan.mode}: the sampled head reads whole hidden "
-                        "states, which only 1-D tensor parallelism keeps on every rank; valid: --tp-mode 1d, or "
-                        "model.softmax full")
+    if sampled and not grid.spec.mode.whole_hidden:
+        raise PlanError(f"model.softmax=sampled with tp-mode {grid.spec.mode.name}: the sampled head reads whole "
+                        "hidden states, which only 1-D tensor parallelism keeps on every rank (its tables are then "
+                        "served over dp); valid: --tp-mode 1d, or model.softmax=full")
     if _present(root, "head") and _present(root, "tok_emb") and root.head.weight is root.tok_emb.weight:
         raise PlanError("tensor parallelism does not support model.tie_embeddings (the table and the head are "
                         "cut differently); set tie_embeddings false")
@@ -194,5 +197,13 @@ def classifier_linears(m: DenseClassifier) -> list[list[tuple[int, int, bool, st
     return [[(lin.in_features, lin.out_features, j % 2 == 0, "tp")] for j, lin in enumerate(linears)]
 
 
-register_model(TransformerLM, tensor=apply_transformer, linears=transformer_linears)
+def refuse_lstm(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, regather: bool = False) -> Chain:
+    """The LSTM LM has no tensor-parallel form: registered so that asking for one says why."""
+    raise PlanError(f"tensor parallelism (tp={math.prod(grid.spec.shape)}) applies to models transformer_lm and "
+                    "classifier, not lstm_lm (nn.LSTM runs its gates as one fused kernel that has no tensor-parallel "
+                    "form here); use tp=1")
+
+
+register_model(TransformerLM, tensor=apply_transformer, linears=transformer_linears, torch_tensor=parallelize_native)
+register_model(LSTMLM, tensor=refuse_lstm)
 register_model(DenseClassifier, tensor=apply_classifier, linears=classifier_linears)

@@ -22,6 +22,11 @@ from ..errors import PlanError
 
 
 def parallelize_native(model, mesh, sequence_parallel: bool = False) -> torch.nn.Module:
+    """torch's plan on the Transformer LM, in place; ``mesh=None``: only check that the model can take it."""
+    if getattr(model, "softmax", "full") != "full" or not hasattr(model, "blocks"):
+        raise PlanError("tensor.mode 'torch-1d' applies to transformer_lm with softmax 'full'")
+    if mesh is None:
+        return model
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -31,8 +36,6 @@ def parallelize_native(model, mesh, sequence_parallel: bool = False) -> torch.nn
         parallelize_module,
     )
 
-    if getattr(model, "softmax", "full") != "full" or not hasattr(model, "blocks"):
-        raise PlanError("tensor.mode 'torch-1d' applies to transformer_lm with softmax 'full'")
     seq = Shard(1) if sequence_parallel else Replicate()  # the residual stream between blocks
     plan = {"tok_emb": RowwiseParallel(input_layouts=Replicate()),
             "head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)}

@@ -14,8 +14,6 @@ from ..config import Config
 from ..data import build_dataset
 from ..models import build_model
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
 
 def build_data(cfg: Config):
     return build_dataset(
@@ -35,9 +33,15 @@ def build(cfg: Config, vocab_size: int) -> torch.nn.Module:
     )
 
 
-def model_identity(cfg: Config, vocab_size: int) -> dict[str, Any]:
-    """What a checkpoint must match to be loaded into this run's model."""
+def model_identity(cfg: Config, vocab_size: int, plan=None) -> dict[str, Any]:
+    """What a checkpoint must match to be loaded into this run's model (``plan``: the run's, whose table policy
+    it records; by default the config's)."""
     # ps/allgather tables are saved beside the model, not in it: resuming needs the same table plan.
-    sparse = {k: getattr(cfg.sparse, k) for k in ("strategy", "tables", "max_touched")}
+    if plan is None:
+        sparse = {k: getattr(cfg.sparse, k) for k in ("strategy", "tables", "max_touched")}
+    else:
+        p = plan.sparse
+        sparse = {"strategy": p.strategy.name, "tables": ",".join(f"{n}={s.name}" for n, s in p.overrides),
+                  "max_touched": p.max_touched}
     return {"model": {**cfg.to_dict()["model"], "vocab_size": vocab_size, "seq_len": cfg.data.seq_len,
                       "sparse": sparse}}

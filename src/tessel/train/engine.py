@@ -5,21 +5,22 @@ decides when gradients may be synchronised (the last micro-batch) and hands the 
 
 Example::
 
-    engine = Engine(ddp_model, StepTail(params, optimizer, train_cfg))
+    engine = Engine(ddp_model, StepTail(params, optimizer, clip=1.0), micro_batches=2, lr_of=settings.lr_at)
     result = engine.step(inputs, targets, step=0)      # StepResult(loss, grad_norm, lr)
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from .. import comm
 from .draws import SameDraws
 from .memory import SavedBytes
-from .optim import lr_at
 from .tail import StepTail
 
 
@@ -28,6 +29,21 @@ class StepResult:
     loss: float  # mean loss over this rank's micro-batches
     grad_norm: float  # global gradient norm before clipping
     lr: float
+
+
+class StepEngine(Protocol):
+    """What the training loop steps: :class:`Engine` (unpipelined), :class:`tessel.pipeline.PipelineEngine` and
+    :class:`tessel.pipeline.TorchPipelineEngine` (a pipeline stage)."""
+
+    reads: str | None  # what of each batch this rank reads: "batch", "targets" (a pipeline's last stage) or None
+    computes_loss: bool  # whether this rank's StepResult.loss is the loss (in a pipeline, the last stage's rank)
+    lr_of: Callable[[int], float]  # the LR of a step's mini-batch (a caller with its own schedule replaces it)
+
+    def step(self, inputs, targets, step: int, next_inputs=None) -> StepResult: ...
+
+    def drain(self, step: int) -> None: ...  # finish whatever mini-batch is in flight (before a checkpoint)
+
+    def stats(self) -> dict | None: ...  # this rank's figures for the run summary
 
 
 class Engine:
@@ -40,17 +56,18 @@ class Engine:
     reads = "batch"  # what of each batch a rank reads: "batch", "targets" (a pipeline's last stage) or None
     computes_loss = True  # every rank (in a pipeline only the rank holding the last stage)
 
-    def __init__(self, model: torch.nn.Module, tail: StepTail, tables=None) -> None:
-        self.model, self.tail, self.tables = model, tail, tables
+    def __init__(self, model: torch.nn.Module, tail: StepTail, micro_batches: int, lr_of: Callable[[int], float],
+                 tables=None) -> None:
+        self.model, self.tail, self.tables, self.micro_batches = model, tail, tables, micro_batches
         # entered around each micro-batch's forward and backward (torch's loss_parallel for its TP peer)
         self.loss_context = tail.tp.loss_context if tail.tp is not None else contextlib.nullcontext
-        self.cfg, self.optimizer = tail.cfg, tail.optimizer
+        self.optimizer = tail.optimizer
         self.params = tail.params
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
         self.activation_bytes = None
-        self.draws = SameDraws(self.cfg.micro_batches, self.device.type == "cuda")
+        self.draws = SameDraws(micro_batches, self.device.type == "cuda")
         # the LR of a step (a caller with its own schedule replaces it, see tessel.prepare)
-        self.lr_of = lambda step: lr_at(step, self.cfg)
+        self.lr_of = lr_of
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """Move a batch tensor to the model's device; float features take the model's dtype."""
@@ -65,11 +82,11 @@ class Engine:
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int,
              next_inputs: torch.Tensor | None = None) -> StepResult:
-        """One optimizer step on this rank's batch, split into ``cfg.micro_batches`` micro-batches.
+        """One optimizer step on this rank's batch, split into ``micro_batches`` micro-batches.
 
         ``next_inputs``: the next step's inputs, if known, so scheduled sparse tables fetch ahead."""
         self.model.train()
-        m = self.cfg.micro_batches
+        m = self.micro_batches
         inputs, targets = self.to_device(inputs), self.to_device(targets)
         if self.tables:
             with comm.guard("prefetch of sparse rows", "sparse"):

@@ -11,7 +11,7 @@ Flushed and asynchronous pipelines and the unpipelined engine all finish a step 
 
 Example::
 
-    tail = StepTail(params, optimizer, train_cfg, tp=handle, norm_group=mesh.get_group("pp"))
+    tail = StepTail(params, optimizer, clip=1.0, tp=handle, norm_group=mesh.get_group("pp"))
     norm = tail(lr)          # after the step's backward passes
 """
 
@@ -23,8 +23,16 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .. import comm
-from ..config import TrainConfig
 from .optim import set_lr
+
+
+def clip_coef(norm: float, max_norm: float) -> float:
+    """torch.nn.utils.clip_grad_norm_'s rule: the factor gradients are multiplied by (1.0: left as they are).
+
+    >>> clip_coef(4.0, 1.0) < 0.25 < clip_coef(4.0, 1.0) + 1e-6, clip_coef(0.5, 1.0), clip_coef(4.0, 0.0)
+    (True, 1.0, 1.0)
+    """
+    return min(1.0, max_norm / (norm + 1e-6)) if max_norm > 0 else 1.0
 
 
 def local_sq(params: list[torch.nn.Parameter]) -> torch.Tensor:
@@ -38,13 +46,14 @@ def local_sq(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 
 class StepTail:
-    """``dp_group``: average gradients over it here (None: DDP already did in backward). ``tp``: the tensor-
+    """``clip``: the max gradient norm (0: none). ``dp_group``: average gradients over it here (None: DDP already
+    did in backward). ``tp``: the tensor-
     parallel handle (``finish_backward() -> squared norm``). ``tables``: sparse tables (``reduce``/``step``).
     ``norm_group``: the pipeline group whose stages' squared norms are summed for a global norm."""
 
-    def __init__(self, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, cfg: TrainConfig, *,
+    def __init__(self, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, clip: float = 0.0, *,
                  dp_group=None, tp=None, tables=None, norm_group=None) -> None:
-        self.params, self.optimizer, self.cfg = params, optimizer, cfg
+        self.params, self.optimizer, self.clip = params, optimizer, clip
         self.dp_group, self.tp, self.tables, self.norm_group = dp_group, tp, tables, norm_group
         self.waited = 0.0  # seconds spent in the pipeline-wide norm all-reduce (waiting on other stages)
 
@@ -77,13 +86,11 @@ class StepTail:
         """Finish the step at learning rate ``lr``; returns the gradient norm before clipping. ``upto``: the
         last mini-batch whose table rows this update takes (an asynchronous pipeline has later ones in flight)."""
         norm = float(self.squared_norm(global_norm, upto).sqrt())
-        scale = 1.0
-        if self.cfg.clip > 0:
-            scale = min(1.0, self.cfg.clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s rule
-            if scale < 1.0:
-                for p in self.params:
-                    if p.grad is not None:
-                        p.grad.mul_(scale)  # a loop, not _foreach: torch-sparse tables have sparse gradients
+        scale = clip_coef(norm, self.clip)
+        if scale < 1.0:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)  # a loop, not _foreach: torch-sparse tables have sparse gradients
         set_lr(self.optimizer, lr)
         if self.tables:
             # rows first: the next step's rows that waited for this update travel during the dense step

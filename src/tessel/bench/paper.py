@@ -2,7 +2,7 @@
 measured theirs. The machines are not here, so compute comes from FLOP counts at an assumed sustained rate
 instead of a profile, and links from the clusters' published descriptions; these are projections.
 
-    python -m tessel.planner.paper      # the two tables docs/planner.md quotes
+    python -m tessel.bench.paper      # the two tables docs/planner.md quotes
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ from ..config import load_config
 from ..data.loader import ShardedLoader
 from ..models.sampled_softmax import SampledSoftmax
 from ..pipeline.layers import stage_params
-from ..plan import ParallelPlan
+from ..plan import ParallelPlan, TablePolicy
+from ..planner import choose
+from ..planner.estimate import estimate
+from ..planner.profile import LayerProfile, Profile, TableProfile
+from ..planner.topology import PARALLAX_CLUSTER, TACC_CLUSTER
 from ..registry import spec_of
+from ..resolve import job_of, policy_of, settings_of
 from ..sparse import find_tables
 from ..train.build import build, build_data
-from .estimate import estimate
-from .profile import LayerProfile, Profile, TableProfile
-from .topology import PARALLAX_CLUSTER, TACC_CLUSTER
 
 
 def _flops_per_row(module: nn.Module, seq: int) -> float:
@@ -71,7 +73,7 @@ def analytic(cfg, flops: float, samples_for_tables: tuple[int, ...] = (1,), elem
         owns = tuple(t.name for t in tables if any(t.name == o or t.name.startswith(o + ".") for o in layer.owns))
         layers.append(LayerProfile(layer.name, 0.0, per_row * rows / flops, params, math.prod(h.shape[1:]), owns,
                                    tuple(linears[i])))
-    return Profile(layers, tables, elem, per_elem, rows, cfg=cfg, vocab=vocab)
+    return Profile(layers, tables, elem, per_elem, rows, job=job_of(cfg))
 
 
 def _tables(cfg, model, data, dps) -> list[TableProfile]:
@@ -101,13 +103,10 @@ def parallax() -> tuple[dict, str]:
     """Hybrid (tables by rows) against dense data parallelism on 48 GPUs, and the planner's own choice."""
     cfg = load_config(None, PARALLAX_LM)
     profile = analytic(cfg, TITAN_XP_FLOPS, (48, 24, 16, 1))
-    topo = PARALLAX_CLUSTER
-    hybrid = estimate(ParallelPlan(dp=48), cfg, profile, topo)
-    dense_cfg = load_config(None, [*PARALLAX_LM, "sparse.strategy=dense"])
-    dense = estimate(ParallelPlan(dp=48), dense_cfg, profile, topo)
-    from . import choose
-
-    best = choose(cfg, topo, profile=profile).best
+    topo, settings = PARALLAX_CLUSTER, settings_of(cfg)
+    hybrid = estimate(ParallelPlan(dp=48, sparse=policy_of(cfg)), settings, profile, topo)
+    dense = estimate(ParallelPlan(dp=48, sparse=TablePolicy(strategy="dense")), settings, profile, topo)
+    best = choose(profile.job, topo, profile=profile).best
     rows = {"hybrid": hybrid, "dense": dense, "chosen": best}
     return rows, _table(rows, "dense", "Parallax: hybrid vs dense data parallelism on an LM (48 GPUs, 8 machines); "
                         "paper: up to 6.02x over Horovod (dense all-reduce), 2.8x over TensorFlow's PS")
@@ -117,7 +116,8 @@ def tacc() -> tuple[dict, str]:
     """3-D against 1-D and 2-D tensor parallelism over 64 V100s in nodes of 4."""
     cfg = load_config(None, BLOCKS)
     profile = analytic(cfg, V100_FLOPS, (1,), elem=2)
-    rows = {mode: estimate(ParallelPlan(dp=1, tp=64, tp_mode=mode, tp_grid=grid), cfg, profile, TACC_CLUSTER)
+    plan = ParallelPlan(dp=1, sparse=policy_of(cfg))
+    rows = {mode: estimate(plan.with_(tp=64, tp_mode=mode, tp_grid=grid), settings_of(cfg), profile, TACC_CLUSTER)
             for mode, grid in (("1d", (64,)), ("2d", (8, 8)), ("3d", (4, 4, 4)))}
     return rows, _table(rows, "3d", "3-D paper: 3-D vs 1-D and 2-D tensor parallelism (64 V100, nodes of 4); "
                         "paper: 2.32x over 1-D, 1.57x over 2-D", invert=True)

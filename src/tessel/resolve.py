@@ -1,0 +1,137 @@
+"""A config resolved, once, into what carries its behaviour: the :class:`~tessel.plan.ParallelPlan` (how the model
+is spread), the :class:`~tessel.settings.Settings` (how it trains), the planner's :class:`~tessel.planner.job.Job`
+and :class:`~tessel.planner.topology.Topology`. Only this module, the command line and the training loop read a
+:class:`~tessel.config.Config`; the composer, the planner and ``tessel.prepare`` take what is made here.
+
+    >>> from tessel.config import load_config
+    >>> cfg = load_config(None, ["parallel.pp=2", "pipeline.schedule=gpipe", "pipeline.split=1,2",
+    ...                          "sparse.tables=tok_emb=ps"])
+    >>> plan = plan_of(cfg, world=4)
+    >>> plan.dp, plan.schedule.name, plan.bounds, plan.sparse.of("tok_emb").name
+    (2, 'gpipe', ((0, 1), (1, 3)), 'ps')
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from .config import Config, sparse_overrides
+from .errors import ConfigError, PlanError
+from .mesh import ParallelDims
+from .plan import ParallelPlan, TablePolicy
+from .settings import Settings
+from .tensor.grid import GridSpec
+
+
+def settings_of(cfg: Config) -> Settings:
+    t = cfg.train
+    return Settings(optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay,
+                    lr_schedule=t.schedule, warmup=t.warmup, min_lr_ratio=t.min_lr_ratio, steps=t.steps, clip=t.clip,
+                    dtype=t.dtype, global_batch=t.global_batch, seed=t.seed, timeout=cfg.parallel.timeout)
+
+
+def policy_of(cfg: Config) -> TablePolicy:
+    s = cfg.sparse
+    return TablePolicy(strategy=s.strategy, overrides=tuple(sparse_overrides(cfg).items()), split=s.split,
+                       schedule=s.schedule, max_touched=s.max_touched, partitions=s.partitions, hosts=s.hosts,
+                       link_mbit=s.link_mbit, sample_batches=s.sample_batches, row_optimizer=s.optimizer)
+
+
+def bounds_of(split: str) -> tuple[tuple[int, int], ...]:
+    """Layer counts per stage ("3,3,2") as [lo, hi) bounds; the model's chain checks them against its layers.
+
+    >>> bounds_of("3,3,2"), bounds_of("")
+    (((0, 3), (3, 6), (6, 8)), ())
+    """
+    if not split.strip():
+        return ()
+    try:
+        counts = [int(c) for c in split.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise PlanError(f"pipeline.split '{split}' must be layer counts >= 1 per stage joined by commas, e.g. '3,3,2'")
+    edges = [0]
+    for c in counts:
+        edges.append(edges[-1] + c)
+    return tuple(zip(edges, edges[1:]))
+
+
+def plan_of(cfg: Config, world: int) -> ParallelPlan:
+    """The plan the config's flags ask for on ``world`` ranks (degrees resolved, grid chosen), unchecked."""
+    p = cfg.parallel
+    dims = ParallelDims.resolve(world, p.dp, p.pp, p.tp)
+    grid = GridSpec.parse(cfg.tensor.mode, dims.tp, cfg.tensor.grid)
+    bounds = bounds_of(cfg.pipeline.split) if dims.pp > 1 else ()
+    return ParallelPlan(dp=dims.dp, pp=dims.pp, tp=dims.tp, tp_mode=grid.mode, tp_grid=grid.shape,
+                        regather=cfg.tensor.regather, sequence_parallel=cfg.tensor.sequence_parallel,
+                        schedule=cfg.pipeline.schedule, predict=cfg.pipeline.predict,
+                        micro_batches=cfg.train.micro_batches, bounds=bounds, sparse=policy_of(cfg),
+                        ddp_hook=p.ddp_comm == "tessel", bucket_mb=p.bucket_mb)
+
+
+def load_plan(path: str | Path) -> ParallelPlan:
+    """A plan saved by ``tessel plan --json`` (or a run's summary "plan"), checked to be one."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"plan.source '{path}' is not a file; valid: auto, or the .json a 'tessel plan --json' "
+                          "wrote")
+    try:
+        return ParallelPlan.from_json(path.read_text())
+    except (ValueError, TypeError, PlanError) as e:
+        raise ConfigError(f"plan file '{path}' is not a parallel plan ({e}); write one with tessel plan "
+                          "--json") from None
+
+
+def saved_plan_for(cfg: Config, world: int) -> ParallelPlan:
+    """``plan.source``'s file, which must be for ``world`` ranks: the run is parallelized as the file says."""
+    plan = load_plan(cfg.plan.source)
+    if world and plan.world != world:
+        raise PlanError(f"plan file '{cfg.plan.source}' is for {plan.world} ranks (dp={plan.dp} pp={plan.pp} "
+                        f"tp={plan.tp}) but this job has {world}; run it with {plan.world} ranks or plan again for "
+                        f"{world}")
+    return plan
+
+
+def job_of(cfg: Config):
+    """What the planner needs of the config's model and data (built lazily, in the training dtype)."""
+    from .data.loader import ShardedLoader
+    from .planner.job import Job
+    from .train.build import build, build_data
+
+    settings = settings_of(cfg)
+    dataset = build_data(cfg)  # now, not inside a meta-device build: its tensors must be real
+    vocab = getattr(dataset, "vocab_size", 0)
+
+    def model():
+        return build(cfg, vocab).to(settings.torch_dtype)
+
+    def batch(global_batch: int, dp: int) -> tuple:
+        x = ShardedLoader(dataset, global_batch, 0, dp, seed=cfg.train.seed).next_batch()
+        return tuple(t.to(settings.torch_dtype) if t.is_floating_point() else t for t in x)
+
+    # what every candidate keeps whatever its degrees: the table policy, the DDP hook and buckets, regather
+    base = ParallelPlan(dp=1, regather=cfg.tensor.regather, sparse=policy_of(cfg),
+                        ddp_hook=cfg.parallel.ddp_comm == "tessel", bucket_mb=cfg.parallel.bucket_mb)
+    return Job(build=model, batch=batch, settings=settings, base=base)
+
+
+def topology_of(cfg: Config, ranks: int, measured: dict | None = None):
+    """The topology the config and environment describe; ``measured``: a probe's latency, speed, rate and
+    overlap (see :mod:`tessel.planner.probe`), which replace the defaults but not values given in ``plan.*``."""
+    from .planner.topology import from_environment
+
+    p = cfg.plan
+    memory = p.memory_gib * 2**30 if p.memory_gib else math.inf
+    topo = from_environment(ranks, p.hosts, p.link_mbit, memory=memory)
+    if measured:
+        topo = replace(topo, latency=measured["latency"], speed=min(topo.speed, measured["speed"]),
+                       rate_mbit=measured["mbit"], overlap=measured["overlap"],
+                       source=topo.source + ", latency, speed, rate and overlap measured")
+    if p.latency_us:  # a given value wins over a measured one
+        topo = replace(topo, latency=p.latency_us * 1e-6, source=topo.source + ", latency given")
+    if p.speed:
+        topo = replace(topo, speed=p.speed, source=topo.source + ", speed given")
+    return topo

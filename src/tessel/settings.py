@@ -1,0 +1,74 @@
+"""What a run is trained with that is not a parallel decision: optimizer, LR rule, clipping, dtype, timeouts.
+
+The composer takes a :class:`tessel.plan.ParallelPlan` (how the model is spread) and one :class:`Settings`
+(how it is trained), never the config: ``tessel train`` resolves its config into both once
+(:mod:`tessel.resolve`), and ``tessel.prepare`` builds them from the user's own optimizer and loop.
+
+    >>> s = Settings(optimizer="sgd", lr=0.1, warmup=0, lr_schedule="constant")
+    >>> s.optimizer.torch_class, s.lr_at(5)
+    ('SGD', 0.1)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from .choices import Optimizer, optimizer
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+LR_SCHEDULES = ("cosine", "linear", "constant")
+
+
+@dataclass(frozen=True)
+class Settings:
+    optimizer: Optimizer = field(default_factory=lambda: optimizer("adamw"))
+    lr: float = 3e-3
+    momentum: float = 0.0  # sgd only
+    weight_decay: float = 0.0
+    lr_schedule: str = "cosine"  # cosine | linear | constant, after a linear warm-up
+    warmup: int = 20
+    min_lr_ratio: float = 0.1
+    steps: int = 300  # the LR schedule's length
+    clip: float = 1.0  # max gradient norm; 0: no clipping
+    dtype: str = "float32"  # float32 | float64
+    global_batch: int = 32
+    seed: int = 0
+    timeout: float = 30.0  # seconds any collective may wait
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "optimizer", optimizer(self.optimizer))  # a name resolves to its record once
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def with_(self, **changes) -> Settings:
+        return replace(self, **changes)
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step ``step`` (0-based): linear warm-up, then the named decay. A pure
+        function of the step, so a resumed run needs no scheduler state to continue exactly."""
+        if self.warmup and step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        if self.lr_schedule == "constant":
+            return self.lr
+        frac = min(1.0, (step - self.warmup) / max(1, self.steps - self.warmup))
+        floor = self.lr * self.min_lr_ratio
+        if self.lr_schedule == "linear":
+            return self.lr - (self.lr - floor) * frac
+        return floor + 0.5 * (self.lr - floor) * (1 + math.cos(math.pi * frac))
+
+    @property
+    def has_direction(self) -> bool:
+        """Whether the optimizer keeps a smoothed update direction (what weight prediction extrapolates)."""
+        o = self.optimizer
+        return o.direction and (not o.momentum_state or self.momentum > 0)
+
+    @property
+    def state_tensors(self) -> int:
+        """Optimizer state tensors per parameter element (memory)."""
+        o = self.optimizer
+        return 0 if o.momentum_state and not self.momentum else o.states
