@@ -56,15 +56,17 @@ def _setup(name, schedule, pp, optimizer, micro, extra=()):
     return cfg, plan.dims, data, vocab, loader, built
 
 
-def check_parity(name, schedule, pp, optimizer, micro, steps=3):
-    cfg, dims, data, vocab, loader, built = _setup(name, schedule, pp, optimizer, micro)
+def check_parity(name, schedule, pp, optimizer, micro, steps=3, extra=()):
+    cfg, dims, data, vocab, loader, built = _setup(name, schedule, pp, optimizer, micro, extra)
     torch.manual_seed(1)
     ref = build(cfg, vocab).double()
     ref_engine = TorchReference(ref, cfg.train)
     ref_loader = ShardedLoader(data, 8, 0, 1)
     mine = dict((n.removeprefix("root."), p) for n, p in built.engine.stage.runner.named_parameters())
     grads = _grads_before_step(built.optimizer, lambda: mine.items())
-    ref_grads = _grads_before_step(ref_engine.optimizer, ref.named_parameters)
+    # a tied weight (the token table and the head) has both names in the reference, one on each stage here
+    every = lambda: ref.named_parameters(remove_duplicate=False)  # noqa: E731
+    ref_grads = _grads_before_step(ref_engine.optimizer, every)
     for step in range(steps):
         x, y = loader.next_batch()
         rx, ry = ref_loader.next_batch()
@@ -80,12 +82,12 @@ def check_parity(name, schedule, pp, optimizer, micro, steps=3):
         assert abs(res.grad_norm - ref_res.grad_norm) < ATOL
         for n, g in grads[step].items():
             torch.testing.assert_close(g, ref_grads[step][n], rtol=0, atol=ATOL, msg=f"grad {n} step {step}")
-    ref_params = dict(ref.named_parameters())
+    ref_params = dict(every())
     assert mine and len(mine) < len(ref_params) or pp == 1
     for n, p in mine.items():
         torch.testing.assert_close(p, ref_params[n], rtol=0, atol=ATOL, msg=n)
     torch.manual_seed(1)
-    init = dict(build(cfg, vocab).double().named_parameters())
+    init = dict(build(cfg, vocab).double().named_parameters(remove_duplicate=False))
     assert max(float((p - init[n]).abs().max()) for n, p in mine.items()) > 1e-3  # it really trained
     return sorted(mine)
 
@@ -98,6 +100,16 @@ PARITY = [("classifier", "gpipe", "sgd", 4), ("classifier", "1f1b", "adamw", 4),
 def test_parity_pp2(world2, name, schedule, optimizer, micro):
     owned = world2.run(check_parity, name, schedule, 2, optimizer, micro)
     assert not set(owned[0]) & set(owned[1])  # each parameter lives on one stage
+
+
+def test_tied_table_and_head_on_two_stages_stay_one_weight(world2):
+    """The token table on the first stage and the head tied to it on the last: each stage keeps a copy, their
+    gradients are summed between the two before the update (Megatron's way), so both equal the one weight of a
+    single process; an asynchronous schedule, which updates each stage at its own time, is refused."""
+    owned = world2.run(check_parity, "transformer_lm", "1f1b", 2, "adamw", 2, 3, ("model.tie_embeddings=true",))
+    assert "tok_emb.weight" in owned[0] and "head.weight" in owned[1]
+    with pytest.raises(AssertionError, match="a tied weight.*updates on each stage at its own time"):
+        world2.run(check_parity, "transformer_lm", "async-predict", 2, "adamw", 2, 3, ("model.tie_embeddings=true",))
 
 
 @pytest.mark.parametrize("name,schedule,optimizer,micro", PARITY[:2] + [("transformer_lm", "1f1b", "adamw", 4)])

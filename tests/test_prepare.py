@@ -15,7 +15,7 @@ import tessel
 from tessel import TesselError
 from tessel.data.prepared import PreparedLoader, slice_batch
 from tessel.prepare import _table_groups
-from tessel.prepare import _table_plan as _plan
+from tessel.prepare import _table_policy as _plan
 from tessel.sparse import find_tables
 from tessel.sparse.rowopt import mirror
 
@@ -142,7 +142,7 @@ def test_loader_slices_and_resumes_its_position():
 def test_bad_input_is_one_line_each():
     m = Plain()
     cases = [
-        (lambda: slice_batch({"x": torch.zeros(4)}, 0, 2), "the loader yields dict"),
+        (lambda: slice_batch({"x": "text"}, 0, 2), "the loader yields dict"),  # dicts of tensors are batches
         (lambda: slice_batch((torch.zeros(4), torch.zeros(3)), 0, 2), "cannot be split over 2 ranks"),
         (lambda: slice_batch(torch.zeros(5), 0, 2), "a multiple of 2"),
         (lambda: mirror(torch.optim.RMSprop([torch.zeros(1, requires_grad=True)]), {}, False),

@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import choices, comm, pipeline, sparse, tensor
 from .chain import Chain, Runner, chain_of
+from .mesh import subgroups
 from .plan import ParallelPlan, TableChoice
 from .settings import Settings
 from .sparse.rowopt import RowOptimizer
@@ -62,7 +63,7 @@ def auto_bucket_mb(model: torch.nn.Module, buckets: int = 8) -> float:
     return float(min(TORCH_BUCKET_MB, max(1.0, round(total / buckets))))
 
 
-def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 0.0, hook: bool = True) -> DDP:
+def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 0.0, *, hook: bool = True) -> DDP:
     """Wrap ``model`` in DDP whose every byte (init and gradients) goes through tessel.comm.
 
     ``bucket_mb=0`` picks :func:`auto_bucket_mb` for tessel's wrapper. ``hook=False`` leaves DDP exactly as
@@ -194,13 +195,17 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, batches: list[
     make_optimizer = make_optimizer or (lambda params: build_optimizer(params, settings))
     rows = rows if rows is not None else row_optimizer(plan, settings)
     dp_group = mesh.get_group("dp")
-    # tables are measured on the whole plain model, the only one every rank can run
-    found = sparse.survey(model, batches[:plan.sparse.sample_batches])
     chain = chain_of(model) if plan.pp > 1 or plan.tp > 1 else None
+    # tables are measured on the whole plain model, the only one every rank can run, the way its chain runs it
+    run = (lambda m, b: Runner(m, chain)(*b)) if chain is not None else None
+    found = sparse.survey(model, batches[:plan.sparse.sample_batches], run)
     root, stages, lo, hi, share = model, None, 0, None, 1.0
+    ties: list[dict[int, str]] = []
     if plan.pp > 1:
         stages = pipeline.cut(model, chain, plan.pieces, _micro(batches[0], plan.micro_batches), plan.bounds)
         plan = plan.with_(bounds=tuple(tuple(b) for b in stages.bounds))
+        ties = pipeline.ties(model, chain, stages.bounds)  # before the cut takes the other stages' modules away
+        pipeline.check_ties(ties, _why_no_ties(plan))
         mine = pipeline.held(plan.schedule, mesh.get_local_rank("pp"), plan.pp)  # one stage, or two (torch's)
         lo, hi = stages.bounds[mine[0]]
         share = sum(stages.stage_seconds()[i] for i in mine) / max(sum(stages.stage_seconds()), 1e-12)
@@ -226,7 +231,7 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, batches: list[
             plan = plan.with_(tables=tuple(TableChoice(*t) for stage in mine for t in stage))
     if plan.pp > 1:
         engine, optimizer = _stage_engine(root, chain, plan, settings, mesh, stages, lo, hi, handle, batches[0],
-                                          tables, make_optimizer)
+                                          tables, make_optimizer, ties)
     else:
         engine, optimizer = _engine(root, chain, plan, settings, dp_group, handle, tables, make_optimizer)
     return Parallelized(root, optimizer, engine, plan, settings, tables, shards, stages)
@@ -238,7 +243,8 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, d
     model = Runner(root, chain) if chain is not None and not plan.tp_mode.torch_peer else root
     if plan.dp > 1:
         # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
-        as_shipped = not plan.ddp_hook or any(c.strategy.ddp_sparse for c in (tables.choices if tables else []))
+        as_shipped = not plan.ddp_hook or plan.sparse.strategy.ddp_sparse or any(
+            c.strategy.ddp_sparse for c in (tables.choices if tables else []))
         model = apply_ddp(model, dp_group, plan.bucket_mb, hook=not as_shipped)
     optimizer = make_optimizer(model.parameters())
     params = [p for p in model.parameters() if p.requires_grad]
@@ -246,16 +252,39 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, d
     return Engine(model, tail, plan.micro_batches, settings.lr_at, tables), optimizer
 
 
+def _why_no_ties(plan: ParallelPlan) -> str | None:
+    """Why this plan cannot keep a weight tied across stages, or None."""
+    if plan.schedule.asynchronous:
+        return f"{plan.schedule.name} updates on each stage at its own time, so the copies would drift apart"
+    if plan.schedule.torch_peer:
+        return f"{plan.schedule.name} (torch's) updates stages where tessel cannot sum their gradients"
+    if plan.tp > 1:
+        return "tensor parallelism cuts the table and the head differently"
+    return None
+
+
+def _tied(root: torch.nn.Module, ties: list[dict[int, str]], index: int, pp_group, timeout: float) -> list[tuple]:
+    """(parameter, group of the stages holding it, whether this stage counts it in the norm) for each weight this
+    stage shares with another; making the groups is collective over the world (every rank calls it)."""
+    ranks = dist.get_process_group_ranks(pp_group)
+    mine = [t for t in ties if index in t]
+    groups = subgroups([[ranks[s] for s in sorted(t)] for t in mine], timeout) if ties else []
+    return [(root.get_parameter(t[index]), g, index == min(t)) for t, g in zip(mine, groups)]
+
+
 def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, mesh, stages, lo: int, hi: int, tp,
-                  batch: tuple, tables, make_optimizer):
-    """A pipeline stage: the step tail averages its gradients over its dp group and sums the norm over pp."""
+                  batch: tuple, tables, make_optimizer, ties: list[dict[int, str]]):
+    """A pipeline stage: the step tail averages its gradients over its dp group, sums tied weights' gradients
+    between the stages that hold them, and sums the norm over pp."""
     pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp")
     runner = Runner(root, chain, lo, hi)
     if plan.dp > 1:
         replicate_from_first(runner, dp_group)
+    tied = _tied(root, ties, mesh.get_local_rank("pp"), pp_group, settings.timeout)
     optimizer = make_optimizer(runner.parameters())
     params = [p for p in runner.parameters() if p.requires_grad]
-    tail = StepTail(params, optimizer, settings.clip, dp_group=dp_group, tp=tp, tables=tables, norm_group=pp_group)
+    tail = StepTail(params, optimizer, settings.clip, dp_group=dp_group, tp=tp, tables=tables, norm_group=pp_group,
+                    tied=tied)
     micro = batch[0].shape[0] // plan.micro_batches
     index = mesh.get_local_rank("pp")
     stage = pipeline.Stage(runner, index, plan.pp, dist.get_process_group_ranks(pp_group), stages, micro,

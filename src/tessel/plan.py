@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from . import choices
 from .choices import Prediction, Schedule, TableStrategy, TensorMode
-from .errors import CheckpointError, PlanError
+from .errors import CheckpointError, ConfigError, PlanError
 from .mesh import ParallelDims
 
 
@@ -41,7 +41,10 @@ class TableChoice:
     split: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "strategy", choices.table_strategy(self.strategy))
+        strategy = choices.table_strategy(self.strategy)
+        object.__setattr__(self, "strategy", strategy)
+        if strategy.splits and not self.split:  # a split strategy named without its split: by columns
+            object.__setattr__(self, "split", "column")
 
     @classmethod
     def of(cls, choice) -> TableChoice:
@@ -50,6 +53,13 @@ class TableChoice:
 
     def describe(self) -> str:
         return f"{self.name}={self.strategy.name}" + (f"/{self.split}" if self.split else "")
+
+
+def _strategy_for(table: str, name) -> TableStrategy:
+    try:
+        return choices.table_strategy(name)
+    except ConfigError as e:
+        raise ConfigError(f"table '{table}': {e}") from None
 
 
 @dataclass(frozen=True)
@@ -72,7 +82,9 @@ class TablePolicy:
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", choices.table_strategy(self.strategy))
         given = self.overrides.items() if isinstance(self.overrides, dict) else self.overrides
-        object.__setattr__(self, "overrides", tuple((n, choices.table_strategy(s)) for n, s in given))
+        # sorted: one policy has one form, so a JSON round trip and a checkpoint's identity keep it
+        pairs = ((n, _strategy_for(n, s)) for n, s in given)
+        object.__setattr__(self, "overrides", tuple(sorted(pairs, key=lambda t: t[0])))
         if self.split not in choices.SPARSE_SPLITS:
             raise PlanError(f"alltoall split '{self.split}' is invalid; valid: {', '.join(choices.SPARSE_SPLITS)}")
 
@@ -309,7 +321,10 @@ def saved_plan(meta: dict, plan: ParallelPlan, path) -> ParallelPlan:
     """The plan a checkpoint was saved under, which a resumed run must match in the pp and tp degrees. The tp mode
     and grid may differ (DCP reshards the shards), and so may dp (a job re-formed on fewer or more hosts): data
     positions count global batches, and dp replicas share one RNG stream (same seed everywhere)."""
-    saved = ParallelPlan.from_dict(meta["plan"]) if "plan" in meta else plan
+    try:
+        saved = ParallelPlan.from_dict(meta["plan"]) if "plan" in meta else plan
+    except (PlanError, ConfigError, TypeError) as e:
+        raise CheckpointError(f"checkpoint '{path}' holds a plan this tessel cannot read ({e})") from None
     if (saved.pp, saved.tp) != (plan.pp, plan.tp):
         raise CheckpointError(f"checkpoint '{path}' was saved under {saved.describe()}; a resumed run may change dp "
                               f"and the tp mode, not pp or tp, and this one is {plan.describe()}: resume with "

@@ -40,14 +40,15 @@ from torch import nn
 
 from . import choices, sparse
 from .choices import TableStrategy
-from .data.prepared import PreparedLoader
+from .data.prepared import PreparedLoader, first_tensor
 from .errors import ConfigError, TesselError
 from .mesh import ParallelDims, build_mesh, init_distributed
 from .parallelize import apply_ddp
 from .plan import ParallelPlan, TableChoice, TablePolicy
 from .prepare_axes import checkpoint_plan, identity_of, prepare_axes
-from .sparse.rowopt import mirror
+from .sparse.rowopt import auto_mirror
 from .train.tail import clip_coef, local_sq
+from .unwrap import skeleton
 
 __all__ = ["prepare", "clip_grad_norm_", "save", "load", "PreparedModel", "PreparedOptimizer", "PreparedLoader"]
 
@@ -81,11 +82,12 @@ class PreparedModel(nn.Module):
         self.scale = 1.0
 
     def forward(self, *args, **kwargs):
-        if self.tables and torch.is_grad_enabled() and args and torch.is_tensor(args[0]):
+        ids = first_tensor(args if args else kwargs) if args or kwargs else None
+        if self.tables and torch.is_grad_enabled() and torch.is_tensor(ids):
             # the next batch's rows start travelling, when this forward takes the batch the loader just gave
             # (the same tensor object: a copy, e.g. moved to a device, just fetches its own rows in time)
-            ours = args[0] is self.loader.current
-            self.tables.begin_step(args[0], self.loader.next_inputs if ours else None)
+            ours = ids is self.loader.current
+            self.tables.begin_step(ids, self.loader.next_inputs if ours else None)
         out = self.module(*args, **kwargs)
         if self.tables:
             self.tables.final_backward(True)  # one forward per step: its backward completes the gradients
@@ -96,9 +98,10 @@ class PreparedModel(nn.Module):
 
     def checkpoint_parts(self, optimizer) -> dict[str, Any]:
         """What a checkpoint holds and must match: the plain model, the user's optimizer, the tables, the plan."""
-        choices = self.tables.choices if self.tables else []
-        plan = ParallelPlan(dp=self.loader.size, tables=tuple(TableChoice.of(c) for c in choices))
-        return {"module": _plain(self), "optimizer": optimizer.optimizer, "tables": self.tables or None, "tp": None,
+        picked = self.tables.choices if self.tables else []
+        plan = ParallelPlan(dp=self.loader.size, tables=tuple(TableChoice.of(c) for c in picked))
+        return {"module": _plain(self), "optimizer": optimizer.optimizer if optimizer is not None else None,
+                "tables": self.tables or None, "tp": None,
                 "identity": _identity(self), "plan": plan}
 
     def finish_rows(self) -> torch.Tensor:
@@ -170,15 +173,20 @@ def _strategy(name) -> TableStrategy:
         raise TesselError(f"plan '{name}' is unknown; valid: {', '.join(choices.names(TableStrategy))}") from None
 
 
-def _table_plan(plan, names: list[str], tied: dict[str, list[str]]) -> tuple[TableStrategy, dict[str, TableStrategy]]:
-    """(strategy for all tables, per-table overrides) from ``plan``; tied tables refused by name."""
-    if isinstance(plan, str):
-        strategy, overrides = _strategy(plan), {}
+def _table_policy(plan, names: list[str], tied: dict[str, list[str]], link_mbit: float = 0.0) -> TablePolicy:
+    """How the tables are to be held, from ``plan`` (a strategy for all, {table: strategy}, or a data-parallel
+    ParallelPlan's own policy); tied tables refused by name."""
+    if isinstance(plan, ParallelPlan):
+        policy = plan.sparse
+    elif isinstance(plan, str):
+        policy = TablePolicy(strategy=_strategy(plan), max_touched=1.0, link_mbit=link_mbit)
     elif isinstance(plan, dict):
-        strategy, overrides = _strategy("auto"), {str(k): _strategy(v) for k, v in plan.items()}
+        policy = TablePolicy(overrides=tuple((str(k), _strategy(v)) for k, v in plan.items()), max_touched=1.0,
+                             link_mbit=link_mbit)
     else:
         raise TesselError(f"plan {plan!r} is neither a strategy nor {{table: strategy}}; strategies: "
                           f"{', '.join(choices.names(TableStrategy))}")
+    strategy, overrides = policy.strategy, dict(policy.overrides)
     serves = strategy.served or strategy.ddp_sparse  # a strategy every table is given, not auto or dense
     named = names if serves else list(overrides)
     if not names and serves:
@@ -189,7 +197,7 @@ def _table_plan(plan, names: list[str], tied: dict[str, list[str]]) -> tuple[Tab
         if tied.get(name) and (given.served or given.ddp_sparse):
             raise TesselError(f"table '{name}' shares its weight with {', '.join(tied[name])} (tied), so every row "
                               "gets a gradient and it cannot be served by rows; give it 'dense'")
-    return strategy, overrides
+    return policy
 
 
 def _table_groups(model: nn.Module, optimizer: torch.optim.Optimizer, found) -> list[int]:
@@ -231,30 +239,34 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
             _join(timeout)
             return prepare_axes(model, optimizer, loader, plan, samples=samples, lazy=lazy, max_norm=max_norm,
                                 timeout=timeout, resume=resume, verbose=verbose)
-        world, plan = plan.world, {t.name: t.strategy for t in plan.tables} or plan.sparse.strategy.name
+        world = plan.world
     if max_norm:
         raise TesselError("max_norm clips inside model.step under pp or tp; in a data-parallel loop call "
                           "tessel.clip_grad_norm_(model, max_norm) between backward and optimizer.step")
     group, rank, size = _world(world, timeout)
     prepared_loader = PreparedLoader(loader, rank, size)
+    plain = skeleton(model)  # the architecture tessel.unwrap gives back, before tables are taken out
     found = sparse.find_tables(model)
-    strategy, overrides = _table_plan(plan, [i.name for i in found], {i.name: i.shared_with for i in found})
+    policy = _table_policy(plan, [i.name for i in found], {i.name: i.shared_with for i in found}, link_mbit)
     groups = _table_groups(model, optimizer, found)
     tables = sparse.SparseTables([], {}, group, 0.0)
-    dense = choices.table_strategy("dense")
-    if size > 1 and found and (strategy != dense or any(v != dense for v in overrides.values())):
-        g = optimizer.param_groups[groups[0]]
+    given = policy.given()
+    named = any(s.served or s.ddp_sparse for s in given)
+    rows = auto_mirror(optimizer, optimizer.param_groups[groups[0]], lazy, named, rank == 0 and verbose)
+    if size > 1 and found and rows is not None and any(s.served or s.decides for s in given):
         before = list(model.parameters())
-        saved = checkpoint_plan(resume)  # a resumed run serves each table as saved (auto may choose otherwise now)
-        policy = TablePolicy(strategy=strategy, overrides=tuple(overrides.items()), max_touched=1.0,
-                             link_mbit=link_mbit)
-        tables = sparse.serve(model, sparse.survey(model, prepared_loader.samples(samples)), policy,
-                              mirror(optimizer, g, lazy), group, timeout=timeout, fixed=saved.tables if saved else ())
+        # a resumed run serves each table as saved (auto may choose otherwise now), as does a plan that decided
+        saved = checkpoint_plan(resume)
+        fixed = saved.tables if saved else plan.tables if isinstance(plan, ParallelPlan) else ()
+        tables = sparse.serve(model, sparse.survey(model, prepared_loader.samples(samples)), policy, rows, group,
+                              timeout=timeout, fixed=fixed)
         _drop_served(optimizer, before, model)
         if verbose and rank == 0:
             print(tables.describe())
-    module = apply_ddp(model, group) if size > 1 else model
+    hook, bucket = (plan.ddp_hook, plan.bucket_mb) if isinstance(plan, ParallelPlan) else (True, 0.0)
+    module = apply_ddp(model, group, bucket, hook=hook) if size > 1 else model
     prepared = PreparedModel(module, tables, prepared_loader)
+    prepared.__dict__["skeleton"] = plain  # not a submodule: its meta tensors are no parameters of the model
     return prepared, PreparedOptimizer(optimizer, prepared, groups[0]), prepared_loader
 
 

@@ -20,7 +20,6 @@ mirroring it, and ``max_norm`` clips by the norm over every stage, shard and row
 
 from __future__ import annotations
 
-import copy
 import inspect
 from dataclasses import replace
 from pathlib import Path
@@ -40,7 +39,8 @@ from .parallelize import parallelize
 from .plan import ParallelPlan
 from .registry import registered, spec_of
 from .settings import DTYPES, Settings
-from .sparse.rowopt import mirror, record_of
+from .sparse.rowopt import auto_mirror, record_of
+from .unwrap import skeleton
 
 KEEP_LRS = 64
 
@@ -64,8 +64,10 @@ class SteppedModel(nn.Module):
         raise TesselError("under pipeline or tensor parallelism the step is one call: loss = model.step(x, y) "
                           "runs the forwards, backwards and update (no model(...), backward or optimizer.step)")
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One training step on this rank's slice (x, y); returns the global batch's mean loss on every rank."""
+    def step(self, x, y: torch.Tensor | None = None) -> torch.Tensor:
+        """One training step on this rank's slice, ``step(x, y)`` or ``step(batch)`` with a dict batch (its
+        ``input_ids`` and ``labels``); returns the global batch's mean loss on every rank."""
+        x, y = pair(x if y is None else (x, y))
         engine, plan = self.par.engine, self.par.plan
         self.lrs[self.steps] = float(self.lr_groups[0]["lr"])
         self.lrs.pop(self.steps - KEEP_LRS, None)
@@ -117,6 +119,27 @@ class SteppedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state)
 
 
+def pair(batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of a batch under pp or tp, where the chain runs the model: a tuple ``(x, y)``, or a dict
+    with ``input_ids`` and ``labels`` (Hugging Face's; an ``attention_mask`` only if it masks nothing)."""
+    if isinstance(batch, dict):
+        missing = [k for k in ("input_ids", "labels") if k not in batch]
+        other = sorted(set(batch) - {"input_ids", "labels", "attention_mask"})
+        if missing or other:
+            raise TesselError(f"a dict batch under pp or tp needs input_ids and labels (and at most attention_mask); "
+                              f"this one {'lacks ' + ', '.join(missing) if missing else 'has ' + ', '.join(other)}")
+        mask = batch.get("attention_mask")
+        if mask is not None and not bool(mask.all()):
+            raise TesselError("a dict batch's attention_mask masks tokens (padding); under pp or tp a stage runs "
+                              "causal attention on whole sequences: pack or pad-free batches, or drop pp/tp")
+        return batch["input_ids"], batch["labels"]
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(torch.is_tensor(t) for t in batch):
+        return batch[0], batch[1]
+    kind = f"a {type(batch).__name__}" + (f" of {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+    raise TesselError(f"under pp or tp a batch is (inputs, targets) or a dict with input_ids and labels; the loader "
+                      f"gave {kind}")
+
+
 def _constructor(optimizer: torch.optim.Optimizer) -> dict:
     """The optimizer's one set of constructor settings, to rebuild it over each rank's share of the weights: its
     param group's values for the parameters its class's constructor takes (torch 2.13's AdamW keeps a
@@ -127,6 +150,33 @@ def _constructor(optimizer: torch.optim.Optimizer) -> dict:
         raise TesselError(f"{type(optimizer).__name__} has {len(groups)} param groups with different settings; "
                           "under pp or tp each rank's optimizer is rebuilt with one group: give all the same settings")
     return groups[0]
+
+
+# torch's optimizers whose update of each element reads only that element's gradient and state: rebuilt over a
+# tensor-parallel shard they update it as they would the whole tensor (Adafactor's factored moments and Muon's
+# orthogonalisation read whole rows, columns or matrices)
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "ASGD", "NAdam", "RAdam", "RMSprop", "Rprop")
+
+
+def _check_rebuilt(cls: type, given: dict, plan: ParallelPlan) -> None:
+    """One line unless ``cls`` rebuilt with the user's settings over a rank's share of the weights steps as it
+    would over the whole model: without a closure, on a matrix and a vector, and elementwise under tp."""
+    closure = inspect.signature(cls.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise TesselError(f"{cls.__name__}.step needs a closure (it evaluates the loss several times a step), "
+                          "which model.step cannot give under pp or tp; use another optimizer, e.g. AdamW")
+    if plan.tp > 1 and cls.__name__ not in ELEMENTWISE:
+        raise TesselError(f"{cls.__name__} updates a weight from its whole tensor, which tensor parallelism holds in "
+                          f"shards; under tp use one that updates each element alone: {', '.join(ELEMENTWISE)}")
+    params = [nn.Parameter(torch.zeros(2, 2)), nn.Parameter(torch.zeros(2))]
+    for p in params:
+        p.grad = torch.full_like(p, 0.1)
+    try:
+        cls(params, **given).step()
+    except Exception as e:  # noqa: BLE001 - whatever the class refuses, said in one line
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise TesselError(f"{cls.__name__} cannot be rebuilt over a rank's share of the weights and stepped with "
+                          f"dense gradients ({why}); use one that steps each parameter alone, e.g. AdamW") from None
 
 
 def _settings(model: nn.Module, optimizer, given: dict, global_batch: int, max_norm: float,
@@ -141,14 +191,6 @@ def _settings(model: nn.Module, optimizer, given: dict, global_batch: int, max_n
                     weight_decay=given.get("weight_decay", 0.0), lr_schedule="constant", warmup=0, clip=max_norm,
                     dtype=next((name for name, d in DTYPES.items() if d == dtype), "float32"),
                     global_batch=global_batch, timeout=timeout)
-
-
-def _meta_copy(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose tensors are on the meta device (no memory): checks may change it freely."""
-    memo = {id(t): (nn.Parameter(torch.empty_like(t, device="meta"), t.requires_grad) if isinstance(t, nn.Parameter)
-                    else torch.empty_like(t, device="meta"))
-            for t in [*model.parameters(), *model.buffers()]}
-    return copy.deepcopy(model, memo)
 
 
 def _check(model: nn.Module, plan: ParallelPlan, settings: Settings, world: int) -> None:
@@ -171,7 +213,7 @@ def _check(model: nn.Module, plan: ParallelPlan, settings: Settings, world: int)
         from . import tensor
 
         per_rank = settings.global_batch // (plan.dp * plan.micro_batches)
-        meta = _meta_copy(model)
+        meta = skeleton(model)
         tensor.check_shapes(meta, chain_of(meta), tensor.GridSpec(plan.tp_mode, plan.tp_grid), per_rank)
 
 
@@ -209,19 +251,27 @@ def prepare_axes(model: nn.Module, optimizer: torch.optim.Optimizer, loader, pla
     """(SteppedModel, SteppedOptimizer, PreparedLoader); see the module docstring."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     found = sparse.find_tables(model)
-    serve = plan.dp > 1 and bool(found) and (not plan.tables or any(t.strategy.served for t in plan.tables))
-    probe = PreparedLoader(loader, 0, 1).samples(1)[0]
+    decided = plan.tables and any(t.strategy.served for t in plan.tables)
+    serve = plan.dp > 1 and bool(found) and bool(decided if plan.tables else any(
+        s.served or s.decides for s in plan.sparse.given()))
+    probe = pair(PreparedLoader(loader, 0, 1).samples(1)[0])
     given, cls = _constructor(optimizer), type(optimizer)
+    _check_rebuilt(cls, given, plan)
     settings = _settings(model, optimizer, given, probe[0].shape[0], max_norm, timeout)
     _check(model, plan, settings, world)
     plan = _resumed(plan, resume)
     if not serve:  # nothing to serve: no row optimizer is needed or built
         plan = plan.with_(sparse=replace(plan.sparse, strategy="dense", overrides=()))
-    rows = mirror(optimizer, optimizer.param_groups[0], lazy) if serve else None
+    named = any(t.strategy.served for t in plan.tables) or any(s.served or s.ddp_sparse for s in plan.sparse.given())
+    rows = auto_mirror(optimizer, optimizer.param_groups[0], lazy, named,
+                       verbose and dist.get_rank() == 0) if serve else None
+    if serve and rows is None:  # auto, and no exact row form: every table stays dense
+        plan = plan.with_(sparse=replace(plan.sparse, strategy="dense", overrides=()))
     mesh = build_mesh(plan.dims, timeout, plan.mesh_axes)
     prepared = PreparedLoader(loader, mesh.get_local_rank("dp"), plan.dp)
     identity = identity_of(model)  # the whole plain model, before a cut or shards change it
-    par = parallelize(model, plan, mesh, prepared.samples(samples), settings, rows=rows,
+    plain = skeleton(model)
+    par = parallelize(model, plan, mesh, [pair(b) for b in prepared.samples(samples)], settings, rows=rows,
                       make_optimizer=lambda params: cls([p for p in params if p.requires_grad] or [{"params": []}],
                                                         **given))
     for group in optimizer.param_groups:  # the weights now live in each rank's own optimizer
@@ -231,4 +281,5 @@ def prepare_axes(model: nn.Module, optimizer: torch.optim.Optimizer, loader, pla
     if verbose and dist.get_rank() == 0:
         print(par.describe(), flush=True)
     stepped = SteppedModel(par, mesh, prepared, optimizer.param_groups, identity)
+    stepped.__dict__["skeleton"] = plain  # what tessel.unwrap fills (not a submodule: its tensors are on meta)
     return stepped, SteppedOptimizer(optimizer, par.optimizer), prepared

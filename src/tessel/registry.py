@@ -11,6 +11,7 @@ a user registers their own the same way::
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -31,6 +32,11 @@ class ModelSpec:
 
 _SPECS: dict[type, ModelSpec] = {}
 
+# the package a model class comes from -> the tessel module that registers that package's families (imported the
+# first time a model of it is asked about, so the package stays an optional extra)
+PROVIDERS = {"transformers": "tessel.hf"}
+_LOADED: set[str] = set()
+
 
 def register_model(cls: type, *, chain: Callable | None = None, tensor: Callable | None = None,
                    linears: Callable | None = None, torch_tensor: Callable | None = None) -> None:
@@ -45,6 +51,11 @@ def spec_of(model: nn.Module) -> ModelSpec:
     for cls in type(model).__mro__:
         if cls in _SPECS:
             return _SPECS[cls]
+    provider = PROVIDERS.get(type(model).__module__.split(".")[0])
+    if provider is not None and provider not in _LOADED:
+        _LOADED.add(provider)
+        importlib.import_module(provider)
+        return spec_of(model)
     return ModelSpec()
 
 

@@ -13,6 +13,7 @@ and :class:`~tessel.planner.topology.Topology`. Only this module, the command li
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -80,14 +81,18 @@ def load_plan(path: str | Path) -> ParallelPlan:
                           "wrote")
     try:
         return ParallelPlan.from_json(path.read_text())
-    except (ValueError, TypeError, PlanError) as e:
+    except (ValueError, TypeError, PlanError, ConfigError) as e:
         raise ConfigError(f"plan file '{path}' is not a parallel plan ({e}); write one with tessel plan "
                           "--json") from None
 
 
 def saved_plan_for(cfg: Config, world: int) -> ParallelPlan:
-    """``plan.source``'s file, which must be for ``world`` ranks: the run is parallelized as the file says."""
+    """``plan.source``'s file, which must be for ``world`` ranks: the run is parallelized as the file says. A file
+    written before plans carried the table policy and the DDP sync takes those from the config."""
     plan = load_plan(cfg.plan.source)
+    written = json.loads(Path(cfg.plan.source).read_text())
+    flags = plan_of(cfg, plan.world)
+    plan = plan.with_(**{k: getattr(flags, k) for k in ("sparse", "ddp_hook", "bucket_mb") if k not in written})
     if world and plan.world != world:
         raise PlanError(f"plan file '{cfg.plan.source}' is for {plan.world} ranks (dp={plan.dp} pp={plan.pp} "
                         f"tp={plan.tp}) but this job has {world}; run it with {plan.world} ranks or plan again for "

@@ -26,7 +26,7 @@ LR_SCHEDULES = ("cosine", "linear", "constant")
 class Settings:
     optimizer: Optimizer = field(default_factory=lambda: optimizer("adamw"))
     lr: float = 3e-3
-    momentum: float = 0.0  # sgd only
+    momentum: float = 0.9  # sgd only (tessel train's default)
     weight_decay: float = 0.0
     lr_schedule: str = "cosine"  # cosine | linear | constant, after a linear warm-up
     warmup: int = 20

@@ -20,25 +20,54 @@ import torch
 from ..errors import TesselError
 
 
+def _parts(batch: Any) -> list:
+    """The tensors of a batch as a user's loader yields it: a tensor, a tuple/list of them, or a dict of them (the
+    Hugging Face convention: ``input_ids``, ``attention_mask``, ``labels``)."""
+    if isinstance(batch, dict):
+        return list(batch.values())
+    return list(batch) if isinstance(batch, (tuple, list)) else [batch]
+
+
 def slice_batch(batch: Any, rank: int, size: int) -> Any:
-    """This rank's contiguous part of a global batch: a tensor or a tuple/list of tensors, batch first."""
-    parts = batch if isinstance(batch, (tuple, list)) else (batch,)
+    """This rank's contiguous part of a global batch: a tensor, a tuple/list or a dict of tensors, batch first.
+
+    >>> slice_batch({"input_ids": torch.arange(4).view(2, 2), "labels": torch.arange(4).view(2, 2)}, 1, 2)
+    {'input_ids': tensor([[2, 3]]), 'labels': tensor([[2, 3]])}
+    """
+    parts = _parts(batch)
     if not parts or not all(torch.is_tensor(t) and t.dim() >= 1 for t in parts):
         kinds = ", ".join(type(t).__name__ for t in parts) or "nothing"
-        raise TesselError(f"the loader yields {type(batch).__name__} of {kinds}; prepare shards a tensor or a "
-                          "tuple/list of tensors with the batch as their first dimension")
+        raise TesselError(f"the loader yields {type(batch).__name__} of {kinds}; prepare shards a tensor, a "
+                          "tuple/list or a dict of tensors with the batch as their first dimension")
     n = parts[0].shape[0]
     if any(t.shape[0] != n for t in parts) or n % size:
         raise TesselError(f"a batch of sizes {[t.shape[0] for t in parts]} cannot be split over {size} ranks; "
                           f"every tensor of a batch needs the same first dimension, a multiple of {size}")
     k = n // size
+    if isinstance(batch, dict):
+        return type(batch)((key, t[rank * k:(rank + 1) * k]) for key, t in batch.items())
     mine = [t[rank * k:(rank + 1) * k] for t in parts]
     return mine[0] if torch.is_tensor(batch) else type(batch)(mine)
 
 
-def _first(batch):
-    """The batch's first tensor: what a model's tables look up (the ids)."""
-    return batch if batch is None or torch.is_tensor(batch) else batch[0]
+def first_tensor(batch):
+    """The batch's ids: a dict's ``input_ids`` (else its first tensor), a tuple's first tensor, or the tensor."""
+    if batch is None or torch.is_tensor(batch):
+        return batch
+    if isinstance(batch, dict):
+        return batch["input_ids"] if "input_ids" in batch else next(iter(batch.values()))
+    return batch[0]
+
+
+def call(model, batch):
+    """The model run on a batch the way its loop does: ``model(**batch)`` for a dict, ``model(*batch)`` for a
+    tuple or list, ``model(batch)`` for a tensor."""
+    if isinstance(batch, dict):
+        return model(**batch)
+    return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+
+
+_first = first_tensor
 
 
 class PreparedLoader:
@@ -69,14 +98,14 @@ class PreparedLoader:
             yield batch
         self.position = 0  # the pass is over: a checkpoint taken now resumes at the next pass's start
 
-    def samples(self, k: int) -> list[tuple]:
-        """This rank's slices of the first ``k`` batches, as model argument tuples (the global RNG is kept:
-        a shuffling DataLoader draws its order from it)."""
+    def samples(self, k: int) -> list:
+        """This rank's slices of the first ``k`` batches, as the loader yields them (see :func:`call`; the global
+        RNG is kept: a shuffling DataLoader draws its order from it)."""
         with torch.random.fork_rng(devices=[]):
             got = [slice_batch(b, self.rank, self.size) for b in itertools.islice(iter(self.loader), k)]
         if not got:
             raise TesselError("the loader yielded no batch; prepare measures the tables on its first batches")
-        return [b if isinstance(b, (tuple, list)) else (b,) for b in got]
+        return got
 
     def state_dict(self) -> dict[str, int]:
         return {"position": self.position, "steps": self.steps}

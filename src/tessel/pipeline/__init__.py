@@ -20,7 +20,7 @@ import torch.distributed as dist
 from .. import comm
 from ..chain import Chain
 from ..errors import PlanError
-from .layers import check_no_shared, prune
+from .layers import check_ties, prune, ties
 from .partition import StagePlan, parse_split, plan_stages, split_text
 from .runtime import PipelineEngine, TorchPipelineEngine, summary
 from .schedules import chunks, held
@@ -48,10 +48,8 @@ def cut(model: torch.nn.Module, chain: Chain, stages: int, sample: tuple[torch.T
     if dist.get_rank() == 0:
         with torch.random.fork_rng(devices=[]):  # the profile's draws (dropout, sampled candidates) leave no trace
             plan = plan_stages(model, chain, *sample, stages, given).to_dict()
-    plan = StagePlan.from_dict(comm.all_gather_object(plan, "meta")[0])
-    check_no_shared(model, chain, plan.bounds)
-    return plan
+    return StagePlan.from_dict(comm.all_gather_object(plan, "meta")[0])
 
 
-__all__ = ["PipelineEngine", "Stage", "StagePlan", "TorchPipelineEngine", "check_model", "chunks", "cut", "held",
-           "prune", "split_text", "summary"]
+__all__ = ["PipelineEngine", "Stage", "StagePlan", "TorchPipelineEngine", "check_model", "check_ties", "chunks",
+           "cut", "held", "prune", "split_text", "summary", "ties"]

@@ -18,7 +18,7 @@ from torch import nn
 from ..chain import Chain, Layer, chain_of
 from ..errors import PlanError
 
-__all__ = ["Chain", "Layer", "chain_of", "check_no_shared", "prune", "stage_params"]
+__all__ = ["Chain", "Layer", "chain_of", "prune", "stage_params", "ties"]
 
 
 def stage_params(model: nn.Module, chain: Chain, lo: int, hi: int) -> dict[str, nn.Parameter]:
@@ -31,14 +31,24 @@ def stage_params(model: nn.Module, chain: Chain, lo: int, hi: int) -> dict[str, 
     return out
 
 
-def check_no_shared(model: nn.Module, chain: Chain, bounds: list[tuple[int, int]]) -> None:
-    """Refuse a split that puts one parameter (a tied embedding) on two stages."""
-    seen: dict[int, int] = {}
+def ties(model: nn.Module, chain: Chain, bounds) -> list[dict[int, str]]:
+    """The parameters a split puts on more than one stage (a token table tied to the head): for each, stage ->
+    its name there. Each stage keeps its own copy; their gradients are summed between those stages before every
+    update (Megatron's way), so the copies stay one weight."""
+    seen: dict[int, dict[int, str]] = {}
     for s, (lo, hi) in enumerate(bounds):
         for name, p in stage_params(model, chain, lo, hi).items():
-            if seen.setdefault(id(p), s) != s:
-                raise PlanError(f"parameter '{name}' is used by stages {seen[id(p)]} and {s} (a tied weight); "
-                                "untie it (model.tie_embeddings=false) or keep its layers on one stage")
+            seen.setdefault(id(p), {}).setdefault(s, name)
+    return [stages for stages in seen.values() if len(stages) > 1]
+
+
+def check_ties(found: list[dict[int, str]], why_not: str | None) -> None:
+    """PlanError naming the first tied weight if the schedule or layout cannot keep tied copies one weight."""
+    if found and why_not:
+        stages = found[0]
+        raise PlanError(f"parameter '{next(iter(stages.values()))}' is used by stages "
+                        f"{' and '.join(map(str, stages))} (a tied weight), which {why_not}; untie it or keep its "
+                        "layers on one stage")
 
 
 def prune(model: nn.Module, chain: Chain, lo: int, hi: int, *more: tuple[int, int]) -> nn.Module:

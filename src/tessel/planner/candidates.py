@@ -25,7 +25,7 @@ def _schedules(pp: int, allow_async: bool) -> list[tuple[Schedule, Prediction]]:
     if pp == 1:
         return [(choices.schedule("1f1b"), first)]
     out = []
-    for s in sorted(choices.records(Schedule), key=lambda s: s.staleness):
+    for s in sorted(choices.records(Schedule), key=lambda s: (s.staleness, s.holds_all_micro)):
         if not s.planned or (s.asynchronous and not allow_async):
             continue
         variants = choices.records(Prediction) if s.weights == "predict" else [first]

@@ -184,11 +184,12 @@ class Survey:
         return [i.name for i in self.infos]
 
 
-def survey(model: nn.Module, batches: list[tuple]) -> Survey:
-    """Find ``model``'s tables and measure them on ``batches`` (``model(*batch)`` argument tuples, this rank's
-    first batches). Run it on the whole plain model, before a pipeline cut or tensor parallelism change it."""
+def survey(model: nn.Module, batches: list, run=None) -> Survey:
+    """Find ``model``'s tables and measure them on ``batches`` (this rank's first batches, each run as
+    ``run(model, batch)``: by default ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple). Run it on the
+    whole plain model, before a pipeline cut or tensor parallelism change it."""
     infos = find_tables(model)
-    return Survey(infos, 3 * measure(model, infos, batches) if infos else 0.0)
+    return Survey(infos, 3 * measure(model, infos, batches, run) if infos else 0.0)
 
 
 def _target(model: nn.Module, info: TableInfo) -> tuple[nn.Module | None, TableInfo, nn.Module | None]:

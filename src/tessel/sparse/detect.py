@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..data.prepared import call, first_tensor
 from ..errors import PlanError
 
 TABLE_TYPES = (nn.Embedding, nn.EmbeddingBag)
@@ -77,15 +78,18 @@ def unsupported(module: nn.Module) -> str | None:
 
 
 @torch.no_grad()
-def measure(model: nn.Module, tables: list[TableInfo], batches: list[tuple]) -> float:
-    """Fill ``touched``, ``unique_per_step``, ``counts`` and ``fed`` of ``tables`` from ``model(*batch)``
-    calls; returns the mean seconds of one forward pass.
+def measure(model: nn.Module, tables: list[TableInfo], batches: list, run=None) -> float:
+    """Fill ``touched``, ``unique_per_step``, ``counts`` and ``fed`` of ``tables`` from forward passes over
+    ``batches``, each run as its loop runs it (``run(model, batch)``; default :func:`tessel.data.prepared.call`:
+    ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple); the tables' own inputs are read by hooks.
+    Returns the mean seconds of one forward pass.
 
     The global RNG is restored afterwards, so layers that draw random numbers in the forward pass (the
     sampled softmax) draw in training exactly what they would have drawn without this measurement.
     """
     if not batches:
         raise PlanError("measuring table sparsity needs at least one sample batch")
+    run = run or call
     modules = dict(model.named_modules())
     seen: dict[str, list[list[torch.Tensor]]] = {t.name: [] for t in tables}
     def hook(name):
@@ -100,7 +104,7 @@ def measure(model: nn.Module, tables: list[TableInfo], batches: list[tuple]) -> 
             for batch in batches:
                 for t in tables:
                     seen[t.name].append([])
-                model(*batch)
+                run(model, batch)
     finally:
         for h in hooks:
             h.remove()
@@ -114,7 +118,8 @@ def measure(model: nn.Module, tables: list[TableInfo], batches: list[tuple]) -> 
                 c.index_add_(0, x.cpu(), torch.ones(x.numel(), dtype=torch.float64))
             per_batch.append(c)
         # Prefetching the next step's rows needs ids known before the forward pass: the batch's inputs.
-        t.fed = all(len(ids) == 1 and torch.is_tensor(b[0]) and torch.equal(ids[0], b[0].reshape(-1))
+        t.fed = all(len(ids) == 1 and torch.is_tensor(first_tensor(b)) and torch.equal(ids[0],
+                                                                                  first_tensor(b).reshape(-1))
                     for ids, b in zip(seen[t.name], batches))
         t.counts = per_batch
         t.unique_per_step = sum(float((c > 0).sum()) for c in per_batch) / len(per_batch)

@@ -123,6 +123,20 @@ def record_of(opt: torch.optim.Optimizer) -> Optimizer | None:
     return next((o for o in choices.records(Optimizer) if getattr(torch.optim, o.torch_class) is type(opt)), None)
 
 
+def auto_mirror(opt: torch.optim.Optimizer, group: dict, lazy: bool, named: bool, say: bool) -> RowOptimizer | None:
+    """:func:`mirror`, or None where no served strategy was ``named`` (``auto`` decides) and no exact row form
+    exists (momentum, Adam, AdamW or weight decay without ``lazy``): auto then keeps every table dense, never
+    changing the math unasked. A named strategy is refused with the reason instead."""
+    try:
+        return mirror(opt, group, lazy)
+    except TesselError as e:
+        if named:
+            raise
+        if say:
+            print(f"tessel: auto keeps every table dense: {e}", flush=True)
+        return None
+
+
 def mirror(opt: torch.optim.Optimizer, group: dict, lazy: bool) -> RowOptimizer:
     """The row optimizer mirroring ``opt``'s param group ``group`` (the one holding the tables), or TesselError
     with the reason; ``lazy``: accept lazy updates where torch's would move rows whose gradient is zero."""

@@ -148,6 +148,19 @@ class Grid:
         # keep the whole tensor's storage alive on every rank (and sit at an offset inside it)
         return out.clone(memory_format=torch.contiguous_format)
 
+    def whole(self, part: torch.Tensor, split: Split, channel: str = "tp.gather") -> torch.Tensor:
+        """The full tensor from every rank's block ``part`` (the inverse of :meth:`local`; a collective over the
+        axes that cut it). A dim cut by axes (a, b), major first, is gathered over b, then over a."""
+        from .. import comm
+
+        out = part.contiguous()
+        for d, axes in reversed(split.dims):
+            for a in reversed(axes):
+                if self.group(a) is not None:
+                    moved = out.movedim(d, 0).contiguous()
+                    out = torch.cat(comm.all_gather(moved, channel, self.group(a))).movedim(0, d)
+        return out.contiguous()
+
     def replicas(self, split: Split) -> int:
         """How many ranks of the grid hold the same block (the axes that do not cut the tensor)."""
         used = split.axes()

@@ -116,7 +116,7 @@ class ShardedLoss:
         return [("tp.head", *t) for t in cost.loss_traffic(self.layout, self.grid.sizes, rows)]
 
 
-def _tp_chain(chain: Chain, grid: Grid, layouts: list[Layout], first: Layout | None = None,
+def tp_chain(chain: Chain, grid: Grid, layouts: list[Layout], first: Layout | None = None,
               loss=None) -> Chain:
     """``chain`` running on tensor-parallel layers whose outputs have ``layouts``; ``first``: the layout the
     first layer's whole input is cut into (None: the layer cuts its input itself, as the embedding does);
@@ -129,7 +129,7 @@ def _tp_chain(chain: Chain, grid: Grid, layouts: list[Layout], first: Layout | N
                  lambda i, shape: block_shape(grid, shape, layouts[i]))
 
 
-def _replicated(module: nn.Module) -> None:
+def replicated(module: nn.Module) -> None:
     """Mark ``module``'s parameters as whole on every rank of the grid: same inputs, same gradients (counted
     once in the norm, a Replicate placement in checkpoints)."""
     for p in module.parameters():
@@ -157,12 +157,12 @@ def apply_transformer(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, reg
     if _present(root, "head"):
         root.ln_f = TPLayerNorm(root.ln_f, plan.residual, grid, "ln_f")
         if sampled:  # 1-D: every rank has the whole hidden state and runs the whole head (a table, served over dp)
-            _replicated(root.head)
+            replicated(root.head)
         else:
             root.head = TPLinear(root.head, plan.up, grid, regather, "head", channel="tp.head")
     # embedding and blocks hand on the residual stream; the head's logits are cut like an up-projection's output
     last = plan.residual if sampled else plan.up.out
-    return _tp_chain(chain, grid, [plan.residual] * (len(chain.layers) - 1) + [last],
+    return tp_chain(chain, grid, [plan.residual] * (len(chain.layers) - 1) + [last],
                      loss=chain.loss if sampled else None)
 
 
@@ -178,7 +178,7 @@ def apply_classifier(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, rega
         if _present(root, path):
             root.set_submodule(path, TPLinear(root.get_submodule(path), spec, grid, regather, path))
         layouts.append(spec.out)
-    return _tp_chain(chain, grid, layouts, first=plan.up.inp)
+    return tp_chain(chain, grid, layouts, first=plan.up.inp)
 
 
 def transformer_linears(m: TransformerLM) -> list[list[tuple[int, int, bool, str]]]:

@@ -148,8 +148,11 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 def check_compatible(path: Path, meta: dict[str, Any], expected: dict[str, Any], weights_only: bool = False) -> None:
     """Refuse a checkpoint written for another model (architecture and sizes must match; with
-    ``weights_only``, how tables were distributed may differ)."""
-    saved, want = meta.get("model"), expected.get("model")
+    ``weights_only``, how tables were distributed may differ). ``expected`` None: any model (a plain model the
+    caller loads into, whose names and shapes DCP checks itself)."""
+    if expected is None:
+        return
+    saved, want = (_canonical(d) for d in (meta.get("model"), expected.get("model")))
     if weights_only:
         saved, want = ({k: v for k, v in (d or {}).items() if k != "sparse"} for d in (saved, want))
     if saved != want:
@@ -161,7 +164,16 @@ def check_compatible(path: Path, meta: dict[str, Any], expected: dict[str, Any],
                               "resume with the model it was saved with or start a new run")
 
 
-def inspect(path: str | Path, expected_meta: dict[str, Any], weights_only: bool = False,
+def _canonical(model: dict | None) -> dict | None:
+    """A model identity whose table overrides ("a=ps, b=dense") are in one form: sorted, without spaces (how a
+    run wrote them, by hand or from its plan, does not make it another model)."""
+    if not model or not isinstance(model.get("sparse"), dict) or not isinstance(model["sparse"].get("tables"), str):
+        return model
+    items = sorted(x.replace(" ", "") for x in model["sparse"]["tables"].split(",") if x.strip())
+    return {**model, "sparse": {**model["sparse"], "tables": ",".join(items)}}
+
+
+def inspect(path: str | Path, expected_meta: dict[str, Any] | None, weights_only: bool = False,
             verify: bool = True) -> tuple[Path, dict[str, Any]]:
     """(path, its tessel.json) once the checkpoint is found intact, safe to unpickle and from this model."""
     path = Path(path)
@@ -213,7 +225,7 @@ def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any], tabl
     return int(meta["step"]), {"position": pos, "dp_size": dp_size, "global_batch": global_batch}
 
 
-def load_weights(path: str | Path, model, expected_meta: dict[str, Any], tp=None) -> int:
+def load_weights(path: str | Path, model, expected_meta: dict[str, Any] | None, tp=None) -> int:
     """Load only the model's weights from ``path``, saved under any world size, tensor-parallel mode or
     degree (DCP reads the parts of each full tensor this rank holds); returns the checkpoint's step.
 

@@ -30,9 +30,9 @@ def clip_coef(norm: float, max_norm: float) -> float:
     """torch.nn.utils.clip_grad_norm_'s rule: the factor gradients are multiplied by (1.0: left as they are).
 
     >>> clip_coef(4.0, 1.0) < 0.25 < clip_coef(4.0, 1.0) + 1e-6, clip_coef(0.5, 1.0), clip_coef(4.0, 0.0)
-    (True, 1.0, 1.0)
+    (True, 1.0, 0.0)
     """
-    return min(1.0, max_norm / (norm + 1e-6)) if max_norm > 0 else 1.0
+    return min(1.0, max_norm / (norm + 1e-6))
 
 
 def local_sq(params: list[torch.nn.Parameter]) -> torch.Tensor:
@@ -49,11 +49,16 @@ class StepTail:
     """``clip``: the max gradient norm (0: none). ``dp_group``: average gradients over it here (None: DDP already
     did in backward). ``tp``: the tensor-
     parallel handle (``finish_backward() -> squared norm``). ``tables``: sparse tables (``reduce``/``step``).
-    ``norm_group``: the pipeline group whose stages' squared norms are summed for a global norm."""
+    ``norm_group``: the pipeline group whose stages' squared norms are summed for a global norm. ``tied``: see
+    ``self.tied``."""
 
     def __init__(self, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, clip: float = 0.0, *,
-                 dp_group=None, tp=None, tables=None, norm_group=None) -> None:
+                 dp_group=None, tp=None, tables=None, norm_group=None, tied=()) -> None:
         self.params, self.optimizer, self.clip = params, optimizer, clip
+        # (parameter, group, counted here): a weight several pipeline stages hold a copy of (a tied embedding);
+        # their gradients are summed over the group, and the norm counts it on one of them
+        self.tied = list(tied)
+        self.uncounted = {id(p) for p, _, counted in self.tied if not counted}
         self.dp_group, self.tp, self.tables, self.norm_group = dp_group, tp, tables, norm_group
         self.waited = 0.0  # seconds spent in the pipeline-wide norm all-reduce (waiting on other stages)
 
@@ -69,10 +74,18 @@ class StepTail:
         for p, g in zip(self.params, grads):
             p.grad = g
 
+    def _sync_tied(self) -> None:
+        for p, group, _ in self.tied:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            comm.all_reduce(p.grad, "pp.tied", group=group)
+
     def squared_norm(self, global_norm: bool = True, upto: int | None = None) -> torch.Tensor:
         if self.dp_group is not None:
             self._sync_dp()
-        sq = self.tp.finish_backward().reshape(1) if self.tp is not None else local_sq(self.params)
+        self._sync_tied()
+        sq = (self.tp.finish_backward().reshape(1) if self.tp is not None
+              else local_sq([p for p in self.params if id(p) not in self.uncounted]))
         if self.tables:
             with comm.guard("exchange of sparse row gradients", "sparse"):
                 sq = sq + self.tables.reduce(upto)
@@ -86,7 +99,7 @@ class StepTail:
         """Finish the step at learning rate ``lr``; returns the gradient norm before clipping. ``upto``: the
         last mini-batch whose table rows this update takes (an asynchronous pipeline has later ones in flight)."""
         norm = float(self.squared_norm(global_norm, upto).sqrt())
-        scale = clip_coef(norm, self.clip)
+        scale = clip_coef(norm, self.clip) if self.clip > 0 else 1.0  # a clip of 0: no clipping
         if scale < 1.0:
             for p in self.params:
                 if p.grad is not None:
