@@ -137,6 +137,8 @@ CASES = {  # id -> (model, optimizer, plan, world)
     "llama-pp2": ("llama", "adamw", ParallelPlan(dp=1, pp=2, micro_batches=2), 2),
     "llama-tp2": ("llama", "adamw", ParallelPlan(dp=1, tp=2, tp_grid=(2,)), 2),
     "llama-dp2-ps-adagrad": ("llama", "adagrad", "ps", 2),
+    "llama-dp2-ps-sgd": ("llama", "sgd", "ps", 2),
+    "llama-dp2-alltoall-adagrad": ("llama", "adagrad", "alltoall", 2),
     "llama-dp2-alltoall-sgd": ("llama", "sgd", "alltoall", 2),
     "gpt2-dp2": ("gpt2", "adamw", "auto", 2),
     "gpt2-pp2": ("gpt2", "adamw", ParallelPlan(dp=1, pp=2, micro_batches=2), 2),

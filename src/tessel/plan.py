@@ -48,7 +48,7 @@ class TableChoice:
 
     @classmethod
     def of(cls, choice) -> TableChoice:
-        """The plan's entry for a sparse table's decided :class:`tessel.sparse.Choice`."""
+        """The plan's entry for a sparse table's decided :class:`tessel.sparse.plan.Choice`."""
         return cls(choice.info.name, choice.strategy, choice.split)
 
     def describe(self) -> str:

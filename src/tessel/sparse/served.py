@@ -1,0 +1,141 @@
+"""The tables :func:`tessel.sparse.serve` took out of a model, as one object the step reduces and updates.
+
+``begin_step`` before a step's forward (scheduled ``alltoall`` tables fetch this and the next step's rows),
+``final_backward`` before each backward, ``reduce`` after the step's backward passes (row gradients to their
+owners; returns their global squared norm for clipping), ``step`` to update the rows; ``state_dict`` gathers the
+whole tables for checkpoints.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from .alltoall import AllToAllTable
+from .plan import Choice
+from .schedule import Clock
+from .tables import PSTable, RowTable, load_table_state, push_fused, table_state
+
+
+class SparseTables:
+    """The tables ``shard`` replaced, with the plan that chose them; reduce and update them each step."""
+
+    def __init__(self, choices: list[Choice], tables: dict[str, RowTable], group, lr: float,
+                 clock: Clock | None = None, link=None):
+        self.choices, self.tables, self.group, self.lr = choices, tables, group, lr
+        self.clock, self.link = clock or Clock(), link
+        self.shards_group = None  # the tp group when these tables are vocabulary shards (their norms add up)
+
+    def __bool__(self) -> bool:
+        return bool(self.tables)
+
+    def begin_step(self, inputs: torch.Tensor | None, next_inputs: torch.Tensor | None = None) -> None:
+        """Before a step's forward pass: fetch this step's rows if not yet coming, start the next step's.
+
+        Only scheduled ``alltoall`` tables fed from the batch act on it; ``inputs`` is the step's whole
+        first model argument (all micro-batches), ``next_inputs`` the next step's (None on the last step)."""
+        for t in self.tables.values():
+            if isinstance(t, AllToAllTable):
+                t.prefetch(inputs, next_inputs)
+
+    def lookahead(self, on: bool) -> None:
+        """Allow or stop fetching the next step's rows ahead (an asynchronous pipeline cannot wait for them)."""
+        for t in self.tables.values():
+            if isinstance(t, AllToAllTable):
+                t.lookahead = on and t.lookahead
+
+    def final_backward(self, final: bool) -> None:
+        """Before each backward pass: whether it is the step's last (micro-batching). Prefetching tables
+        also start sending the next step's rows that are final already, to travel behind this backward."""
+        for t in self.tables.values():
+            if isinstance(t, AllToAllTable):
+                t.final = final
+                t.launch_next()
+
+    def timing(self) -> tuple[float, float]:
+        """(seconds with sparse collectives of ``alltoall`` tables in flight, seconds the trainer waited
+        for them) since the last call; 1 - waited/busy is the share hidden behind computation."""
+        return self.clock.take()
+
+    def tag(self, batch: int) -> None:
+        """Mark the forwards that follow as mini-batch ``batch``'s (asynchronous pipelines, see ``reduce``)."""
+        for t in self.tables.values():
+            t.tag = batch
+
+    def reduce(self, upto: int | None = None) -> torch.Tensor:
+        """Move this step's row gradients (of forwards tagged ``upto`` or earlier: a later mini-batch's
+        forwards may already have run); returns their global squared norm (for clipping)."""
+        sharded = torch.zeros((), dtype=torch.float64)
+        replicated = torch.zeros((), dtype=torch.float64)
+        flat_ps = [t for t in self.tables.values() if isinstance(t, PSTable) and not t.hosts and t.world > 1]
+        if len(flat_ps) > 1:
+            sharded += sum(sq.double() * self._once(t) for t, sq in zip(flat_ps, push_fused(flat_ps, upto)))
+        for t in self.tables.values():
+            if len(flat_ps) > 1 and t in flat_ps:
+                continue
+            sq = t.reduce(upto).double() * self._once(t)
+            if t.sharded:
+                sharded += sq
+            else:
+                replicated += sq
+        if any(t.sharded for t in self.tables.values()) and dist.is_initialized():
+            comm.all_reduce(sharded, "sparse.norm", group=self.group)
+        total = sharded + replicated
+        if self.shards_group is not None:  # tensor-parallel shards of one table hold disjoint rows: sum them
+            comm.all_reduce(total, "sparse.norm", group=self.shards_group)
+        return total
+
+    def _once(self, table: RowTable) -> float:
+        """Under tensor parallelism a whole table (a sampled head) is on every rank of the tp group, and the
+        norm is summed over that group: such a table counts 1/tp there, a vocabulary shard counts whole."""
+        if self.shards_group is None or table.tp_shard:
+            return 1.0
+        return 1.0 / dist.get_world_size(self.shards_group)
+
+    def step(self, lr: float | None = None, scale: float = 1.0) -> None:
+        """Update the rows reduced by ``reduce``, gradients times ``scale`` (a clipping coefficient)."""
+        for t in self.tables.values():
+            t.update(self.lr if lr is None else lr, scale)
+
+    def strategies(self) -> dict[str, str]:
+        """Table name -> strategy, for every table this object took out of the model."""
+        return {c.info.name: c.strategy.name for c in self.choices if c.info.name in self.tables}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Whole tables (over the group) and their row-optimizer state, keyed as the plain model's weight
+        ``name.weight`` and as its optimizer state would be, ``state.name.weight.sum``... (collective)."""
+        out = {}
+        for n, t in self.tables.items():
+            for k, v in table_state(t).items():
+                out[f"{n}.weight" if k == "weight" else f"state.{n}.weight.{k.removeprefix('row.')}"] = v
+        return out
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for n, t in self.tables.items():
+            load_table_state(t, {"weight": state[f"{n}.weight"], **{
+                f"row.{k}": state[f"state.{n}.weight.{k}"] for k in t.state}})
+
+    def memory_bytes(self) -> int:
+        """Bytes this rank holds for the replaced tables: table or shard, row-optimizer state, and the
+        rows (and their gradients) of its last batch."""
+        return sum((t.table.numel() + sum(s.numel() for s in t.state.values())
+                    + 2 * t.last_rows * t.embedding_dim) * t.table.element_size() for t in self.tables.values())
+
+    def describe(self) -> str:
+        lines = ["sparse tables:"]
+        for c in self.choices:
+            i = c.info
+            line = (f"  {i.name:<16} {i.rows} x {i.dim} ({i.bytes / 2**20:.1f} MiB): touched "
+                    f"{i.touched:.1%} of rows per step per rank ({i.unique_per_step:.0f} unique of "
+                    f"{i.lookups_per_step:.0f} lookups) -> {c.strategy.name} ({c.why})")
+            t = self.tables.get(i.name)
+            if isinstance(t, AllToAllTable):
+                how = [f"{t.split} split"] + ["scheduled"] * t.schedule + ["prefetched"] * t.lookahead
+                line += f" [{', '.join(how)}]"
+            if isinstance(t, (PSTable, AllToAllTable)) and t.plan is not None:
+                line += f"\n{'':<19}{t.plan.describe()}"
+            if plan := c.describe_plan():
+                line += f"\n{plan}"
+            lines.append(line)
+        return "\n".join(lines)
