@@ -119,10 +119,20 @@ class Optimizer:
     sparse: bool = False  # torch's class takes sparse gradients (DDP's sparse path, torch-sparse)
 
 
+@dataclass(frozen=True)
+class Precision:
+    """What a run computes in: the parameters' own dtype (``fp32``; fp64 for parity tests), or ``bf16-mixed``:
+    forward and backward in ``compute`` under autocast, the parameters (masters), their gradients, the optimizer
+    and the loss in fp32; activations and looked-up rows cross a channel in ``compute``, sums stay fp32."""
+
+    name: str
+    compute: str = ""  # torch dtype name of autocast's compute ("": none, the parameters' dtype throughout)
+
+
 _KINDS: dict[type, dict[str, object]] = {Schedule: {}, Prediction: {}, TensorMode: {}, TableStrategy: {},
-                                         Optimizer: {}}
+                                         Optimizer: {}, Precision: {}}
 _LABEL = {Schedule: "pipeline.schedule", Prediction: "pipeline.predict", TensorMode: "tensor.mode",
-          TableStrategy: "sparse.strategy", Optimizer: "train.optimizer"}
+          TableStrategy: "sparse.strategy", Optimizer: "train.optimizer", Precision: "train.precision"}
 
 
 def register(record):
@@ -172,6 +182,10 @@ def optimizer(name) -> Optimizer:
     return _get(Optimizer, name)
 
 
+def precision(name) -> Precision:
+    return _get(Precision, name)
+
+
 for _r in (
         Schedule("gpipe", order="gpipe"),
         Schedule("1f1b"),
@@ -203,6 +217,8 @@ for _r in (
         Optimizer("adam", "Adam", rows="adam", states=2, lazy_rows=True),
         Optimizer("sgd", "SGD", rows="sgd", states=1, momentum_state=True, sparse=True),
         Optimizer("adagrad", "Adagrad", rows="adagrad", states=1, direction=False, sparse=True),
+        Precision("fp32"),
+        Precision("bf16-mixed", compute="bfloat16"),
 ):
     register(_r)
 

@@ -131,9 +131,28 @@ def _run(what: str, channel: str, call, async_op: bool, then=None):
     return None
 
 
-def all_reduce(tensor: torch.Tensor, channel: str, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
-    """In-place all_reduce of ``tensor`` over ``group``."""
+HALF = (torch.bfloat16, torch.float16)
+
+
+def _all_reduce_half(tensor: torch.Tensor, channel: str, group) -> None:
+    """A half-width sum as reduce-scatter then all-gather, each in the tensor's width (the ring's bytes), the
+    sum accumulated in fp32 and rounded once: a ring all-reduce in bf16 would round after every hop."""
     p = _size(group)
+    flat = tensor.reshape(-1)
+    pad = (-flat.numel()) % p
+    padded = torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
+    part = torch.empty(padded.numel() // p, dtype=torch.float32, device=tensor.device)
+    reduce_scatter(part, padded, channel, group)
+    whole = padded.new_empty(padded.numel())
+    all_gather_into(whole, part.to(tensor.dtype), channel, group)
+    tensor.copy_(whole[: flat.numel()].view_as(tensor))
+
+
+def all_reduce(tensor: torch.Tensor, channel: str, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+    """In-place all_reduce of ``tensor`` over ``group`` (a half-width sum: see :func:`_all_reduce_half`)."""
+    p = _size(group)
+    if tensor.dtype in HALF and op == dist.ReduceOp.SUM and p > 1 and not async_op:
+        return _all_reduce_half(tensor, channel, group)
     moved = 2 * (p - 1) * _nbytes(tensor) // p
     counter.add(channel, moved, moved)
     return _run("all_reduce", channel, lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
@@ -204,7 +223,8 @@ def reduce_scatter(output: torch.Tensor, tensor: torch.Tensor, channel: str, gro
         raise ValueError(f"reduce_scatter input has {tensor.shape[0]} rows, expected {p} x {output.shape[0]}")
     received = torch.empty_like(tensor)
     work = all_to_all(received, tensor.contiguous(), channel, group=group, async_op=async_op)
-    total = lambda: torch.sum(received.view(p, *output.shape), dim=0, out=output)  # noqa: E731
+    # the terms cross in their own width and are summed in the output's (fp32 for bf16 terms: no sum rounds twice)
+    total = lambda: torch.sum(received.view(p, *output.shape), dim=0, dtype=output.dtype, out=output)  # noqa: E731
     if not async_op:
         total()
         return None

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import choices
-from .choices import MODELS, SPARSE_SPLITS, Optimizer, Prediction, Schedule, TableStrategy, TensorMode
+from .choices import MODELS, SPARSE_SPLITS, Optimizer, Precision, Prediction, Schedule, TableStrategy, TensorMode
 from .errors import ConfigError
 from .settings import LR_SCHEDULES
 
@@ -83,7 +83,8 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     clip: float = 1.0  # max gradient norm; 0 disables clipping
     seed: int = 0
-    dtype: str = "float32"  # float32 | float64
+    dtype: str = "float32"  # float32 | float64 (the parameters')
+    precision: str = "fp32"  # fp32 | bf16-mixed (compute in bfloat16, fp32 masters, optimizer and sums)
 
 
 @dataclass
@@ -209,6 +210,7 @@ CHOICES: dict[str, tuple[str, ...] | type] = {
     "train.optimizer": Optimizer,
     "train.schedule": LR_SCHEDULES,
     "train.dtype": ("float32", "float64"),
+    "train.precision": Precision,
     "metrics.progress": ("auto", "bar", "log", "off"),
     "sparse.strategy": TableStrategy,
     "sparse.split": SPARSE_SPLITS,
@@ -323,6 +325,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.source 'gaussian' is for the classifier; model '{cfg.model.name}' "
                           "needs zipf or text")
     sparse_overrides(cfg)
+    if choices.precision(cfg.train.precision).compute and cfg.train.dtype != "float32":
+        raise ConfigError(f"train.precision '{cfg.train.precision}' keeps float32 masters; train.dtype is "
+                          f"'{cfg.train.dtype}': valid with it: train.dtype float32, or train.precision fp32")
     if choices.table_strategy(cfg.sparse.strategy).ddp_sparse and not choices.optimizer(cfg.train.optimizer).sparse:
         takes = ", ".join(o.name for o in choices.records(Optimizer) if o.sparse)
         raise ConfigError(f"sparse.strategy '{cfg.sparse.strategy}' needs a torch optimizer that takes sparse "

@@ -137,14 +137,15 @@ def row_optimizer(plan: ParallelPlan, settings: Settings) -> RowOptimizer | None
 
 
 def apply_sparse(root: torch.nn.Module, found: sparse.Survey, plan: ParallelPlan, rows: RowOptimizer | None, group,
-                 timeout: float, only: list[str] | None = None, share: float = 1.0, agree=None):
+                 timeout: float, only: list[str] | None = None, share: float = 1.0, agree=None,
+                 wire: torch.dtype | None = None):
     """Serve the surveyed tables this rank holds (``only``: a stage's) over ``group`` (its dp group), in place,
     before the stage's data-parallel sync (which must not see them), as the plan's table policy says; tables the
     plan has decided already (a resumed run's) keep their choice. ``share``: the stage's part of the step's
     compute. Returns (tables, the plan with this rank's tables decided)."""
     found = sparse.Survey(found.infos, found.compute * share)
     tables = sparse.serve(root, found, plan.sparse, rows, group, timeout=timeout, fixed=plan.tables, only=only,
-                          agree=agree)
+                          agree=agree, wire=wire)
     return tables, plan.with_(tables=tuple(TableChoice.of(c) for c in tables.choices))
 
 
@@ -222,7 +223,7 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, batches: list[
     if plan.serves_tables:  # torch's tensor parallelism and pipeline schedules (the peers) keep tables dense
         only = _stage_tables(found, chain, lo, hi) if chain is not None else None
         tables, plan = apply_sparse(root, found, plan, rows, dp_group, settings.timeout, only, share,
-                                    _agree(mesh, plan))
+                                    _agree(mesh, plan), settings.wire_dtype)
         if plan.tp > 1 and tables:
             tables.shards_group = mesh.get_group("tp")
         if plan.pp > 1:  # each stage decided its own tables; the plan holds them all, first stage first
@@ -249,7 +250,13 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, d
     optimizer = make_optimizer(model.parameters())
     params = [p for p in model.parameters() if p.requires_grad]
     tail = StepTail(params, optimizer, settings.clip, tp=tp, tables=tables)
-    return Engine(model, tail, plan.micro_batches, settings.lr_at, tables), optimizer
+    return Engine(model, tail, plan.micro_batches, settings.lr_at, tables, _autocast(model, settings)), optimizer
+
+
+def _autocast(model: torch.nn.Module, settings: Settings):
+    """() -> the context a forward runs in: autocast on the model's device type under mixed precision."""
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    return lambda: settings.autocast(device)
 
 
 def _why_no_ties(plan: ParallelPlan) -> str | None:
@@ -288,12 +295,13 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, me
     micro = batch[0].shape[0] // plan.micro_batches
     index = mesh.get_local_rank("pp")
     stage = pipeline.Stage(runner, index, plan.pp, dist.get_process_group_ranks(pp_group), stages, micro,
-                           settings.torch_dtype, pp_group, pipeline.held(plan.schedule, index, plan.pp),
-                           micro_batches=plan.micro_batches)
+                           settings.wire_dtype, pp_group, pipeline.held(plan.schedule, index, plan.pp),
+                           micro_batches=plan.micro_batches, compute_in=settings.torch_dtype)
+    autocast = _autocast(runner, settings)
     if plan.schedule.torch_peer:
         engine = pipeline.TorchPipelineEngine(stage, chain, tail, plan.schedule, plan.micro_batches, settings.lr_at,
-                                              stages)
+                                              stages, autocast)
     else:
         engine = pipeline.PipelineEngine(stage, chain, tail, plan.schedule, plan.micro_batches, settings.lr_at,
-                                         plan.predict, tables)
+                                         plan.predict, tables, autocast)
     return engine, optimizer

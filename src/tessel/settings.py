@@ -11,12 +11,13 @@ The composer takes a :class:`tessel.plan.ParallelPlan` (how the model is spread)
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from .choices import Optimizer, optimizer
+from .choices import Optimizer, Precision, optimizer, precision
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LR_SCHEDULES = ("cosine", "linear", "constant")
@@ -37,13 +38,32 @@ class Settings:
     global_batch: int = 32
     seed: int = 0
     timeout: float = 30.0  # seconds any collective may wait
+    precision: Precision = field(default_factory=lambda: precision("fp32"))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "optimizer", optimizer(self.optimizer))  # a name resolves to its record once
+        object.__setattr__(self, "precision", precision(self.precision))
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        """The parameters' dtype (their masters under mixed precision)."""
         return DTYPES[self.dtype]
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """What forward and backward compute in (autocast's dtype under mixed precision)."""
+        return getattr(torch, self.precision.compute) if self.precision.compute else self.torch_dtype
+
+    @property
+    def wire_dtype(self) -> torch.dtype:
+        """What activations, their gradients and looked-up rows cross a channel in."""
+        return self.compute_dtype
+
+    def autocast(self, device_type: str = "cpu"):
+        """The context a forward (and its loss) runs in: autocast to the compute dtype under mixed precision."""
+        if not self.precision.compute:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type, dtype=self.compute_dtype)
 
     def with_(self, **changes) -> Settings:
         return replace(self, **changes)

@@ -27,6 +27,7 @@ stage's layers, and its boundary messages are this rank's block of the activatio
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from abc import ABC, abstractmethod
@@ -56,8 +57,9 @@ class _StageEngine(ABC):
     computes_loss = property(lambda self: self.stage.last)  # torch's ZBV puts the last stage on pp rank 0
 
     def __init__(self, stage: Stage, chain: Chain, tail: StepTail, schedule: Schedule, micro_batches: int,
-                 lr_of: Callable[[int], float], tables=None) -> None:
+                 lr_of: Callable[[int], float], tables=None, autocast: Callable = contextlib.nullcontext) -> None:
         self.stage, self.chain, self.tail, self.schedule = stage, chain, tail, schedule
+        self.autocast = autocast  # () -> the context a forward and its loss run in (mixed precision)
         # Sparse tables of this stage (the first stage's embedding, the last stage's sampled softmax), served
         # over its dp group; the tail reduces and updates them. Rows are read at their current version (see
         # docs/sparse.md): a lookup's gradient does not depend on the rows it read, so stashing them would
@@ -140,8 +142,9 @@ class PipelineEngine(_StageEngine):
     ``dp_group`` averages the stage's gradients over the stage's replicas, its ``norm_group`` is the pp group)."""
 
     def __init__(self, stage: Stage, chain: Chain, tail: StepTail, schedule: Schedule, micro_batches: int,
-                 lr_of: Callable[[int], float], prediction: Prediction | None = None, tables=None) -> None:
-        super().__init__(stage, chain, tail, schedule, micro_batches, lr_of, tables)
+                 lr_of: Callable[[int], float], prediction: Prediction | None = None, tables=None,
+                 autocast: Callable = contextlib.nullcontext) -> None:
+        super().__init__(stage, chain, tail, schedule, micro_batches, lr_of, tables, autocast)
         if tables and schedule.asynchronous:
             # the next step's first forwards run before this step's update: rows prefetched for them could
             # not wait for that update (2-D scheduling's late phase), so only in-step scheduling stays on
@@ -164,6 +167,9 @@ class PipelineEngine(_StageEngine):
         st = self.stage
         if not st.first:
             x = st.take(posted or st.post_recv(activation=True)).requires_grad_(True)
+        # an activation crosses in the wire dtype (bf16 under mixed precision) and is computed on as the
+        # parameters' dtype, as one process would: the boundary rounds it once, its gradient goes back in the wire
+        h = x.to(st.compute_in) if x is not None and x.is_floating_point() else x
         t0 = time.perf_counter()
         kept = leaves = None
         if self.tables:
@@ -171,18 +177,21 @@ class PipelineEngine(_StageEngine):
         self.draws.before(i)  # a mini-batch's micro-batches draw alike (sampled candidates, dropout)
         s = ahead(i, self.micro_batches, st.index, st.stages)
         made = None if self.weights is None else self.weights.make(s)
-        if made is None:  # a flushed schedule, or weights that are the live ones (see StageWeights.make)
-            out = st.runner(x)
-        else:
-            weights, leaves, ctx, kept = made
-            with ctx:
-                out = functional_call(st.runner, weights, (x,))
-            del weights
+        with self.autocast():
+            if made is None:  # a flushed schedule, or weights that are the live ones (see StageWeights.make)
+                out = st.runner(h)
+            else:
+                weights, leaves, ctx, kept = made
+                with ctx:
+                    out = functional_call(st.runner, weights, (h,))
+                del weights
+            if st.last:
+                out = self.chain.loss(out, y) * scale
         loss = None
         if st.last:
-            out = self.chain.loss(out, y) * scale
             loss = float(out.detach())
         else:
+            out = out.to(st.dtype)  # the graph's end is what was sent: the gradient that comes back is its
             st.send_activation(out)
         self.inflight[i] = (x, out, leaves, kept)
         copies = len({e[3] for e in self.inflight.values() if e[3] is not None})
@@ -286,10 +295,10 @@ class TorchPipelineEngine(_StageEngine):
     plan, then tessel's step tail: the peer the benchmarks compare tessel's schedules against."""
 
     def __init__(self, stage: Stage, chain: Chain, tail: StepTail, schedule: Schedule, micro_batches: int,
-                 lr_of: Callable[[int], float], plan=None) -> None:
-        super().__init__(stage, chain, tail, schedule, micro_batches, lr_of)
+                 lr_of: Callable[[int], float], plan=None, autocast: Callable = contextlib.nullcontext) -> None:
+        super().__init__(stage, chain, tail, schedule, micro_batches, lr_of, autocast=autocast)
         self.times_work = False  # torch runs the forwards and backwards where this engine cannot time them
-        self._torch = _torch_schedule(stage, chain, schedule, micro_batches, plan)
+        self._torch = _torch_schedule(stage, chain, schedule, micro_batches, plan, autocast)
 
     def _step(self, inputs, targets, step: int, next_inputs) -> StepResult:
         st, lr, losses = self.stage, self.lr_of(step), []
@@ -327,7 +336,7 @@ def summary(stats: list[dict], plan, schedule: Schedule, micro: int, predict: Pr
             "cpu_per_step_per_rank": [s["cpu_per_step"] for s in stats]}
 
 
-def _torch_schedule(stage: Stage, chain: Chain, schedule: Schedule, micro: int, plan):
+def _torch_schedule(stage: Stage, chain: Chain, schedule: Schedule, micro: int, plan, autocast):
     """torch.distributed.pipelining's schedule on exactly this rank's stage module, or on its two stages (the
     interleaved and zero-bubble schedules), cut by the same plan."""
     import torch.distributed.pipelining as pipelining
@@ -335,7 +344,7 @@ def _torch_schedule(stage: Stage, chain: Chain, schedule: Schedule, micro: int, 
     device = next(stage.runner.parameters()).device
     cls = getattr(pipelining, schedule.torch_class)
     if schedule.stages_per_rank == 1:
-        return cls(pipelining.PipelineStage(_Contiguous(stage.runner), stage.index, stage.stages, device,
+        return cls(pipelining.PipelineStage(_Contiguous(stage.runner, autocast), stage.index, stage.stages, device,
                                             group=stage.group), micro, loss_fn=chain.loss)
     root = stage.runner.root
     parts = []
@@ -344,8 +353,8 @@ def _torch_schedule(stage: Stage, chain: Chain, schedule: Schedule, micro: int, 
         # each stage its own module tree with only its layers, over the very Parameters the optimizer steps:
         # zero-bubble schedules take a stage's weight gradients over all of its module's parameters
         tree = prune(copy.deepcopy(root, memo={id(p): p for p in root.parameters()}), chain, lo, hi)
-        parts.append(pipelining.PipelineStage(_Contiguous(Runner(tree, chain, lo, hi)), i, len(plan.bounds), device,
-                                              group=stage.group))
+        parts.append(pipelining.PipelineStage(_Contiguous(Runner(tree, chain, lo, hi), autocast), i, len(plan.bounds),
+                                              device, group=stage.group))
     return cls(parts, micro, loss_fn=chain.loss)
 
 
@@ -353,11 +362,12 @@ class _Contiguous(torch.nn.Module):
     """A stage as torch's PipelineStage sends it: gloo sends only contiguous tensors, and under a 2-D grid a
     rank's block of the residual (what crosses the boundary) and its gradient are strided views."""
 
-    def __init__(self, runner: torch.nn.Module) -> None:
+    def __init__(self, runner: torch.nn.Module, autocast: Callable = contextlib.nullcontext) -> None:
         super().__init__()
-        self.runner = runner
+        self.runner, self.autocast = runner, autocast
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.requires_grad:  # the input gradient this stage sends back
             x.register_hook(torch.Tensor.contiguous)
-        return self.runner(x).contiguous()
+        with self.autocast():
+            return self.runner(x).contiguous()

@@ -152,6 +152,7 @@ class AllToAllTable(RowTable):
             ids = ids[mask_in]
             n_in = [int(m.sum()) for m in mask_in.split(route.n_in)]
         vals = self.table[self._local(ids)].reshape(-1)
+        vals = vals if self.wire is None else vals.to(self.wire)  # rows cross in the wire dtype (mixed precision)
         if self.split == "column":
             count = route.uniq.numel() if mask_out is None else int(mask_out.sum())
             n_out = [count] * self.world

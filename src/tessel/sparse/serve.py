@@ -284,14 +284,15 @@ def install(model: nn.Module, tables: dict[str, RowTable], places: dict[str, _Pl
 
 def serve(model: nn.Module, found: Survey, policy: TablePolicy, rows: RowOptimizer | None, group=None, *,
           timeout: float = 30.0, fixed: tuple[TableChoice, ...] = (), only: list[str] | None = None,
-          agree=None) -> SparseTables:
+          agree=None, wire: torch.dtype | None = None) -> SparseTables:
     """Replace the surveyed tables of ``model`` (or those named in ``only``: a pipeline stage's) in place, as
     ``policy`` says, their rows updated by ``rows``: decide each table's strategy, build its serving module,
     install it.
 
     ``fixed``: tables whose choice is taken as it is (a plan's, or a resumed run's). ``agree``: [(strategy,
     split)] -> the same for every rank that must choose alike (tensor-parallel shards of one table, each
-    deciding over its own dp group, take the first shard's choices).
+    deciding over its own dp group, take the first shard's choices). ``wire``: the dtype looked-up rows cross
+    in (bf16 under mixed precision; None: the table's own).
     """
     check_overrides(found.names(), policy.overrides)
     places = _places(model, found, only)
@@ -301,5 +302,7 @@ def serve(model: nn.Module, found: Survey, policy: TablePolicy, rows: RowOptimiz
         return SparseTables([], {}, group, lr)
     picked, counts, link = decide(places, found, policy, lay, {t.name: t for t in fixed}, agree)
     tables, clock = build(picked, places, counts, policy, rows, lay)
+    for t in tables.values():
+        t.wire = wire if wire is not None and wire != t.dtype else None
     install(model, tables, places)
     return SparseTables(picked, tables, group, lr, clock, link)

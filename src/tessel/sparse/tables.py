@@ -50,6 +50,9 @@ class RowTable(nn.Module, metaclass=ABCMeta):
         self._update: tuple[torch.Tensor, torch.Tensor] | None = None  # (local rows, averaged grads)
         self.last_rows = 0  # unique rows this rank looked up in its last forward (for reports)
         self.tp_shard = False  # rows of a tensor-parallel vocabulary shard (else the whole table on every tp rank)
+        # what looked-up rows cross the wire in (bf16 under mixed precision; None: the table's dtype). Rows are
+        # kept and updated, and their gradients travel, in the table's dtype (fp32 masters)
+        self.wire: torch.dtype | None = None
 
     @abstractmethod
     def _lookup(self, uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -226,7 +229,12 @@ class PSTable(RowTable):
         return out
 
     def _lookup(self, uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return self._leaf(uniq, self._pull(uniq))
+        return self._leaf(uniq, self._pull(uniq).to(self.dtype))
+
+    def _rows(self, local: torch.Tensor) -> torch.Tensor:
+        """This owner's rows ``local``, in the wire dtype."""
+        rows = self.table[local]
+        return rows if self.wire is None else rows.to(self.wire)
 
     def _pull(self, ids: torch.Tensor) -> torch.Tensor:
         if self.world == 1:
@@ -234,12 +242,12 @@ class PSTable(RowTable):
         owner = self.plan.owner
         if not self.hosts:
             wanted, _, route = self._send(ids, owner[ids], self.group, "ps.pull")
-            return self._reply(self.table[self.plan.local[wanted]], route, "ps.pull")
+            return self._reply(self._rows(self.plan.local[wanted]), route, "ps.pull")
         local, host, L = *self.hosts, self.local_size
         at_fwd, _, route1 = self._send(ids, owner[ids] % L, local, "ps.local")
         host_ids, inv = torch.unique(at_fwd, return_inverse=True)  # the host's union, once per row
         wanted, _, route2 = self._send(host_ids, owner[host_ids] // L, host, "ps.pull")
-        rows = self._reply(self.table[self.plan.local[wanted]], route2, "ps.pull")
+        rows = self._reply(self._rows(self.plan.local[wanted]), route2, "ps.pull")
         return self._reply(rows[inv], route1, "ps.local")
 
     def reduce(self, upto: int | None = None) -> torch.Tensor:

@@ -70,7 +70,8 @@ class _DistLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, group, features, eps):
-        s = torch.stack([x.sum(-1), x.pow(2).sum(-1)])
+        xs = ops.exact(x)  # statistics in fp32 under mixed precision
+        s = torch.stack([xs.sum(-1), xs.pow(2).sum(-1)])
         s = ops.all_reduce_raw(s, group)
         mean = s[0] / features
         var = (s[1] / features - mean.pow(2)).clamp_min(0)
@@ -151,7 +152,7 @@ class TPEmbedding(nn.Module):
         inside = (local >= 0) & (local < self.rows)
         rows = self.table(local[inside])  # (k, dim)
         y = rows.new_zeros(*ids.shape, rows.shape[-1]).index_put((inside,), rows)
-        return ops.all_reduce(y, self.grid.group(self.spec.all_reduce))
+        return ops.all_reduce(ops.wire(y), self.grid.group(self.spec.all_reduce))  # an activation: bf16 if mixed
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         ids = rows_of(self.grid, ids, self.spec.ids_rows, "token ids")
@@ -162,7 +163,7 @@ class TPEmbedding(nn.Module):
             y = F.embedding(local.masked_fill(outside, 0), w).masked_fill(outside.unsqueeze(-1), 0.0)
         else:
             y = F.embedding(ids, w)
-        y = ops.reduce_scatter(y, self.grid.group(self.spec.reduce_scatter), 0)
+        y = ops.reduce_scatter(ops.wire(y), self.grid.group(self.spec.reduce_scatter), 0)  # bf16 if mixed
         return ops.all_reduce(y, self.grid.group(self.spec.all_reduce))
 
 
@@ -208,7 +209,7 @@ class _VocabCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, group, lo):
-        logits = logits.float() if logits.dtype == torch.float16 else logits
+        logits = ops.exact(logits)  # the loss and its softmax in fp32 under mixed precision
         m = logits.max(-1).values
         if group is not None:
             comm.all_reduce(m, ops.current(), op=dist.ReduceOp.MAX, group=group)

@@ -10,6 +10,13 @@ axis of one rank) makes every op the identity, so 2x2x1 grids cost nothing on th
 ``regather=True`` it keeps only the shards for backward and gathers again there: activation memory
 stays 1/P of the layer's, at the price of the two gathers repeated (the memory Colossal-AI's users found
 2-D/3-D spending, hpcaitech/ColossalAI#499).
+
+Widths under mixed precision (autocast on): a GEMM's inputs are cast to autocast's dtype before they are gathered
+(activations and weights cross in bf16: half the bytes), and what a bf16 GEMM gives (its output's partial sums,
+dX, dW) crosses in bf16 too: it was rounded to bf16 when computed, so the wire rounds nothing more. Every sum
+accumulates in fp32 wherever its terms cross (:func:`tessel.comm.reduce_scatter`, :func:`tessel.comm.all_reduce`
+of a half-width tensor) and is rounded once to the terms' width, as one bf16 GEMM's output would be; fp32 tensors
+(gradients of the fp32 parameters, norm statistics, the loss) cross in fp32.
 """
 
 from __future__ import annotations
@@ -42,12 +49,25 @@ def _size(group) -> int:
     return 1 if group is None else torch.distributed.get_world_size(group)
 
 
+def wire(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the dtype it is gathered in: autocast's where autocast is on (mixed precision), else its own."""
+    dev = t.device.type
+    if t.is_floating_point() and torch.is_autocast_enabled(dev):
+        return t.to(torch.get_autocast_dtype(dev))
+    return t
+
+
+def exact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in fp32 where it is half-width: what the loss and norm statistics are computed in."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
 def start_gather(x: torch.Tensor, group, dim: int, channel: str | None = None):
     """Begin concatenating every rank's ``x`` along ``dim`` in group-rank order; call the result for it."""
     p = _size(group)
     if p == 1:
         return lambda: x
-    moved = x.movedim(dim, 0).contiguous()
+    moved = wire(x).movedim(dim, 0).contiguous()
     out = moved.new_empty((p * moved.shape[0], *moved.shape[1:]))
     work = comm.all_gather_into(out, moved, channel or current(), group=group, async_op=True)
     return lambda: (work.wait(), out.movedim(0, dim))[1]
@@ -61,9 +81,10 @@ def start_reduce_scatter(x: torch.Tensor, group, dim: int, channel: str | None =
     moved = x.movedim(dim, 0).contiguous()
     if moved.shape[0] % p:
         raise ValueError(f"reduce_scatter of dim {dim} with {moved.shape[0]} rows over {p} ranks")
-    out = moved.new_empty((moved.shape[0] // p, *moved.shape[1:]))
+    # the terms cross in their own width; the sum accumulates in fp32 and is rounded once to that width again
+    out = moved.new_empty((moved.shape[0] // p, *moved.shape[1:]), dtype=exact(moved[:0]).dtype)
     work = comm.reduce_scatter(out, moved, channel or current(), group=group, async_op=True)
-    return lambda: (work.wait(), out.movedim(0, dim))[1]
+    return lambda: (work.wait(), out.to(x.dtype).movedim(0, dim))[1]
 
 
 def gather_raw(x: torch.Tensor, group, dim: int, channel: str | None = None) -> torch.Tensor:
@@ -123,12 +144,13 @@ def copy(x: torch.Tensor, group) -> torch.Tensor:
 class _Matmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, x_group, x_dim, w_group, w_dim, regather, live, *ws):
-        w = ws[0] if len(ws) == 1 else torch.cat(ws)  # q, k, v side by side
+        # in the compute dtype before the gathers (mixed precision: half the bytes, the GEMM's own inputs)
+        x, w = wire(x), wire(ws[0] if len(ws) == 1 else torch.cat(ws))  # q, k, v side by side
         # the two gathers run on different groups at once
         xa, wa = start_gather(x, x_group, x_dim), start_gather(w, w_group, w_dim)
         xa, wa = xa(), wa()
         ctx.args, ctx.channel = (x_group, x_dim, w_group, w_dim, regather, live, len(ws)), current()
-        ctx.rows = [t.shape[0] for t in ws]
+        ctx.rows, ctx.wire = [t.shape[0] for t in ws], w.dtype
         # live: keep the weight tensors the forward was given, not their concatenation or gathered copy, so the
         # backward reads them as they are then (an optimizer update in between, or weights predicted again)
         ctx.save_for_backward(x if regather else xa, *(ws if regather or live else (wa,)))
@@ -140,7 +162,7 @@ class _Matmul(torch.autograd.Function):
         xa, *ws = ctx.saved_tensors
         c = ctx.channel
         if regather or live:
-            w = ws[0] if len(ws) == 1 else torch.cat(ws)
+            w = (ws[0] if len(ws) == 1 else torch.cat(ws)).to(ctx.wire)  # gathered as the forward did
             wa = start_gather(w, w_group, w_dim, c)
             if regather:
                 xa = start_gather(xa, x_group, x_dim, c)()

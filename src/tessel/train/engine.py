@@ -57,8 +57,9 @@ class Engine:
     computes_loss = True  # every rank (in a pipeline only the rank holding the last stage)
 
     def __init__(self, model: torch.nn.Module, tail: StepTail, micro_batches: int, lr_of: Callable[[int], float],
-                 tables=None) -> None:
+                 tables=None, autocast: Callable = contextlib.nullcontext) -> None:
         self.model, self.tail, self.tables, self.micro_batches = model, tail, tables, micro_batches
+        self.autocast = autocast  # () -> the context each forward and its loss run in (mixed precision)
         # entered around each micro-batch's forward and backward (torch's loss_parallel for its TP peer)
         self.loss_context = tail.tp.loss_context if tail.tp is not None else contextlib.nullcontext
         self.optimizer = tail.optimizer
@@ -97,11 +98,12 @@ class Engine:
             self.draws.before(i)
             with self._no_sync(i == m - 1), comm.guard("all_reduce of gradients", "dp.dense"), self.loss_context():
                 if self.activation_bytes is None:
-                    with SavedBytes(self.params) as saved:
+                    with SavedBytes(self.params) as saved, self.autocast():
                         loss = self.model(x, y) / m
                     self.activation_bytes = saved.bytes
                 else:
-                    loss = self.model(x, y) / m
+                    with self.autocast():
+                        loss = self.model(x, y) / m
                 if self.tables:
                     self.tables.final_backward(i == m - 1)
                 loss.backward()
