@@ -92,8 +92,9 @@ class TorchReference:
     ``optimizer``: the torch optimizer (hooks may be registered on it). ``activation_bytes``: the distinct
     storages, parameters left out, that the first micro-batch's forward saved for backward on the first step."""
 
-    def __init__(self, model: torch.nn.Module, train_cfg) -> None:
+    def __init__(self, model: torch.nn.Module, train_cfg, autocast: torch.dtype | None = None) -> None:
         self.model, self.cfg = model, train_cfg
+        self.autocast = autocast  # mixed precision: every forward under torch.autocast to this dtype
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch_optimizer(self.params, train_cfg)
         self.activation_bytes = None
@@ -127,10 +128,12 @@ class TorchReference:
                 torch.set_rng_state(rng[0])
                 if cuda:
                     torch.cuda.set_rng_state(rng[1])
-            if self.activation_bytes is None:
-                loss = self._forward_counting_saved(x, y, m)
-            else:
-                loss = self.model(x, y) / m
+            with torch.autocast(first.device.type, dtype=self.autocast or torch.bfloat16,
+                                enabled=self.autocast is not None):
+                if self.activation_bytes is None:
+                    loss = self._forward_counting_saved(x, y, m)
+                else:
+                    loss = self.model(x, y) / m
             loss.backward()
             total += float(loss.detach())
         if self.cfg.clip > 0:  # returns the total norm before clipping

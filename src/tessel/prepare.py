@@ -30,6 +30,7 @@ and made tensor-parallel, and the loop calls ``loss = model.step(x, y)`` instead
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from .mesh import ParallelDims, build_mesh, init_distributed
 from .parallelize import apply_ddp
 from .plan import ParallelPlan, TableChoice, TablePolicy
 from .prepare_axes import checkpoint_plan, identity_of, prepare_axes
+from .settings import Settings
 from .sparse.rowopt import auto_mirror
 from .train.tail import clip_coef, local_sq
 from .unwrap import skeleton
@@ -75,9 +77,11 @@ def _world(expected: int | None, timeout: float):
 class PreparedModel(nn.Module):
     """The user's model with its tables served and the rest in DDP; call it as before."""
 
-    def __init__(self, module: nn.Module, tables: sparse.SparseTables, loader: PreparedLoader) -> None:
+    def __init__(self, module: nn.Module, tables: sparse.SparseTables, loader: PreparedLoader,
+                 autocast=contextlib.nullcontext) -> None:
         super().__init__()
         self.module, self.tables, self.loader = module, tables, loader
+        self.autocast = autocast  # () -> the context the forward runs in (mixed precision: autocast to bf16)
         self.reduced: torch.Tensor | None = None  # the rows' squared norm once clipping reduced them
         self.scale = 1.0
 
@@ -88,7 +92,8 @@ class PreparedModel(nn.Module):
             # (the same tensor object: a copy, e.g. moved to a device, just fetches its own rows in time)
             ours = ids is self.loader.current
             self.tables.begin_step(ids, self.loader.next_inputs if ours else None)
-        out = self.module(*args, **kwargs)
+        with self.autocast():
+            out = self.module(*args, **kwargs)
         if self.tables:
             self.tables.final_backward(True)  # one forward per step: its backward completes the gradients
         return out
@@ -223,7 +228,8 @@ def _drop_served(optimizer: torch.optim.Optimizer, before: list[nn.Parameter], m
 
 def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: str | dict | ParallelPlan = "auto", *,
             samples: int = 2, lazy: bool = False, world: int | None = None, link_mbit: float = 0.0,
-            max_norm: float = 0.0, resume: str | Path | None = None, timeout: float = 60.0, verbose: bool = True):
+            max_norm: float = 0.0, resume: str | Path | None = None, timeout: float = 60.0, verbose: bool = True,
+            precision: str = "fp32"):
     """(model, optimizer, loader) distributed over torchrun's ranks; see the module docstring.
 
     ``plan``: ``auto``, a table strategy, {table: strategy}, or a :class:`~tessel.plan.ParallelPlan` (with pp or
@@ -232,13 +238,16 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
     ``world``: the rank count the script expects (TesselError if launched with another); ``link_mbit``: the
     link rate ``auto`` assumes (0: probed); ``max_norm``: clipping inside ``model.step`` (pp/tp; otherwise
     call ``tessel.clip_grad_norm_``); ``resume``: a checkpoint folder whose saved table choices and stage cut
-    this run keeps, so ``tessel.load`` finds every share where it was saved. Call it on every rank, after the
-    model is built with the same weights everywhere (rank 0's are broadcast anyway)."""
+    this run keeps, so ``tessel.load`` finds every share where it was saved. ``precision``: ``fp32`` (the model's
+    own dtype) or ``bf16-mixed`` (the forward under autocast to bf16, the loop's fp32 weights the masters the
+    optimizer updates; activations and looked-up rows cross in bf16, see docs/usage.md "Precision"). Call it on
+    every rank, after the model is built with the same weights everywhere (rank 0's are broadcast anyway)."""
+    mixed = Settings(precision=precision)  # the one place a precision's name is resolved (a one-line error)
     if isinstance(plan, ParallelPlan):
         if plan.pp > 1 or plan.tp > 1:
             _join(timeout)
             return prepare_axes(model, optimizer, loader, plan, samples=samples, lazy=lazy, max_norm=max_norm,
-                                timeout=timeout, resume=resume, verbose=verbose)
+                                timeout=timeout, resume=resume, verbose=verbose, precision=mixed.precision)
         world = plan.world
     if max_norm:
         raise TesselError("max_norm clips inside model.step under pp or tp; in a data-parallel loop call "
@@ -259,13 +268,15 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
         saved = checkpoint_plan(resume)
         fixed = saved.tables if saved else plan.tables if isinstance(plan, ParallelPlan) else ()
         tables = sparse.serve(model, sparse.survey(model, prepared_loader.samples(samples)), policy, rows, group,
-                              timeout=timeout, fixed=fixed)
+                              timeout=timeout, fixed=fixed, wire=mixed.compute_dtype if mixed.precision.compute
+                              else None)
         _drop_served(optimizer, before, model)
         if verbose and rank == 0:
             print(tables.describe())
     hook, bucket = (plan.ddp_hook, plan.bucket_mb) if isinstance(plan, ParallelPlan) else (True, 0.0)
     module = apply_ddp(model, group, bucket, hook=hook) if size > 1 else model
-    prepared = PreparedModel(module, tables, prepared_loader)
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    prepared = PreparedModel(module, tables, prepared_loader, lambda: mixed.autocast(device))
     prepared.__dict__["skeleton"] = plain  # not a submodule: its meta tensors are no parameters of the model
     return prepared, PreparedOptimizer(optimizer, prepared, groups[0]), prepared_loader
 

@@ -247,7 +247,7 @@ def _resumed(plan: ParallelPlan, resume) -> ParallelPlan:
 
 
 def prepare_axes(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: ParallelPlan, *, samples: int,
-                 lazy: bool, max_norm: float, timeout: float, resume, verbose: bool):
+                 lazy: bool, max_norm: float, timeout: float, resume, verbose: bool, precision=None):
     """(SteppedModel, SteppedOptimizer, PreparedLoader); see the module docstring."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     found = sparse.find_tables(model)
@@ -258,6 +258,7 @@ def prepare_axes(model: nn.Module, optimizer: torch.optim.Optimizer, loader, pla
     given, cls = _constructor(optimizer), type(optimizer)
     _check_rebuilt(cls, given, plan)
     settings = _settings(model, optimizer, given, probe[0].shape[0], max_norm, timeout)
+    settings = settings.with_(precision=precision) if precision is not None else settings
     _check(model, plan, settings, world)
     plan = _resumed(plan, resume)
     if not serve:  # nothing to serve: no row optimizer is needed or built

@@ -84,7 +84,17 @@ def _out_share(profile: Profile, plan: ParallelPlan) -> list[float]:
     return profile.shard_out(plan.tp_mode, plan.tp_grid)
 
 
-def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float, topo: Topology
+# channels that carry fp32 whatever the compute dtype: norm statistics (and gradient sums, priced on their own)
+FULL_WIDTH = ("tp.norm",)
+
+
+def _width(channel: str, profile: Profile, wire: int) -> int:
+    """Bytes per element a tensor-parallel channel carries: activations and GEMM partial sums at the wire width
+    (bf16 under mixed precision), norm statistics at the parameters' (tessel.tensor.ops, on widths)."""
+    return profile.elem if channel in FULL_WIDTH else wire
+
+
+def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float, topo: Topology, wire: int
                 ) -> tuple[dict[str, float], float]:
     """(channel -> elements this rank sends, seconds) for one micro-batch of ``rows`` tokens through ``layers``:
     the linears (``tp``, the head's on ``tp.head``), the norms over split features, the token table, the loss."""
@@ -99,7 +109,7 @@ def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float
         moved = [(channel, *t) for h, h2, up, channel in profile.layers[i].linears
                  for t in linear_traffic(plan.tp_mode, plan.tp_grid, rows, h, h2, up, plan.regather, i > 0, live)]
         moved += [t for traffic in shards.traffic[i] for t in traffic(rows)]
-        seconds += _tally(plan, profile, topo, moved, elems, profile.elem)
+        seconds += _tally(plan, profile, topo, moved, elems, lambda ch: _width(ch, profile, wire))
     return elems, seconds
 
 
@@ -115,23 +125,25 @@ def _tp_step(plan: ParallelPlan, profile: Profile, layers: range, topo: Topology
             partial[axes] = partial.get(axes, 0) + n
     elems: dict[str, float] = {}
     seconds = _tally(plan, profile, topo, [("tp.grads", *t) for t in grad_sum_traffic(partial, shards.sizes)],
-                     elems, profile.elem)
-    seconds += _tally(plan, profile, topo, [("tp.norm2", *t) for t in norm_sum_traffic(shards.sizes)], elems, 8)
+                     elems, lambda ch: profile.elem)
+    seconds += _tally(plan, profile, topo, [("tp.norm2", *t) for t in norm_sum_traffic(shards.sizes)], elems,
+                      lambda ch: 8)
     return elems.get("tp.grads", 0.0) * profile.elem + elems.get("tp.norm2", 0.0) * 8, seconds
 
 
-def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: dict[str, float], elem: int) -> float:
-    """Add ``moved`` [(channel, grid axis, elements, ring steps)] to ``elems``; returns their seconds on ``topo``."""
+def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: dict[str, float], width) -> float:
+    """Add ``moved`` [(channel, grid axis, elements, ring steps)] to ``elems``; returns their seconds on ``topo``
+    (``width``: channel -> bytes per element)."""
     axes, (tp_size, tp_stride) = _tp_axes(plan), _strides(plan)["tp"]
     seconds = 0.0
     for channel, axis, e, steps in moved:
         size, stride = axes.get(axis, (tp_size, 1))
         elems[channel] = elems.get(channel, 0.0) + e
-        seconds += e * elem / topo.group_rate(size, stride * tp_stride) + steps * topo.latency
+        seconds += e * width(channel) / topo.group_rate(size, stride * tp_stride) + steps * topo.latency
     return seconds
 
 
-def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float
+def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float, wire: int
             ) -> tuple[dict[str, str], float, float, set[str]]:
     """(table -> strategy, bytes per step, exposed seconds, tables taken out of the dense sync)."""
     policy = plan.sparse
@@ -149,7 +161,7 @@ def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float
             continue
         parts = _table_parts(profile, plan, t.name)  # a 1-D vocabulary shard holds 1/tp of the rows
         s = Sparsity(t.rows // parts, t.dim, profile.elem, k / parts, t.unique[1] / parts,
-                     min(t.unique[1], k * plan.dp / hosts) / parts, 0.5, t.fed and parts == 1)
+                     min(t.unique[1], k * plan.dp / hosts) / parts, 0.5, t.fed and parts == 1, wire)
         est = table_estimate(s, plan.dp, hosts, link, compute, policy.schedule)
         est = {o: e for o, e in est.items() if o.split("/")[0] in allowed}
         if not est or (policy.strategy.decides and k / max(t.rows, 1) > policy.max_touched):
@@ -166,6 +178,7 @@ def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float
 def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Topology) -> Estimate:
     """The step a plan should take on ``topo`` (bounds filled in by the min-max cut if the plan has none)."""
     m, b = plan.micro_batches, settings.global_batch
+    wire = settings.wire_dtype.itemsize  # activations, boundaries, looked-up rows (bf16 under mixed precision)
     samples = b / (plan.dp * m)  # per micro-batch on a dp rank
     rows = samples * profile.tokens_per_sample
     # the layers' profile times the measured ratio of a real step to it (autograd glue, loss, norm, clip)
@@ -179,16 +192,16 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     stage_compute, stage_slot, tp_elems, pp_elems, tp_step, hops = [], [], [], [], [], []
     for k, (lo, hi) in enumerate(bounds):
         c = sum(per_layer[lo:hi])
-        e_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo)
+        e_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo, wire)
         # a stage sends its output forward and its input's gradient back, this rank's block of each
         out = samples * profile.layers[hi - 1].out_per_sample * share[hi - 1] if k + 1 < len(bounds) else 0.0
         inp = samples * profile.layers[lo - 1].out_per_sample * share[lo - 1] if k > 0 else 0.0
         # sends are posted asynchronously and travel while the stage computes its next op: a micro-batch's slot
         # is the longer of the stage's work and its boundary traffic (what its host's link carries)
-        s_pp = (out + inp) * profile.elem / pp_rate
+        s_pp = (out + inp) * wire / pp_rate
         stage_compute.append(c)
         stage_slot.append(max(c + s_tp, s_pp) + (topo.latency if out or inp else 0.0))
-        hops.append(2 * out * profile.elem / pp_rate)  # one activation forward and its gradient back
+        hops.append(2 * out * wire / pp_rate)  # one activation forward and its gradient back
         tp_elems.append({ch: e * m for ch, e in e_tp.items()})
         tp_step.append(_tp_step(plan, profile, range(lo, hi), topo))  # once per step, after the micro-batches
         pp_elems.append((out + inp) * m)  # a middle stage sends both
@@ -201,7 +214,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     comm_pipe = (slot - max(stage_compute)) * m
     # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
     bubble = span - compute - comm_pipe + (sum(hops) if flushed else 0.0)
-    picks, table_bytes, table_s, served = _tables(plan, profile, topo, compute)
+    picks, table_bytes, table_s, served = _tables(plan, profile, topo, compute, wire)
     dense = [_stage_params(profile, plan, lo, hi, served) for lo, hi in bounds]
     dp_size, dp_stride = strides["dp"]
     dp_bytes = [_ring(dp_size, p) * profile.elem for p in dense]
@@ -212,13 +225,13 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
     tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency
-    nbytes = {"dp.dense": max(dp_bytes), "pp": max(pp_elems) * profile.elem}
+    nbytes = {"dp.dense": max(dp_bytes), "pp": max(pp_elems) * wire}
     for ch in sorted({ch for e in tp_elems for ch in e}):
-        nbytes[ch] = max(e.get(ch, 0.0) for e in tp_elems) * profile.elem
+        nbytes[ch] = max(e.get(ch, 0.0) for e in tp_elems) * _width(ch, profile, wire)
     nbytes["tp.grads"] = max(b for b, _ in tp_step)
     if table_bytes:
         nbytes["sparse"] = table_bytes
-    mem = _memory(plan, settings, profile, bounds, samples, served)
+    mem = _memory(plan, settings, profile, bounds, samples, served, wire)
     tp_grads_s = max(s for _, s in tp_step)
     return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s, bubble,
                     {k: v for k, v in nbytes.items() if v}, mem, picks)
@@ -248,7 +261,7 @@ def _table_parts(profile: Profile, plan: ParallelPlan, name: str) -> int:
 
 
 def _memory(plan: ParallelPlan, settings: Settings, profile: Profile, bounds, samples: float,
-            served: set[str]) -> float:
+            served: set[str], wire: int) -> float:
     """Bytes the fullest rank holds: weights, gradients, optimizer state, weight copies of the asynchronous
     schedules, and the boundary activations kept for backward (a floor: layer internals are not counted)."""
     states = settings.state_tensors
@@ -264,5 +277,5 @@ def _memory(plan: ParallelPlan, settings: Settings, profile: Profile, bounds, sa
         shares = _out_share(profile, plan)
         acts = in_flight * samples * sum(layer.out_per_sample * shares[i] for i, layer in
                                          enumerate(profile.layers[lo:hi], start=lo))
-        worst = max(worst, (params * (2 + states + copies) + acts) * profile.elem)
+        worst = max(worst, params * (2 + states + copies) * profile.elem + acts * wire)
     return worst

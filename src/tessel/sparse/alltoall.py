@@ -178,10 +178,10 @@ class AllToAllTable(RowTable):
                 if mask is None:
                     fetch.rows.copy_(part)
                 else:
-                    fetch.rows[mask] = part
+                    fetch.rows[mask] = part.to(fetch.rows.dtype)  # rows cross in the wire dtype, kept in the table's
             else:
                 pos = route.order if mask is None else route.order[mask[route.order]]
-                fetch.rows[pos] = torch.cat([x.view(-1, self.embedding_dim) for x in pieces])
+                fetch.rows[pos] = torch.cat([x.view(-1, self.embedding_dim) for x in pieces]).to(fetch.rows.dtype)
         fetch.phases = []
         return fetch.rows
 

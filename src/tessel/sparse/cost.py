@@ -60,6 +60,7 @@ class Sparsity:
     u_host: float  # unique rows per host per step
     late: float  # share of the next batch's unique rows this batch touches
     fed: bool  # ids come straight from the batch (prefetchable)
+    wire: int = 0  # bytes per element of a looked-up row on the wire (bf16 under mixed precision; 0: elem)
 
 
 @dataclass
@@ -74,7 +75,7 @@ def estimate(s: Sparsity, ranks: int, hosts: int, link: Link, compute: float, sc
     """Predicted host-link bytes and seconds per step of each option for one table."""
     n, h = ranks, hosts
     per_host = n // h
-    row = s.dim * s.elem
+    row, pulled = s.dim * s.elem, s.dim * (s.wire or s.elem)  # a row's gradient, a looked-up row
     out: dict[str, Estimate] = {}
 
     def t(nbytes, rounds, elems):
@@ -85,16 +86,16 @@ def estimate(s: Sparsity, ranks: int, hosts: int, link: Link, compute: float, sc
     b = per_host * (n - 1) * s.k * (row + ID_BYTES)
     out["allgather"] = Estimate(b, t(b, 3, min(s.rows, n * s.k) * s.dim))
     if local_aggregation and per_host > 1:
-        b = (h - 1) / h * s.u_host * (2 * row + 2 * ID_BYTES)
+        b = (h - 1) / h * s.u_host * (row + pulled + 2 * ID_BYTES)
     else:
-        b = per_host * (n - 1) / n * s.k * (2 * row + 2 * ID_BYTES)
+        b = per_host * (n - 1) / n * s.k * (row + pulled + 2 * ID_BYTES)
     out["ps"] = Estimate(b, t(b, 6, s.u * s.dim / n))
     for split in ("column", "row"):
         if split == "column" and s.dim < n:
             continue  # a rank would hold no column
         ids = per_host * (n - 1) * s.k * ID_BYTES if split == "column" else per_host * (n - 1) / n * s.k * ID_BYTES
-        fwd = per_host * (n - 1) / n * s.k * row
-        total = ids + 2 * fwd
+        fwd, bwd = per_host * (n - 1) / n * s.k * pulled, per_host * (n - 1) / n * s.k * row
+        total = ids + fwd + bwd
         upd = s.u * s.dim / n * link.per_elem
         if not schedule or n == 1:
             out[f"alltoall/{split}"] = Estimate(total, t(total, 4, s.u * s.dim / n))
@@ -102,12 +103,12 @@ def estimate(s: Sparsity, ranks: int, hosts: int, link: Link, compute: float, sc
         if s.fed and split == "column":
             # next batch's ids (2 blocking collectives) and its late rows are on the critical path
             critical = s.late * fwd / link.rate + 3 * link.latency
-            rest = (ids + (1 - s.late) * fwd + fwd) / link.rate
+            rest = (ids + (1 - s.late) * fwd + bwd) / link.rate
             hide = compute
             note = f"late rows {s.late:.0%}"
         else:
             critical = (ids + fwd) / link.rate + 3 * link.latency
-            rest = fwd / link.rate + link.latency
+            rest = bwd / link.rate + link.latency
             hide = compute * 2 / 3  # the backward pass
             note = "gradients behind backward"
         out[f"alltoall/{split}"] = Estimate(total, critical + max(0.0, rest - hide) + upd, note)

@@ -29,7 +29,8 @@ def shard_param(grid: Grid, full: torch.Tensor, split: Split, partial: tuple[str
 def linear(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor | None], spec: LinearSpec,
            grid: Grid, regather: bool) -> torch.Tensor:
     """One sharded GEMM for several linears that share their input (q, k, v), outputs side by side."""
-    x = ops.copy(x, grid.group(spec.copy))
+    # in the GEMM's dtype before the copy (a no-op but under mixed precision): the gradient it sums is then bf16
+    x = ops.copy(ops.wire(x), grid.group(spec.copy))
     y = ops.matmul(x, weights, grid.group(spec.x_gather), spec.x_dim, grid.group(spec.w_gather), 1, regather,
                    grid.live_weights)
     y = ops.reduce_scatter(y, grid.group(spec.reduce_scatter), 0)
