@@ -204,3 +204,30 @@ def test_bf16_rows_are_pulled_at_half_width_and_pushed_in_fp32(world2):
     assert got[0]["forward"]["ps.pull"] == {"sent": 2 * 8 + 1 * pulled, "recv": 1 * 8 + 2 * pulled}
     assert got[1]["forward"]["ps.pull"] == {"sent": 1 * 8 + 2 * pulled, "recv": 2 * 8 + 1 * pulled}
     assert got[0]["reduce"]["ps.push"] == {"sent": 2 * (8 + pushed), "recv": 1 * (8 + pushed)}
+
+
+def prepared(precision: str):
+    """tessel.prepare's plain loop (dp2, the table served by ps) in ``precision``: losses and pull bytes."""
+    import tessel
+    from test_prepare import Plain, _batches
+
+    torch.manual_seed(3)
+    model = Plain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model, opt, loader = tessel.prepare(model, opt, _batches(), plan="ps", precision=precision, verbose=False)
+    losses = []
+    comm.counter.end_step()
+    for words, tags, y in loader:
+        loss = model(words, tags, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    return losses, comm.counter.end_step()["ps.pull"]["sent"]
+
+
+def test_prepare_takes_a_precision(world2):
+    bf16, fp32 = world2.run(prepared, "bf16-mixed"), world2.run(prepared, "fp32")
+    for a, b in zip(bf16, fp32):
+        assert a[0] != b[0] and max(abs(x - y) for x, y in zip(a[0], b[0])) < 0.05  # rounded, not another run
+        assert a[1] < b[1]  # the pulled rows crossed at half width (the ids did not)
