@@ -231,3 +231,43 @@ def test_prepare_takes_a_precision(world2):
     for a, b in zip(bf16, fp32):
         assert a[0] != b[0] and max(abs(x - y) for x, y in zip(a[0], b[0])) < 0.05  # rounded, not another run
         assert a[1] < b[1]  # the pulled rows crossed at half width (the ids did not)
+
+
+def test_a_checkpoint_resumes_in_the_other_precision(tmp_path):
+    """Checkpoints hold the fp32 masters whatever the precision: an fp32 run's step-3 checkpoint resumed in
+    bf16-mixed (and a bf16-mixed one's in fp32) goes on from the saved weights, saves fp32 again, and ends within
+    bf16's own effect (the same 3x slack as above) of the uninterrupted run in the precision it resumed in."""
+    import shutil
+    import subprocess
+    import sys
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    flags = [f"--{kv.replace('=', ' ', 1)}" for kv in MODEL[:-1]]
+    args = [*" ".join(flags).split(), "--nproc", "1", "--steps", "6", "--ckpt-every", "3", "--checkpoint.keep", "5",
+            "--metrics.progress", "log"]
+
+    def train(out, *extra):
+        r = subprocess.run([sys.executable, "-m", "tessel", "train", *args, *extra, "--out", str(out)],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+
+    def weights(out, step):
+        dst = tmp_path / f"{out.name}-{step}.pt"
+        dcp_to_torch_save(str(out / "checkpoints" / f"step-{step:08d}"), str(dst))
+        return torch.load(dst, weights_only=False)["model"]
+
+    runs = {p: tmp_path / p for p in ("fp32", "bf16-mixed")}
+    for p, out in runs.items():
+        train(out, "--train.precision", p)
+    for saved, resumed in (("fp32", "bf16-mixed"), ("bf16-mixed", "fp32")):
+        out = tmp_path / f"{saved}-then-{resumed}"
+        shutil.copytree(runs[saved] / "checkpoints" / "step-00000003", out / "checkpoints" / "step-00000003")
+        train(out, "--train.precision", resumed, "--resume")
+        start, end = weights(runs[saved], 3), weights(out, 6)
+        same, other = weights(runs[resumed], 6), weights(runs[saved], 6)
+        for name, w in end.items():
+            assert w.dtype == torch.float32, name
+            assert not torch.equal(w, start[name]) or w.ndim == 1, name  # it trained from the saved weights
+            bound = SLACK * (same[name] - other[name]).abs().max() + 1e-7
+            assert (w - same[name]).abs().max() <= bound, name
