@@ -377,3 +377,17 @@ def test_soak_fit_skips_warm_up_and_reads_the_step(tmp_path):
     metrics.write_text("".join(json.dumps({"step": i}) + "\n" for i in range(1, 8)) + '{"step": 8, "lo')
     assert soak.last_step(metrics) == 7  # a line being written is skipped
     assert soak.last_step(tmp_path / "none.jsonl") is None
+
+
+def test_every_scenario_cell_is_a_valid_train_command_line():
+    """Each benchmark cell's flags (common, model, strategy) parse and validate as `tessel train` would take them,
+    so a scenario cannot ship a flag or value that fails only when its cell is reached hours into a run."""
+    from tessel.bench.scenarios import SCENARIOS
+    from tessel.cli import config_from_args, parser
+
+    for scn in SCENARIOS.values():
+        for model, flags in scn.models.items():
+            for strategy, extra in scn.strategies.items():
+                ns = parser().parse_args(["train", *scn.common, *flags, *extra])
+                cfg = config_from_args(ns)
+                assert cfg.model.name, (scn.name, model, strategy)

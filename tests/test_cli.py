@@ -50,6 +50,11 @@ def test_config_errors(capsys, tmp_path):
                    "nosuch")
     one_line_error(capsys, ["train", "--pp", "2", "--pipeline.schedule", "async-predict", "--optimizer", "adagrad"],
                    "adagrad", "valid: train.optimizer sgd")
+    one_line_error(capsys, ["train", "--parallel.device", "tpu"], "parallel.device", "auto, cpu, cuda")
+    one_line_error(capsys, ["train", "--parallel.backend", "nccl", "--parallel.device", "cpu"],
+                   "parallel.device is 'cpu'", "parallel.backend gloo")
+    if not torch.cuda.is_available():
+        one_line_error(capsys, ["train", "--parallel.device", "cuda"], "parallel.device 'cuda'", "valid here: auto, cpu")
     toml = tmp_path / "run.toml"
     toml.write_text("[train]\nsteps = 5\nbogus = 1\n")
     one_line_error(capsys, ["train", "--config", str(toml)], "train.bogus", "train.steps")

@@ -81,6 +81,14 @@ def _size(group) -> int:
     return dist.get_world_size(group)
 
 
+def device(group=None) -> torch.device:
+    """Where a tensor this rank makes for a collective must live: the current GPU under nccl (it takes nothing
+    else), the CPU otherwise (gloo takes CPU tensors for every collective, CUDA ones for some)."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class _Work:
     """An async handle whose ``wait`` reports failures like the blocking calls do."""
 
@@ -134,6 +142,15 @@ def _run(what: str, channel: str, call, async_op: bool, then=None):
 HALF = (torch.bfloat16, torch.float16)
 
 
+def _wire(group, *tensors: torch.Tensor):
+    """nccl moves GPU tensors only: CPU ones tessel keeps on the host (access counts, sizes, flags) cross through
+    the current GPU and are copied back when the collective is done. Returns (the tensors to pass, copy-back)."""
+    if all(t.device.type != "cpu" for t in tensors) or dist.get_backend(group) != "nccl":
+        return tensors, None
+    on = tuple(t.to(device(group)) for t in tensors)
+    return on, lambda: [t.copy_(o) for t, o in zip(tensors, on) if o is not t]
+
+
 def _all_reduce_half(tensor: torch.Tensor, channel: str, group) -> None:
     """A half-width sum as reduce-scatter then all-gather, each in the tensor's width (the ring's bytes), the
     sum accumulated in fp32 and rounded once: a ring all-reduce in bf16 would round after every hop."""
@@ -155,8 +172,9 @@ def all_reduce(tensor: torch.Tensor, channel: str, op=dist.ReduceOp.SUM, group=N
         return _all_reduce_half(tensor, channel, group)
     moved = 2 * (p - 1) * _nbytes(tensor) // p
     counter.add(channel, moved, moved)
-    return _run("all_reduce", channel, lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
-                async_op)
+    (on,), back = _wire(group, tensor)
+    return _run("all_reduce", channel, lambda: dist.all_reduce(on, op=op, group=group, async_op=async_op),
+                async_op, back)
 
 
 def all_gather_into(output: torch.Tensor, tensor: torch.Tensor, channel: str, group=None, async_op: bool = False):
@@ -166,8 +184,9 @@ def all_gather_into(output: torch.Tensor, tensor: torch.Tensor, channel: str, gr
         raise ValueError(f"all_gather output has {output.numel()} elements, expected {p} x {tensor.numel()}")
     moved = (p - 1) * _nbytes(tensor)
     counter.add(channel, moved, moved)
+    (out, on), back = _wire(group, output, tensor)
     return _run("all_gather", channel,
-                lambda: dist.all_gather_single(output, tensor, group=group, async_op=async_op), async_op)
+                lambda: dist.all_gather_single(out, on, group=group, async_op=async_op), async_op, back)
 
 
 def all_gather(tensor: torch.Tensor, channel: str, group=None) -> list[torch.Tensor]:
@@ -180,9 +199,10 @@ def all_gather(tensor: torch.Tensor, channel: str, group=None) -> list[torch.Ten
 
 def all_gather_object(obj, channel: str, group=None) -> list:
     """Every rank's JSON-serialisable ``obj``, in rank order (JSON, never pickle, crosses the wire)."""
-    data = torch.tensor(list(json.dumps(obj).encode()), dtype=torch.uint8)
-    sizes = [int(n) for n in all_gather(torch.tensor([data.numel()]), channel, group)]
-    buf = torch.zeros(max(sizes), dtype=torch.uint8)
+    dev = device(group)
+    data = torch.tensor(list(json.dumps(obj).encode()), dtype=torch.uint8, device=dev)
+    sizes = [int(n) for n in all_gather(torch.tensor([data.numel()], device=dev), channel, group)]
+    buf = torch.zeros(max(sizes), dtype=torch.uint8, device=dev)
     buf[: data.numel()] = data
     parts = all_gather(buf, channel, group)
     return [json.loads(bytes(part[:n].tolist())) for part, n in zip(parts, sizes)]
@@ -207,9 +227,10 @@ def all_to_all(
         raise ValueError(f"all_to_all splits {ins} -> {outs} do not fit tensors of {tensor.shape[0]} -> "
                          f"{output.shape[0]} rows over {p} ranks")
     counter.add(channel, (sum(ins) - ins[me]) * row_in, (sum(outs) - outs[me]) * row_out)
+    (out, on), back = _wire(group, output, tensor)
     return _run(
         "all_to_all", channel,
-        lambda: dist.all_to_all_single(output, tensor, outs, ins, group=group, async_op=async_op), async_op)
+        lambda: dist.all_to_all_single(out, on, outs, ins, group=group, async_op=async_op), async_op, back)
 
 
 def reduce_scatter(output: torch.Tensor, tensor: torch.Tensor, channel: str, group=None, async_op: bool = False):
@@ -238,8 +259,9 @@ def broadcast(tensor: torch.Tensor, src: int, channel: str, group=None, async_op
     pos = (dist.get_rank(group) - root) % p
     n = _nbytes(tensor)
     counter.add(channel, n if pos < p - 1 else 0, n if pos > 0 else 0)
-    return _run("broadcast", channel, lambda: dist.broadcast(tensor, src, group=group, async_op=async_op),
-                async_op)
+    (on,), back = _wire(group, tensor)
+    return _run("broadcast", channel, lambda: dist.broadcast(on, src, group=group, async_op=async_op),
+                async_op, back)
 
 
 def send(tensor: torch.Tensor, dst: int, channel: str, group=None) -> None:

@@ -64,6 +64,7 @@ class ParallelConfig:
     pp: int = 1
     tp: int = 1  # 0: every rank pp and dp leave (dp then defaults to 1)
     backend: str = "auto"  # auto (nccl with CUDA, else gloo) | gloo | nccl
+    device: str = "auto"  # auto (cuda under nccl, else cpu) | cpu | cuda (under gloo: ranks may share a GPU)
     timeout: float = 30.0  # seconds any collective may wait before the job is ended
     ddp_comm: str = "tessel"  # tessel (gradients through tessel.comm, counted) | torch (DDP's own all-reduce)
     bucket_mb: float = 0.0  # DDP gradient bucket size; 0: tessel picks (see parallelize.auto_bucket_mb)
@@ -206,6 +207,7 @@ CHOICES: dict[str, tuple[str, ...] | type] = {
     "model.softmax": ("full", "sampled"),
     "data.source": ("auto", "zipf", "text", "gaussian"),
     "parallel.backend": ("auto", "gloo", "nccl"),
+    "parallel.device": ("auto", "cpu", "cuda"),
     "parallel.ddp_comm": ("tessel", "torch"),
     "train.optimizer": Optimizer,
     "train.schedule": LR_SCHEDULES,
@@ -325,6 +327,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.source 'gaussian' is for the classifier; model '{cfg.model.name}' "
                           "needs zipf or text")
     sparse_overrides(cfg)
+    if cfg.parallel.backend == "nccl" and cfg.parallel.device == "cpu":
+        raise ConfigError("parallel.backend 'nccl' moves GPU tensors only and parallel.device is 'cpu'; valid with "
+                          "it: parallel.device auto or cuda, or parallel.backend gloo")
     if choices.precision(cfg.train.precision).compute and cfg.train.dtype != "float32":
         raise ConfigError(f"train.precision '{cfg.train.precision}' keeps float32 masters; train.dtype is "
                           f"'{cfg.train.dtype}': valid with it: train.dtype float32, or train.precision fp32")

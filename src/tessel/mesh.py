@@ -93,13 +93,20 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(backend: str = "auto", timeout: float = 30.0) -> None:
+def device_type(device: str = "auto") -> str:
+    """Where this rank's model and batches live: ``device`` (auto: the GPU under nccl, else the CPU)."""
+    if device != "auto":
+        return device
+    return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+
+
+def init_distributed(backend: str = "auto", timeout: float = 30.0, device: str = "auto") -> None:
     """Join the world described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
     if dist.is_initialized():
         return
     backend = default_backend() if backend == "auto" else backend
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if backend == "nccl" or device == "cuda":  # under gloo, more local ranks than GPUs share them
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     if restart and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # torch's elastic agent keeps one TCPStore across restarts and the last attempt's addresses are still in
@@ -131,7 +138,7 @@ def shutdown() -> None:
 
 
 def build_mesh(dims: ParallelDims, timeout: float = 30.0,
-               tp_axes: tuple[tuple[str, int], ...] = ()) -> DeviceMesh:
+               tp_axes: tuple[tuple[str, int], ...] = (), device: str = "auto") -> DeviceMesh:
     """The DeviceMesh of shape (pp, dp, tp); every dim's group gets the same collective timeout.
 
     ``tp_axes``: a 2-D or 3-D tensor-parallel grid, as (name, size) pairs whose sizes multiply to tp; the
@@ -146,9 +153,8 @@ def build_mesh(dims: ParallelDims, timeout: float = 30.0,
     if math.prod(size for _, size in tp_axes) != dims.tp:
         raise PlanError(f"tensor-parallel grid {'x'.join(str(s) for _, s in tp_axes)} does not have tp={dims.tp} "
                         "ranks; choose a grid whose sizes multiply to tp")
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     names = (*DIM_NAMES[:2], *(name for name, _ in tp_axes))
-    mesh = init_device_mesh(device, (dims.pp, dims.dp, *(size for _, size in tp_axes)), mesh_dim_names=names)
+    mesh = init_device_mesh(device_type(device), (dims.pp, dims.dp, *(size for _, size in tp_axes)), mesh_dim_names=names)
     for name in names:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout), mesh.get_group(name))
     return mesh
@@ -165,7 +171,7 @@ def host_groups(group, hosts: int | None = None, timeout: float = 30.0):
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
     p = len(ranks)
     if hosts is None:
-        mine = torch.tensor([int(os.environ.get("GROUP_RANK", "-1"))])
+        mine = torch.tensor([int(os.environ.get("GROUP_RANK", "-1"))], device=comm.device(group))
         nodes = [int(n) for n in comm.all_gather(mine, "sparse.plan", group)]
         count = len(set(nodes))
         regular = min(nodes) >= 0 and nodes == sorted(nodes) and all(nodes.count(n) == p // count for n in nodes)

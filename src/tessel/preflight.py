@@ -36,6 +36,9 @@ def _check_machine(cfg: Config) -> None:
     if cfg.parallel.backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
         raise ConfigError("parallel.backend 'nccl' needs CUDA GPUs and a CUDA build of torch; this one has none; "
                           "valid here: auto, gloo")
+    if cfg.parallel.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("parallel.device 'cuda' needs a CUDA GPU and a CUDA build of torch; this one has none; "
+                          "valid here: auto, cpu")
     env_link_mbit()
     _check_writable(Path(cfg.metrics.out), "metrics.out")
     if cfg.checkpoint.enabled:

@@ -55,22 +55,24 @@ from .unwrap import skeleton
 __all__ = ["prepare", "clip_grad_norm_", "save", "load", "PreparedModel", "PreparedOptimizer", "PreparedLoader"]
 
 
-def _join(timeout: float) -> None:
-    """Join torchrun's world when launched by it (and not joined yet)."""
+def _join(timeout: float, model: nn.Module) -> None:
+    """Join torchrun's world when launched by it (and not joined yet): over nccl where the model is on a GPU."""
     if not dist.is_initialized() and "WORLD_SIZE" in os.environ:
-        init_distributed(timeout=timeout)
+        on_gpu = any(p.is_cuda for p in model.parameters())
+        init_distributed("nccl" if on_gpu else "gloo", timeout=timeout)
 
 
-def _world(expected: int | None, timeout: float):
+def _world(expected: int | None, timeout: float, model: nn.Module):
     """(dp group or None, rank, size): joins torchrun's world when launched by it."""
-    _join(timeout)
+    _join(timeout, model)
     size = dist.get_world_size() if dist.is_initialized() else 1
     if expected is not None and expected != size:
         raise TesselError(f"prepare expected {expected} ranks but runs on {size}; launch the script with "
                           f"'torchrun --nproc-per-node {expected} script.py' (or drop world=)")
     if size == 1:
         return None, 0, 1
-    mesh = build_mesh(ParallelDims.resolve(size), timeout=timeout)
+    mesh = build_mesh(ParallelDims.resolve(size), timeout=timeout,
+                      device=next((p.device.type for p in model.parameters()), "cpu"))
     return mesh.get_group("dp"), dist.get_rank(), size
 
 
@@ -245,14 +247,14 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
     mixed = Settings(precision=precision)  # the one place a precision's name is resolved (a one-line error)
     if isinstance(plan, ParallelPlan):
         if plan.pp > 1 or plan.tp > 1:
-            _join(timeout)
+            _join(timeout, model)
             return prepare_axes(model, optimizer, loader, plan, samples=samples, lazy=lazy, max_norm=max_norm,
                                 timeout=timeout, resume=resume, verbose=verbose, precision=mixed.precision)
         world = plan.world
     if max_norm:
         raise TesselError("max_norm clips inside model.step under pp or tp; in a data-parallel loop call "
                           "tessel.clip_grad_norm_(model, max_norm) between backward and optimizer.step")
-    group, rank, size = _world(world, timeout)
+    group, rank, size = _world(world, timeout, model)
     prepared_loader = PreparedLoader(loader, rank, size)
     plain = skeleton(model)  # the architecture tessel.unwrap gives back, before tables are taken out
     found = sparse.find_tables(model)

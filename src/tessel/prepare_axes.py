@@ -74,7 +74,7 @@ class SteppedModel(nn.Module):
         ahead = self.loader.next_inputs if x is self.loader.current else None  # scheduled tables fetch its rows
         result = engine.step(x, y, self.steps, ahead if self.tables and self.tables.choices else None)
         self.steps += 1
-        loss = torch.tensor([result.loss], dtype=torch.float64)
+        loss = torch.tensor([result.loss], dtype=torch.float64, device=comm.device())
         comm.all_reduce(loss, "meta", group=self.mesh.get_group("dp"))  # each dp rank's slice mean -> their sum
         if plan.pp > 1:  # only the last stage has a loss (the others' is 0)
             # under an asynchronous schedule this re-aligns the stages once a step, which tessel train avoids by
@@ -268,7 +268,7 @@ def prepare_axes(model: nn.Module, optimizer: torch.optim.Optimizer, loader, pla
                        verbose and dist.get_rank() == 0) if serve else None
     if serve and rows is None:  # auto, and no exact row form: every table stays dense
         plan = plan.with_(sparse=replace(plan.sparse, strategy="dense", overrides=()))
-    mesh = build_mesh(plan.dims, timeout, plan.mesh_axes)
+    mesh = build_mesh(plan.dims, timeout, plan.mesh_axes, next((p.device.type for p in model.parameters()), "cpu"))
     prepared = PreparedLoader(loader, mesh.get_local_rank("dp"), plan.dp)
     identity = identity_of(model)  # the whole plain model, before a cut or shards change it
     plain = skeleton(model)

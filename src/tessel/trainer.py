@@ -27,7 +27,7 @@ from . import comm, planner
 from .config import Config
 from .data import ShardedLoader
 from .errors import CheckpointError, PlanError, Preempted
-from .mesh import build_mesh, init_distributed
+from .mesh import build_mesh, device_type, init_distributed
 from .parallelize import Parallelized, parallelize
 from .plan import ParallelPlan, regrouped, saved_plan
 from .planner import probe
@@ -47,8 +47,9 @@ def _first_batches(loader: ShardedLoader, n: int, model: torch.nn.Module) -> lis
     """This rank's first ``n`` batches, read from a copy of the loader so training still starts with them."""
     peek = ShardedLoader(loader.dataset, loader.global_batch, loader.dp_rank, loader.dp_size, seed=loader.seed,
                          shuffle=loader.shuffle)
-    dtype = next(model.parameters()).dtype
-    return [tuple(t.to(dtype) if t.is_floating_point() else t for t in peek.next_batch()) for _ in range(n)]
+    first = next(model.parameters())  # the survey and the profile run the model on them, where it is
+    return [tuple(t.to(first.device, first.dtype if t.is_floating_point() else t.dtype) for t in peek.next_batch())
+            for _ in range(n)]
 
 
 def _find_start(cfg: Config) -> Start:
@@ -120,9 +121,7 @@ def _build(cfg: Config, mesh, plan: ParallelPlan, settings: Settings):
     torch.manual_seed(settings.seed)
     dataset = build_data(cfg)
     vocab = getattr(dataset, "vocab_size", 0)
-    model = build(cfg, vocab).to(settings.torch_dtype)
-    if dist.get_backend() == "nccl":
-        model = model.cuda()
+    model = build(cfg, vocab).to(device_type(cfg.parallel.device), settings.torch_dtype)
     identity = model_identity(cfg, vocab, plan)
     start, plan = _resume_point(cfg, plan, settings)
     if cfg.checkpoint.init_from and start.path is None:
@@ -205,11 +204,11 @@ def _add(run_bytes: dict, step_bytes: dict) -> None:
 
 def run(cfg: Config) -> dict[str, Any]:
     """Train as one rank of the world torchrun started; returns the run summary (same on every rank)."""
-    init_distributed(cfg.parallel.backend, cfg.parallel.timeout)
+    init_distributed(cfg.parallel.backend, cfg.parallel.timeout, cfg.parallel.device)
     rank = dist.get_rank()
     settings = settings_of(cfg)
     plan = _plan_for_world(cfg, dist.get_world_size(), settings)
-    mesh = build_mesh(plan.dims, settings.timeout, plan.mesh_axes)
+    mesh = build_mesh(plan.dims, settings.timeout, plan.mesh_axes, cfg.parallel.device)
     dp_group = mesh.get_group("dp")
     par, loader, identity, begin = _build(cfg, mesh, plan, settings)
     if rank == 0:
@@ -245,7 +244,7 @@ def run(cfg: Config) -> dict[str, Any]:
         # scheduled alltoall tables fetch the next batch's rows during this step
         upcoming = loader.peek()[0] if tables and step + 1 < cfg.train.steps else None
         result = engine.step(inputs, targets, step, upcoming)
-        loss = torch.tensor([result.loss], dtype=torch.float64)
+        loss = torch.tensor([result.loss], dtype=torch.float64, device=comm.device())
         comm.all_reduce(loss, "meta", group=dp_group)
         dt = time.perf_counter() - t0
         step_bytes = comm.counter.end_step()

@@ -60,12 +60,12 @@ def full_state(model) -> dict[str, torch.Tensor]:
     # pipeline stages hold different names: each tensor comes from the lowest rank that has it
     held = comm.all_gather_object({n: [list(t.shape), str(t.dtype).removeprefix("torch.")] for n, t in mine.items()},
                                   "unwrap")
-    out = {}
+    out, dev = {}, next((t.device for t in mine.values()), comm.device())
     for name in sorted({n for h in held for n in h}):
         src = next(r for r, h in enumerate(held) if name in h)
         shape, dtype = held[src][name]
         t = mine[name].clone() if name in mine and dist.get_rank() == src else torch.empty(
-            shape, dtype=getattr(torch, dtype))
+            shape, dtype=getattr(torch, dtype), device=dev)
         comm.broadcast(t, src, "unwrap")
         out[name] = t
     return out

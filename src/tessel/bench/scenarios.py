@@ -232,7 +232,42 @@ TABLES_TP = Scenario(
                                "1d"]},
     strategies=dict(_TABLES), baseline="dense", hosts=[4, 8], unshaped=False, steps=6, common=list(_TABLES_COMMON))
 
-SCENARIOS = {s.name: s for s in (DDP, SPARSE, OVERLAP, PIPELINE, PIPELINE_M1, TENSOR, COMPOSE, TABLES_PP, TABLES_TP)}
+# Mixed precision: every layout run in fp32 and in bf16-mixed on the same hosts, data and steps, so each bf16
+# cell's ratio is taken against its own layout in fp32. precision-one: the default model on one process (the
+# compute alone); precision: the sparse LSTM (ps, alltoall) and a 4-stage pipeline (1f1b, async-predict) on 4
+# hosts; precision-8: 3-D 2x2x2 and torch's 1-D over 8 hosts, and dp2 x pp2 x tp2.
+_PRECISION = {"fp32": ["--train.precision", "fp32"], "bf16-mixed": ["--train.precision", "bf16-mixed"]}
+_LSTM_200K = ["--model", "lstm_lm", "--model.softmax", "sampled", "--data.vocab_size", "200000", "--batch", "32",
+              "--optimizer", "adagrad", "--lr", "0.05"]
+PRECISION_ONE = Scenario(
+    name="precision-one",
+    about="bf16-mixed against fp32 on one process: the default Transformer LM (compute only, no traffic)",
+    models={"transformer_lm": ["--model", "transformer_lm"]},
+    strategies=dict(_PRECISION), baseline="fp32", hosts=[1], unshaped=False, steps=30)
+PRECISION = Scenario(
+    name="precision",
+    about="bf16-mixed against fp32 on 4 hosts: the LSTM LM's 200K-word tables by ps and by alltoall, and a 4-stage "
+          "pipeline (1f1b, async-predict, 4 micro-batches)",
+    models={"lstm_lm-ps": [*_LSTM_200K, "--sparse", "ps"], "lstm_lm-alltoall": [*_LSTM_200K, "--sparse", "alltoall"],
+            **{f"transformer_lm-pp4-{s}": [*PIPELINE.models["transformer_lm"], "--pp", "4", "--optimizer", "sgd",
+                                           "--lr", "0.01", "--pipeline.schedule", s]
+               for s in ("1f1b", "async-predict")}},
+    strategies=dict(_PRECISION), baseline="fp32", hosts=[4], rates=["200mbit"], unshaped=False, steps=10,
+    common=list(_TABLES_COMMON))
+PRECISION_8 = Scenario(
+    name="precision-8",
+    about="bf16-mixed against fp32 on 8 hosts: tessel's 3-D 2x2x2 and torch's native 1-D over every host, and "
+          "dp2 x pp2 x tp2 (1-D)",
+    models={"blocks-tp8-3d": [*TENSOR.models["blocks"], "--tp", "8", "--tp-mode", "3d"],
+            "blocks-tp8-torch-1d": [*TENSOR.models["blocks"], "--tp", "8", "--tp-mode", "torch-1d"],
+            "transformer_lm-dp2-pp2-tp2": [*COMPOSE.models["transformer_lm"], "--dp", "2", "--pp", "2", "--tp", "2",
+                                           "--tp-mode", "1d"]},
+    strategies=dict(_PRECISION), baseline="fp32", hosts=[8], rates=["200mbit"], unshaped=False, steps=8,
+    common=["--optimizer", "adamw", "--timeout", "300", "--metrics.progress", "log", "--metrics.plot", "false",
+            "--checkpoint.enabled", "false"])
+
+SCENARIOS = {s.name: s for s in (DDP, SPARSE, OVERLAP, PIPELINE, PIPELINE_M1, TENSOR, COMPOSE, TABLES_PP, TABLES_TP,
+                                           PRECISION_ONE, PRECISION, PRECISION_8)}
 
 
 def get(name: str) -> Scenario:

@@ -48,6 +48,12 @@ from .schedules import ahead, async_ops, drain_ops, sync_ops
 from .stage import Stage
 
 
+
+def _on(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """A batch (``None`` on a stage that reads none) on the stage's device."""
+    return None if t is None else t.to(device, non_blocking=True)
+
+
 class _StageEngine(ABC):
     """What every engine of a pipeline stage shares: the stage, its tail and update, and the step marks its
     idle share is measured from (``stats``)."""
@@ -252,6 +258,7 @@ class PipelineEngine(_StageEngine):
 
     def _step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int, next_inputs) -> StepResult:
         m = self.micro_batches
+        inputs, targets = _on(inputs, self.stage.device), _on(targets, self.stage.device)
         # middle stages get no batch (they do not read one); the first uses inputs, the last targets
         xs = inputs.chunk(m) if inputs is not None else [None] * m
         ys = targets.chunk(m) if targets is not None else [None] * m
@@ -302,6 +309,7 @@ class TorchPipelineEngine(_StageEngine):
 
     def _step(self, inputs, targets, step: int, next_inputs) -> StepResult:
         st, lr, losses = self.stage, self.lr_of(step), []
+        inputs, targets = _on(inputs, st.device), _on(targets, st.device)
         if st.first and st.last:  # ZBV: rank 0 holds the first and the last stage
             self._torch.step(inputs, target=targets, losses=losses)
         elif st.first:

@@ -41,7 +41,7 @@ class Stage:
         # messages cross in ``dtype`` (bf16 under mixed precision); a received activation is computed on in
         # ``compute_in`` (the parameters' dtype), on the stage's device
         self.dtype, self.compute_in = dtype, compute_in or dtype
-        self.device = next((p.device for p in runner.parameters()), torch.device("cpu"))
+        self.device = next((p.device for p in runner.parameters()), comm.device())
         # The profile gives the whole activation a layer hands on; under tensor parallelism this rank sends
         # and receives only its block of it (the chain knows the layout), to the rank of the same grid
         # coordinate on the neighbouring stage.

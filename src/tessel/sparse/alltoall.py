@@ -130,7 +130,7 @@ class AllToAllTable(RowTable):
         """Send this rank's unique ids to their owners (blocking: two small collectives)."""
         p, g, k = self.world, self.group, uniq.numel()
         if self.split == "column":
-            n_in = [int(c) for c in comm.all_gather(torch.tensor([k]), "a2a.meta", g)]
+            n_in = [int(c) for c in comm.all_gather(torch.tensor([k], device=uniq.device), "a2a.meta", g)]
             ids_in = uniq.new_empty(sum(n_in))
             comm.all_to_all(ids_in, uniq.repeat(p), "a2a.ids", n_in, [k] * p, g)
             return Route(uniq, ids_in, n_in, [k] * p)
@@ -221,7 +221,7 @@ class AllToAllTable(RowTable):
             self._serve(route, self._ready, async_op=True)
         if ids_next is None or self._ready is None:
             return
-        touched = torch.zeros(self.num_embeddings, dtype=torch.bool)
+        touched = torch.zeros(self.num_embeddings, dtype=torch.bool, device=self.table.device)
         touched[self._ready.route.ids_in] = True  # column split: every rank's ids of this step
         # The next ids travel raw and in the background (every rank's batch has the same shape); the
         # owners deduplicate them once they are in, before this step's backward pass (launch_next).
@@ -309,7 +309,8 @@ class AllToAllTable(RowTable):
             got.append(buf.view(-1, w_me))
         self._lookups, self._leaf = later, None
         if not got:
-            return self._combine(torch.empty(0, dtype=torch.int64), self.table.new_empty(0, w_me))
+            return self._combine(torch.empty(0, dtype=torch.int64, device=self.table.device),
+                                 self.table.new_empty(0, w_me))
         return self._combine(torch.cat(got_ids), torch.cat(got))
 
     def update(self, lr: float, scale: float = 1.0) -> None:

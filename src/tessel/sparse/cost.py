@@ -142,12 +142,15 @@ def probe(group, rate_mbit: float, dtype=torch.float32, dim: int = 64) -> Link:
     ``rate_mbit`` > 0 is taken as the link rate; 0 reads TESSEL_LINK_MBIT (``tessel cluster run`` sets it),
     else times a 1 MiB all_to_all.
     """
-    n = dist.get_world_size(group)
-    one = torch.zeros(1)
+    n, dev = dist.get_world_size(group), comm.device(group)
+    # a GPU collective returns once queued: the clock reads after the device is done
+    done = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    one = torch.zeros(1, device=dev)
     lat = []
     for _ in range(5):
         t0 = time.perf_counter()
         comm.all_reduce(one, "sparse.plan", group=group)
+        done()
         lat.append(time.perf_counter() - t0)
     latency = statistics.median(lat)
     source = "given"
@@ -157,20 +160,22 @@ def probe(group, rate_mbit: float, dtype=torch.float32, dim: int = 64) -> Link:
         rate = rate_mbit * 1e6 / 8
     else:
         source = "measured"
-        block = torch.zeros(n * (2**18 // n))  # 1 MiB of fp32 per rank
+        block = torch.zeros(n * (2**18 // n), device=dev)  # 1 MiB of fp32 per rank
         times = []
         for _ in range(3):
             t0 = time.perf_counter()
             comm.all_to_all(torch.empty_like(block), block, "sparse.plan", group=group)
+            done()
             times.append(time.perf_counter() - t0)
         rate = (n - 1) / n * block.numel() * 4 / max(min(times) - latency, 1e-6)
-    table = torch.zeros(4096, dim, dtype=dtype)
+    table = torch.zeros(4096, dim, dtype=dtype, device=dev)
     opt = RowOptimizer("adagrad", 0.1)
     state = opt.init(table)
-    rows, grads = torch.arange(0, 4096, 2), torch.ones(2048, dim, dtype=dtype)
+    rows, grads = torch.arange(0, 4096, 2, device=dev), torch.ones(2048, dim, dtype=dtype, device=dev)
     t0 = time.perf_counter()
     for _ in range(3):
         opt.update(table, state, rows, grads)
+    done()
     per_elem = (time.perf_counter() - t0) / (3 * grads.numel())
     mine = torch.tensor([latency, rate, per_elem], dtype=torch.float64)
     # Every rank must choose alike: the slowest link, latency and update decide for all.

@@ -15,7 +15,7 @@ is how finely to cut without fitting the sample's noise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -27,6 +27,10 @@ class RowPlan:
     counts: list[int]  # rows per owner
     partitions: int
     imbalance: float  # max / mean owner load on the held-out batches (1.0 is perfect)
+
+    def to(self, device: torch.device) -> RowPlan:
+        """The same plan with its index maps on ``device``."""
+        return replace(self, owner=self.owner.to(device), local=self.local.to(device))
 
     def rows_of(self, rank: int) -> torch.Tensor:
         """Global ids of the rows ``rank`` owns, ascending (their order in its shard)."""

@@ -109,6 +109,12 @@ class _Place:
     holder: nn.Module | None  # a tensor-parallel shard holding it as a part (its rows come back through it)
 
 
+def _device(place: _Place) -> torch.device:
+    """Where the table's rows live (the ids that index its owner map arrive there)."""
+    held = (p for m in (place.module, place.holder) if m is not None for p in m.parameters())
+    return next((p.device for p in held), torch.device("cpu"))
+
+
 def _places(model: nn.Module, found: Survey, only: list[str] | None) -> dict[str, _Place]:
     """The surveyed tables this rank holds (``only``: a pipeline stage's names)."""
     return {i.name: _Place(*_target(model, i)) for i in found.infos if only is None or i.name in only}
@@ -243,11 +249,11 @@ def build(picked: list[Choice], places: dict[str, _Place], counts: dict, policy:
     """The serving module of every table whose strategy serves it, by its strategy's constructor."""
     tables, clock, routes, owner_maps = {}, Clock(), {}, []
 
-    def row_plan(info: TableInfo, shared: bool) -> Callable[[], RowPlan]:
+    def row_plan(info: TableInfo, shared: bool, device: torch.device) -> Callable[[], RowPlan]:
         def make() -> RowPlan:
             # Every rank must build the same owner map: access counts summed over all ranks' samples.
             fit, held = counts.get(info.name, (info.counts[0], info.counts[-1]))
-            plan = plan_rows(fit, held, lay.size, policy.partitions)
+            plan = plan_rows(fit.cpu(), held.cpu(), lay.size, policy.partitions).to(device)  # indexed by ids there
             if shared:  # equal owner maps become one object, so alltoall routes can be shared
                 plan = next((q for q in owner_maps if torch.equal(q.owner, plan.owner)), plan)
                 owner_maps.append(plan)
@@ -265,7 +271,7 @@ def build(picked: list[Choice], places: dict[str, _Place], counts: dict, policy:
             raise PlanError(f"table strategy '{c.strategy.name}' builds '{c.strategy.builds}', which no constructor "
                             f"serves; valid: {', '.join(BUILDERS)}")
         made = BUILDERS[c.strategy.builds](_Build(c, place, lay, policy, rows, clock, routes,
-                                                  row_plan(c.info, c.strategy.splits)))
+                                                  row_plan(c.info, c.strategy.splits, _device(place))))
         if made is not None:
             tables[c.info.name] = made
     return tables, clock

@@ -66,8 +66,9 @@ class SparseTables:
     def reduce(self, upto: int | None = None) -> torch.Tensor:
         """Move this step's row gradients (of forwards tagged ``upto`` or earlier: a later mini-batch's
         forwards may already have run); returns their global squared norm (for clipping)."""
-        sharded = torch.zeros((), dtype=torch.float64)
-        replicated = torch.zeros((), dtype=torch.float64)
+        device = next(iter(self.tables.values())).table.device
+        sharded = torch.zeros((), dtype=torch.float64, device=device)
+        replicated = torch.zeros((), dtype=torch.float64, device=device)
         flat_ps = [t for t in self.tables.values() if isinstance(t, PSTable) and not t.hosts and t.world > 1]
         if len(flat_ps) > 1:
             sharded += sum(sq.double() * self._once(t) for t, sq in zip(flat_ps, push_fused(flat_ps, upto)))

@@ -100,7 +100,8 @@ class RowTable(nn.Module, metaclass=ABCMeta):
         self._pending = [e for e in self._pending if not (upto is None or e[0] <= upto)]
         pend = [(u, r.grad if r.grad is not None else torch.zeros_like(r)) for _, u, r in done]
         if not pend:
-            return torch.empty(0, dtype=torch.int64), torch.empty(0, self.embedding_dim, dtype=self.dtype)
+            return (torch.empty(0, dtype=torch.int64, device=self.table.device),
+                    self.table.new_empty(0, self.embedding_dim, dtype=self.dtype))
         if len(pend) == 1:
             return pend[0]
         ids, inv = torch.unique(torch.cat([u for u, _ in pend]), return_inverse=True)
@@ -158,7 +159,7 @@ class AllGatherTable(RowTable):
         p = self.world
         if p == 1:
             return self._combine(ids, grads)
-        counts = torch.tensor([ids.numel()], dtype=torch.int64)
+        counts = torch.tensor([ids.numel()], dtype=torch.int64, device=ids.device)
         sizes = [int(c) for c in comm.all_gather(counts, "sparse.meta", self.group)]
         all_ids = ids.new_empty(sum(sizes))
         all_grads = grads.new_empty(sum(sizes), self.embedding_dim)
@@ -207,7 +208,7 @@ class PSTable(RowTable):
         """ids (and payload rows) to rank ``dest`` of ``group``; returns what arrived and how to answer it."""
         order = torch.argsort(dest, stable=True)
         splits = _splits(dest, dist.get_world_size(group))
-        counts = torch.tensor(splits, dtype=torch.int64)
+        counts = torch.tensor(splits, dtype=torch.int64, device=ids.device)
         got = torch.empty_like(counts)
         comm.all_to_all(got, counts, "ps.meta", group=group)
         recv_splits = got.tolist()
@@ -316,7 +317,7 @@ def push_fused(tables: list[PSTable], upto: int | None = None) -> list[torch.Ten
     first = tables[0]
     p, t_count, group = first.world, len(tables), first.group
     grads_by_table = [t._local_grads(upto) for t in tables]
-    counts = torch.zeros(p, t_count, dtype=torch.int64)
+    counts = torch.zeros(p, t_count, dtype=torch.int64, device=first.table.device)
     ids_blocks, val_blocks = [[] for _ in range(p)], [[] for _ in range(p)]
     for j, (t, (ids, grads)) in enumerate(zip(tables, grads_by_table)):
         dest = t.plan.owner[ids]
@@ -328,7 +329,7 @@ def push_fused(tables: list[PSTable], upto: int | None = None) -> list[torch.Ten
             val_blocks[r].append(g.reshape(-1))
     got = torch.empty_like(counts)
     comm.all_to_all(got, counts, "ps.meta", group=group)
-    dims = torch.tensor([t.embedding_dim for t in tables])
+    dims = torch.tensor([t.embedding_dim for t in tables], device=got.device)
     send_ids = torch.cat([torch.cat(b) for b in ids_blocks])
     send_vals = torch.cat([torch.cat(b) for b in val_blocks])
     recv_ids = send_ids.new_empty(int(got.sum()))

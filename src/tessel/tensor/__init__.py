@@ -62,7 +62,7 @@ class TensorParallel:
 
     def grad_sq(self) -> torch.Tensor:
         """Squared global gradient norm, every element counted once however many ranks hold it."""
-        sq = torch.zeros(1, dtype=torch.float64)
+        sq = torch.zeros(1, dtype=torch.float64, device=self.params[0].device)
         for p in self.params:
             if p.grad is not None:
                 sq += p.grad.double().pow(2).sum() / self.grid.replicas(p.tp_split)

@@ -77,8 +77,9 @@ class NativeTP:
         """The squared global gradient norm."""
         from torch.distributed.tensor import DTensor, Partial, Replicate
 
-        split = torch.zeros(1, dtype=torch.float64)
-        whole = torch.zeros((), dtype=torch.float64)
+        device = self.params[0].device if self.params else comm.device(self.group)
+        split = torch.zeros(1, dtype=torch.float64, device=device)
+        whole = torch.zeros((), dtype=torch.float64, device=device)
         for p in self.params:
             g = p.grad
             if g is None:

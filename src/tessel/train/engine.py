@@ -89,6 +89,7 @@ class Engine:
         self.model.train()
         m = self.micro_batches
         inputs, targets = self.to_device(inputs), self.to_device(targets)
+        next_inputs = None if next_inputs is None else self.to_device(next_inputs)
         if self.tables:
             with comm.guard("prefetch of sparse rows", "sparse"):
                 self.tables.begin_step(inputs, next_inputs)

@@ -41,7 +41,7 @@ class StopOnSignal:
         if self.pending is not None:
             self.pending.wait()
             stop = bool(self.result.item())
-        self.result = self.flag.clone()
+        self.result = self.flag.to(comm.device(), copy=True)  # the handler sets the CPU flag; nccl takes a GPU copy
         self.pending = comm.all_reduce(self.result, "meta", op=dist.ReduceOp.MAX, async_op=True)
         return stop
 

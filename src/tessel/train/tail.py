@@ -37,7 +37,7 @@ def clip_coef(norm: float, max_norm: float) -> float:
 
 def local_sq(params: list[torch.nn.Parameter]) -> torch.Tensor:
     """This rank's squared norm of ``params``' gradients, in fp64 (sparse gradients by their values)."""
-    sq = torch.zeros(1, dtype=torch.float64)
+    sq = torch.zeros(1, dtype=torch.float64, device=params[0].device if params else comm.device())
     for p in params:
         if p.grad is not None:
             g = p.grad.coalesce()._values() if p.grad.is_sparse else p.grad

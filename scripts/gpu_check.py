@@ -1,0 +1,198 @@
+"""The CUDA path's check, in three parts (under 8 minutes on one GPU; `bash scripts/gpu_check.sh` installs tessel
+without dependencies first and runs this with the machine's own torch):
+
+1. speed: the Transformer LM at GPT-2-small size (768 wide, 12 layers, 12 heads, 50257 words, 1024 tokens) in
+   bf16-mixed for 50 steps: `tessel train` on one GPU (nccl) beside the same model in a plain torch loop with
+   autocast; tokens/s and model FLOP utilisation (6 x parameters + attention per token, against the card's dense
+   bf16 peak where the card is known).
+2. collectives: two ranks sharing the GPU over gloo, every collective tessel.comm calls tried on CUDA tensors
+   (gloo runs some of them on CUDA tensors and refuses others; each line says which).
+3. parity: dp2 x pp2 (LSTM LM, sampled softmax, ps tables) and dp2 x tp2 (Transformer LM, sampled softmax, ps
+   tables), four ranks sharing the GPU over gloo with CUDA tensors, in float64, their losses per step against
+   one process's.
+
+`--wiring` runs the same three parts on the CPU with tiny shapes (what the test suite runs, so this cannot rot).
+Exit status: 0 when every part ran and every parity held; 1 otherwise (each failure is printed, the rest still run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+# dense bf16 peak of the cards this has been pointed at (FLOP/s); others print no utilisation
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+GPT2_SMALL = ["--model", "transformer_lm", "--model.dim", "768", "--model.layers", "12", "--model.heads", "12",
+              "--vocab", "50257", "--seq-len", "1024", "--batch", "8"]
+TINY = ["--model", "transformer_lm", "--model.dim", "16", "--model.layers", "2", "--model.heads", "2", "--vocab",
+        "128", "--seq-len", "8", "--batch", "8"]
+# the collectives tessel.comm issues: name -> what each rank calls with a tensor on `dev`
+COLLECTIVES = ["all_reduce", "all_gather_into", "all_to_all", "reduce_scatter", "broadcast", "send/recv",
+               "all_gather_object"]
+
+
+def tessel_train(*args: str, out: Path) -> dict:
+    """Run `tessel train` to completion; its summary, or {"error": the last line it printed}."""
+    r = subprocess.run([sys.executable, "-m", "tessel", "train", *args, "--out", str(out), "--metrics.progress",
+                        "log", "--metrics.plot", "false", "--checkpoint.enabled", "false"],
+                       capture_output=True, text=True, timeout=480)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]}
+    summary = json.loads((out / "summary.json").read_text())
+    summary["losses"] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return summary
+
+
+def config(flags: list[str]):
+    from tessel.cli import config_from_args, parser
+
+    return config_from_args(parser().parse_args(["train", *flags]))
+
+
+def flops_per_token(cfg) -> float:
+    """Training FLOPs per token: 6 per weight (forward 2, backward 4) plus attention's scores and mixing."""
+    d, layers, hidden = cfg.model.dim, cfg.model.layers, cfg.model.hidden or 4 * cfg.model.dim
+    weights = layers * (4 * d * d + 2 * d * hidden) + d * cfg.data.vocab_size  # blocks and head; tables no GEMM
+    return 6 * weights + 12 * layers * d * cfg.data.seq_len
+
+
+def plain_loop(flags: list[str], steps: int, device: str) -> float:
+    """tokens/s of the same model in a plain torch loop: AdamW, autocast bf16, the loss in the model."""
+    from tessel.data import ShardedLoader
+    from tessel.train.build import build, build_data
+
+    cfg = config(flags)
+    data = build_data(cfg)
+    torch.manual_seed(0)
+    model = build(cfg, data.vocab_size).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    loader = ShardedLoader(data, cfg.train.global_batch, 0, 1)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for step in range(steps + 5):  # 5 warm-up steps, not timed
+        if step == 5:
+            sync()
+            start = time.perf_counter()
+        x, y = (t.to(device) for t in loader.next_batch())
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    sync()
+    return steps * cfg.train.global_batch * cfg.data.seq_len / (time.perf_counter() - start)
+
+
+def speed(wiring: bool, work: Path) -> bool:
+    device, backend = ("cpu", "gloo") if wiring else ("cuda", "nccl")
+    flags, steps = (TINY, 4) if wiring else (GPT2_SMALL, 50)
+    run = tessel_train(*flags, "--nproc", "1", "--parallel.backend", backend, "--train.precision", "bf16-mixed",
+                       "--steps", str(steps), out=work / "speed")
+    if "error" in run:
+        print(f"speed: tessel train failed: {run['error']}")
+        return False
+    plain = plain_loop(flags, steps, device)
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
+    per_token = flops_per_token(config(flags))
+    for who, tps in (("tessel train", run["median_tokens_per_s"]), ("plain torch + autocast", plain)):
+        mfu = f"{100 * tps * per_token / peak:.1f}%" if peak else "n/a (peak of this card unknown)"
+        print(f"speed: {who:24s} {tps:12.0f} tokens/s  MFU {mfu}  ({name}, bf16-mixed, {steps} steps)")
+    return True
+
+
+def collectives() -> None:
+    """In each of two ranks (torchrun): try every collective on a tensor on this rank's device; rank 0 prints."""
+    from tessel import comm
+
+    dist.init_process_group("gloo")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    me, results = dist.get_rank(), {}
+    for name in COLLECTIVES:
+        x = torch.full((4, 2), float(me + 1), device=dev)
+        try:
+            if name == "all_reduce":
+                comm.all_reduce(x, "check")
+            elif name == "all_gather_into":
+                comm.all_gather_into(torch.empty(8, 2, device=dev), x, "check")
+            elif name == "all_to_all":
+                comm.all_to_all(torch.empty_like(x), x, "check")
+            elif name == "reduce_scatter":
+                comm.reduce_scatter(torch.empty(2, 2, device=dev), x, "check")
+            elif name == "broadcast":
+                comm.broadcast(x, 0, "check")
+            elif name == "send/recv":
+                (comm.send if me == 0 else comm.recv)(x, 1 - me, "check")
+            else:
+                comm.all_gather_object({"rank": me}, "check")
+            results[name] = "ok"
+        except Exception as e:  # noqa: BLE001 (the point is to list what fails)
+            results[name] = "refused: " + str(e).splitlines()[0][:140]
+    if me == 0:
+        for name, what in results.items():
+            print(f"collectives: gloo, {dev} tensors, {name:18s} {what}")
+    dist.destroy_process_group()
+
+
+def parity(wiring: bool, work: Path) -> bool:
+    device = "cpu" if wiring else "cuda"
+    common = ["--dtype", "float64", "--steps", "4", "--parallel.backend", "gloo", "--parallel.device", device,
+              "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--metrics.log_every", "1", "--sparse.max_touched", "1.0", "--model.softmax", "sampled",
+              "--model.num_sampled", "16", "--vocab", "256", "--seq-len", "8", "--batch", "8"]
+    cases = {"dp2-pp2 lstm_lm ps": ["--model", "lstm_lm", "--model.dim", "16", "--model.layers", "2", "--sparse",
+                                    "ps", "--micro-batches", "2"],
+             "dp2-tp2 transformer_lm ps": ["--model", "transformer_lm", "--model.dim", "16", "--model.layers", "2",
+                                           "--model.heads", "2", "--sparse", "ps"]}
+    layouts = {"dp2-pp2 lstm_lm ps": ["--dp", "2", "--pp", "2"], "dp2-tp2 transformer_lm ps": ["--dp", "2", "--tp", "2"]}
+    good = True
+    for name, flags in cases.items():
+        one = tessel_train(*common, *flags, "--nproc", "1", "--sparse", "dense", out=work / f"{name}-1")
+        four = tessel_train(*common, *flags, *layouts[name], out=work / f"{name}-4")
+        if "error" in one or "error" in four:
+            print(f"parity: {name}: failed: {one.get('error') or four.get('error')}")
+            good = False
+            continue
+        gap = max(abs(a - b) for a, b in zip(one["losses"], four["losses"]))
+        ok = len(one["losses"]) == len(four["losses"]) == 4 and gap < 1e-9
+        print(f"parity: {name} on {device} (4 ranks, gloo) vs one process, float64, 4 steps: "
+              f"max |loss gap| {gap:.1e} {'ok' if ok else 'FAILED (limit 1e-9)'}")
+        good &= ok
+    return good
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--wiring", action="store_true", help="CPU, tiny shapes: check the wiring, not the card")
+    p.add_argument("--collectives", action="store_true", help=argparse.SUPPRESS)  # one torchrun rank of part 2
+    ns = p.parse_args()
+    if ns.collectives:
+        collectives()
+        return 0
+    if not ns.wiring and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here; run with --wiring to check the wiring on the CPU", file=sys.stderr)
+        return 2
+    print(f"gpu_check: torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name() if torch.cuda.is_available() and not ns.wiring else 'cpu (wiring)'}")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        good = speed(ns.wiring, work)
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", __file__,
+                            "--collectives"], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if ns.wiring else {})})
+        print(r.stdout, end="")
+        good &= r.returncode == 0
+        good &= parity(ns.wiring, work)
+    print(f"gpu_check: {'all parts ran, parity held' if good else 'FAILED (see above)'}")
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""scripts/gpu_check.py in its CPU wiring mode (tiny shapes, gloo), so the GPU check cannot rot between the
+occasions a CUDA machine is at hand: every part runs and says what it measured."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).parent.parent / "scripts" / "gpu_check.py"
+
+
+def test_gpu_check_wiring_runs_every_part():
+    r = subprocess.run([sys.executable, str(SCRIPT), "--wiring"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert sum(ln.startswith("speed: ") and "tokens/s" in ln for ln in lines) == 2, r.stdout
+    assert sum(ln.startswith("collectives: ") and ln.endswith(" ok") for ln in lines) == 7, r.stdout
+    parity = [ln for ln in lines if ln.startswith("parity: ")]
+    assert len(parity) == 2 and all(ln.endswith(" ok") for ln in parity), r.stdout
+    assert lines[-1] == "gpu_check: all parts ran, parity held"
+
+
+def test_gpu_check_refuses_without_cuda():
+    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60,
+                       env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and "--wiring" in r.stderr
