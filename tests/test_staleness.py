@@ -38,11 +38,14 @@ class Recorder:
         return getattr(self.tail, name)
 
 
-def _engine(schedule: str, variant: str, micro: int, stages: int = STAGES):
+def _engine(schedule: str, variant: str, micro: int, stages: int = STAGES, precision: str = "fp32"):
     """The pipeline engine of this rank's stage of an MLP with one Linear per stage (``stages - 1`` hidden layers
-    and the head), SGD with momentum under a warm-up schedule, fp64; and the loader of its batches."""
+    and the head), SGD with momentum under a warm-up schedule, fp64 (bf16-mixed: fp32 masters); and the loader of
+    its batches."""
+    dtype = "float32" if precision == "bf16-mixed" else "float64"
     cfg = load_config(None, ["model.name=classifier", "model.in_features=12", "model.hidden=16",
-                             f"model.layers={stages - 1}", "model.classes=3", "train.dtype=float64",
+                             f"model.layers={stages - 1}", "model.classes=3", f"train.dtype={dtype}",
+                             f"train.precision={precision}",
                              "train.global_batch=4", f"train.micro_batches={micro}", "train.optimizer=sgd",
                              "train.momentum=0.9", f"train.lr={LR}", f"train.warmup={WARMUP}",
                              "train.schedule=constant", "train.clip=0", f"train.steps={STEPS}", f"parallel.pp={stages}",
@@ -52,9 +55,9 @@ def _engine(schedule: str, variant: str, micro: int, stages: int = STAGES):
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
     torch.manual_seed(1)
-    model = build(cfg, 0).double()
+    model = build(cfg, 0).to(settings.torch_dtype)
     x, y = ShardedLoader(data, 4, 0, 1).next_batch()
-    built = parallelize(model, plan, mesh, [(x.double(), y)], settings)
+    built = parallelize(model, plan, mesh, [(x.to(settings.torch_dtype), y)], settings)
     return built, ShardedLoader(data, 4, 0, 1)
 
 
@@ -169,13 +172,14 @@ def _seen(schedule: str, variant: str, stages: int, m: int):
     return rule
 
 
-def emulate(schedule: str, variant: str, m: int, weights, batches):
+def emulate(schedule: str, variant: str, m: int, weights, batches, bf16: bool = False):
     """One process replaying what an asynchronous 1F1B computes on an MLP with one Linear per stage (ReLU after
     all but the last), micro-batch by micro-batch, with the weights ``_seen`` names: the gradient of a weight
     uses the forward's activations, the gradient sent back multiplies by the backward's weights, and update j
     (after mini-batch j's last micro-batch) is SGD with momentum 0.9 at lr_of(j). Ŵ = W(d) - (lr(d) + ... +
     lr(d + s - 1)) * buf(d), buf the momentum buffer after update d. Returns each micro-batch's loss and the
-    final weights per stage."""
+    final weights per stage. ``bf16``: every product under autocast (bf16 inputs and outputs, so activations and
+    their gradients cross stages rounded), the softmax, gradients and updates in fp32, as bf16-mixed does."""
     stages = len(weights)
     hist = [[(w.clone(), b.clone())] for w, b in weights]  # per stage, its weights after 0, 1, 2, ... updates
     bufs = [[None] for _ in weights]  # per stage, its momentum buffer after each update (none before the first)
@@ -186,20 +190,25 @@ def emulate(schedule: str, variant: str, m: int, weights, batches):
         return (w, b) if buf is None else (w - shift * buf[0], b - shift * buf[1])
 
     seen, losses, grads = _seen(schedule, variant, stages, m), [], [None] * stages
+    mixed = torch.autocast("cpu", torch.bfloat16, enabled=bf16)
     for i, (x, y) in enumerate(batches):
         fwd, bwd = zip(*(seen(k, i, at) for k in range(stages)))
         acts, zs = [x], []
         for k, (w, b) in enumerate(fwd):
-            zs.append(acts[-1] @ w.T + b)
+            with mixed:
+                zs.append(torch.nn.functional.linear(acts[-1], w, b))
             acts.append(zs[-1].clamp_min(0) if k < stages - 1 else zs[-1])
-        logp = acts[-1].log_softmax(-1)
+        logp = acts[-1].to(x.dtype).log_softmax(-1)
         losses.append(float(-logp[torch.arange(len(y)), y].mean()) / m)
         dz = (logp.exp() - torch.nn.functional.one_hot(y, logp.size(-1))) / len(y) / m  # d loss / d logits
+        dz = dz.to(torch.bfloat16) if bf16 else dz  # the logits were bf16: their gradient is too
         for k in reversed(range(stages)):
-            g = (dz.T @ acts[k], dz.sum(0))
+            with mixed:
+                g = ((dz.T @ acts[k]).to(x.dtype), dz.sum(0).to(x.dtype))
             grads[k] = g if grads[k] is None else (grads[k][0] + g[0], grads[k][1] + g[1])
             if k:
-                dz = (dz @ bwd[k][0]) * (zs[k - 1] > 0)
+                with mixed:
+                    dz = (dz @ bwd[k][0]) * (zs[k - 1] > 0)
         if (i + 1) % m == 0:  # the mini-batch's last backward: every stage applies update i // m
             for k in range(stages):
                 buf = grads[k] if bufs[k][-1] is None else tuple(0.9 * o + g for o, g in zip(bufs[k][-1], grads[k]))
@@ -210,13 +219,13 @@ def emulate(schedule: str, variant: str, m: int, weights, batches):
     return losses, [h[-1] for h in hist]
 
 
-def run_to_the_end(schedule: str, variant: str, m: int, stages: int):
+def run_to_the_end(schedule: str, variant: str, m: int, stages: int, precision: str = "fp32"):
     """This rank's stage after STEPS steps and the drain: (stage, losses per step, weight, bias, printed plan)."""
-    built, loader = _engine(schedule, variant, m, stages)
-    losses = []
+    built, loader = _engine(schedule, variant, m, stages, precision)
+    losses, dtype = [], torch.float32 if precision == "bf16-mixed" else torch.float64
     for step in range(STEPS):
         x, y = loader.next_batch()
-        losses.append(built.engine.step(x.double(), y, step).loss)
+        losses.append(built.engine.step(x.to(dtype), y, step).loss)
     built.engine.drain(STEPS)
     w, b = (p.detach().clone() for p in built.engine.params.values())  # the stage's one Linear
     return built.engine.stage.index, losses, w, b, built.describe()
@@ -234,16 +243,16 @@ def run_cases(cases):
     return [(case, run_to_the_end(case[1], case[2], case[3], case[0])) for case in cases]
 
 
-def _expected(stages: int, schedule: str, variant: str, m: int):
+def _expected(stages: int, schedule: str, variant: str, m: int, dtype=torch.float64, bf16: bool = False):
     cfg = load_config(None, ["model.name=classifier", "model.in_features=12", "model.hidden=16",
                              f"model.layers={stages - 1}", "model.classes=3", "train.global_batch=4"])
     torch.manual_seed(1)
-    net = build(cfg, 0).double().net
+    net = build(cfg, 0).to(dtype).net
     start = [(net[j].weight.detach(), net[j].bias.detach()) for j in range(0, 2 * stages, 2)]
     loader = ShardedLoader(build_data(cfg), 4, 0, 1)
-    micro = [(x.double()[r], y[r]) for x, y in (loader.next_batch() for _ in range(STEPS))
+    micro = [(x.to(dtype)[r], y[r]) for x, y in (loader.next_batch() for _ in range(STEPS))
              for r in torch.arange(4).chunk(m)]
-    return start, *emulate(schedule, variant, m, start, micro)
+    return start, *emulate(schedule, variant, m, start, micro, bf16)
 
 
 def test_async_pipelines_equal_a_one_process_emulation_of_their_staleness(world3, world4):
@@ -271,3 +280,31 @@ def test_async_pipelines_equal_a_one_process_emulation_of_their_staleness(world3
     # every case ends somewhere else: the test tells each schedule's math from the others'
     assert min(float((a - b).abs().max()) for i, a in enumerate(finals) for b in finals[:i]
                if a.numel() == b.numel()) > 1e-6
+
+
+BF16_CASES = [(3, "async", "v1", 1), (3, "async-predict", "v1", 1), (3, "async-predict", "v2", 2)]
+
+
+def run_bf16(cases):
+    return [(case, run_to_the_end(*case[1:], case[0], "bf16-mixed")) for case in cases]
+
+
+def test_async_predict_in_bf16_mixed_equals_the_emulation_in_bf16_within_bf16s_rounding(world3):
+    """SpecTrain under bf16-mixed against ``emulate`` with the same products in bf16: each loss and each stage's
+    fp32 weights after the drain within 3x the emulation's own bf16-against-fp32 distance (the reasoning of
+    tests/test_precision.py: the pipeline and the emulation round in different places, each at most as much as
+    bf16 does; prediction scales what it extrapolates, rounding included, by the updates it looks ahead, which
+    the emulation does too)."""
+    for case, ranks in zip(BF16_CASES, zip(*world3.run(run_bf16, BF16_CASES))):
+        _, bf16_losses, bf16 = _expected(*case, dtype=torch.float32, bf16=True)
+        _, fp32_losses, fp32 = _expected(*case, dtype=torch.float32)
+        m = case[3]
+        per_step = lambda ls: [sum(ls[s * m:(s + 1) * m]) for s in range(STEPS)]  # noqa: E731
+        loss_gap = max(abs(a - b) for a, b in zip(per_step(bf16_losses), per_step(fp32_losses)))
+        for (_, result) in ranks:
+            k, losses, w, b, _ = result
+            for got, want, other in ((w, bf16[k][0], fp32[k][0]), (b, bf16[k][1], fp32[k][1])):
+                assert float((got - want).abs().max()) <= 3 * float((want - other).abs().max()), (case, k)
+            if k == case[0] - 1:
+                gap = max(abs(a - e) for a, e in zip(losses, per_step(bf16_losses)))
+                assert gap <= 3 * loss_gap, (case, gap, loss_gap)

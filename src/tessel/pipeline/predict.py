@@ -84,26 +84,57 @@ def direction(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor
 
 
 class _RebuildSaved:
-    """Saved-tensor hooks: a saved predicted weight is packed as a token and rebuilt on unpack."""
+    """Saved-tensor hooks: a saved weight of the forward is packed as a token and rebuilt on unpack (from the
+    weights the backward is to multiply by). Under autocast an op saves not the weight but its bf16 copy (or a
+    view of that copy): found through the autograd graph, it is rebuilt as the same cast of the rebuilt weight."""
 
-    def __init__(self, predicted: dict[str, torch.Tensor], rebuild) -> None:
-        self.by_storage = {t.untyped_storage().data_ptr(): (name, t.storage_offset()) for name, t in predicted.items()}
-        self.rebuild, self.cache = rebuild, {}
+    HOPS = 4  # cast and view nodes between a saved tensor and the weight it was made from
+
+    def __init__(self, weights: dict[str, torch.Tensor], rebuild) -> None:
+        self.by_storage = {t.untyped_storage().data_ptr(): (name, t.storage_offset()) for name, t in weights.items()}
+        # the graph node each weight's copies hang from: its grad_fn, or for a leaf the node accumulating its grad
+        self.by_node = {t.grad_fn: name for name, t in weights.items() if t.grad_fn is not None}
+        self.by_leaf = {id(t): name for name, t in weights.items() if t.grad_fn is None}
+        self.weights, self.rebuild, self.cache = weights, rebuild, {}
 
     def pack(self, t: torch.Tensor):
-        found = self.by_storage.get(t.untyped_storage().data_ptr()) if t.layout == torch.strided else None
-        if found is None:
+        if t.layout != torch.strided:
             return t
-        name, base = found  # the saved tensor (the weight, or a view such as its transpose) relative to the weight
-        return name, t.size(), t.stride(), t.storage_offset() - base
+        found = self.by_storage.get(t.untyped_storage().data_ptr())
+        if found is not None:  # the weight, or a view such as its transpose, relative to the weight
+            name, base = found
+            return name, t.size(), t.stride(), t.storage_offset() - base, None
+        name = self._cast_of(t)
+        return t if name is None else (name, t.size(), t.stride(), t.storage_offset(), t.dtype)
+
+    def _cast_of(self, t: torch.Tensor) -> str | None:
+        """The weight ``t`` is a cast (or a view of a cast) of, laid out as that weight's storage cast; else None."""
+        fn, name = t.grad_fn, None
+        for _ in range(self.HOPS):
+            if fn is None:
+                break
+            name = self.by_node.get(fn) or self.by_leaf.get(id(getattr(fn, "variable", None)))
+            if name is not None:
+                break
+            fn = fn.next_functions[0][0] if fn.next_functions else None
+        if name is None or t.dtype == self.weights[name].dtype:
+            return None
+        try:  # the rebuild assumes this layout: checked once here, on the forward's own values
+            same = self.weights[name].detach().to(t.dtype).as_strided(t.size(), t.stride(), t.storage_offset())
+        except RuntimeError:
+            return None
+        return name if torch.equal(same, t) else None
 
     def unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
-        name, size, stride, offset = packed
-        if name not in self.cache:
-            self.cache[name] = self.rebuild(name)
-        rebuilt = self.cache[name]  # may itself sit at an offset in its storage (a parameter that is a view)
+        name, size, stride, offset, dtype = packed
+        if (name, dtype) not in self.cache:
+            rebuilt = self.cache.get((name, None))
+            rebuilt = self.rebuild(name) if rebuilt is None else rebuilt
+            self.cache[(name, None)] = rebuilt
+            self.cache[(name, dtype)] = rebuilt if dtype is None else rebuilt.to(dtype)
+        rebuilt = self.cache[(name, dtype)]  # may itself sit at an offset in its storage (a parameter that is a view)
         return rebuilt.as_strided(size, stride, rebuilt.storage_offset() + offset)
 
     def context(self):
@@ -173,8 +204,9 @@ class StageWeights:
             return leaves, leaves, contextlib.nullcontext(), ("stash", self.updates)
         # .data: shares the storage but not the version counter, so in-place updates do not trip autograd
         leaves = {n: p.data.requires_grad_(True) for n, p in self.params.items()}
-        if self.mode == "stale":
-            return leaves, leaves, contextlib.nullcontext(), None
+        if self.mode == "stale":  # the backward multiplies by the weights live then (autocast's copies rebuilt)
+            live = _RebuildSaved(leaves, lambda name: self.params[name].detach())
+            return leaves, leaves, live.context(), None
         shift = self._logged_shift("F", ahead + self.extra)
         weights = {n: self._predicted(n, leaf, shift) for n, leaf in leaves.items()}
         if not self.variant.again_in_backward:  # v2: the graph keeps this copy for the backward
