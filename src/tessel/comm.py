@@ -140,6 +140,8 @@ def _run(what: str, channel: str, call, async_op: bool, then=None):
 
 
 HALF = (torch.bfloat16, torch.float16)
+# torch 2.13's name for one gather into one tensor; the releases before it (2.11 on some GPU machines) call it this
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _wire(group, *tensors: torch.Tensor):
@@ -186,7 +188,7 @@ def all_gather_into(output: torch.Tensor, tensor: torch.Tensor, channel: str, gr
     counter.add(channel, moved, moved)
     (out, on), back = _wire(group, output, tensor)
     return _run("all_gather", channel,
-                lambda: dist.all_gather_single(out, on, group=group, async_op=async_op), async_op, back)
+                lambda: _ALL_GATHER(out, on, group=group, async_op=async_op), async_op, back)
 
 
 def all_gather(tensor: torch.Tensor, channel: str, group=None) -> list[torch.Tensor]:
@@ -264,37 +266,52 @@ def broadcast(tensor: torch.Tensor, src: int, channel: str, group=None, async_op
                 async_op, back)
 
 
+def _p2p(group, tensor: torch.Tensor):
+    """gloo sends and receives host memory only: a GPU tensor (ranks sharing a GPU over gloo) crosses through a
+    host copy. Returns (the tensor to pass, copy-back into ``tensor`` once received, or None)."""
+    if not tensor.is_cuda or dist.get_backend(group) != "gloo":
+        return tensor, None
+    host = tensor.cpu()
+    return host, lambda: tensor.copy_(host)
+
+
 def send(tensor: torch.Tensor, dst: int, channel: str, group=None) -> None:
     counter.add(channel, _nbytes(tensor), 0)
-    _run("send", channel, lambda: dist.send(tensor, dst, group=group), False)
+    on, _ = _p2p(group, tensor)
+    _run("send", channel, lambda: dist.send(on, dst, group=group), False)
 
 
 def recv(tensor: torch.Tensor, src: int, channel: str, group=None) -> None:
     counter.add(channel, 0, _nbytes(tensor))
-    _run("recv", channel, lambda: dist.recv(tensor, src, group=group), False)
+    on, back = _p2p(group, tensor)
+    _run("recv", channel, lambda: dist.recv(on, src, group=group), False, back)
 
 
 def isend(tensor: torch.Tensor, dst: int, channel: str, group=None) -> _Work:
     counter.add(channel, _nbytes(tensor), 0)
-    return _run("isend", channel, lambda: dist.isend(tensor, dst, group=group), True)
+    on, _ = _p2p(group, tensor)
+    return _run("isend", channel, lambda: dist.isend(on, dst, group=group), True)
 
 
 def irecv(tensor: torch.Tensor, src: int, channel: str, group=None) -> _Work:
     counter.add(channel, 0, _nbytes(tensor))
-    return _run("irecv", channel, lambda: dist.irecv(tensor, src, group=group), True)
+    on, back = _p2p(group, tensor)
+    return _run("irecv", channel, lambda: dist.irecv(on, src, group=group), True, back)
 
 
 def batch_isend_irecv(ops: Sequence[tuple[str, torch.Tensor, int]], channel: str, group=None) -> list[_Work]:
     """Post sends and receives together: ``ops`` holds ("send" | "recv", tensor, peer global rank)."""
-    p2p = []
+    p2p, backs = [], []
     for kind, tensor, peer in ops:
         if kind not in ("send", "recv"):
             raise ValueError(f"p2p op '{kind}' is invalid; valid: send, recv")
         counter.add(channel, _nbytes(tensor) if kind == "send" else 0, _nbytes(tensor) if kind == "recv" else 0)
-        p2p.append(dist.P2POp(dist.isend if kind == "send" else dist.irecv, tensor, peer, group=group))
+        on, back = _p2p(group, tensor)
+        p2p.append(dist.P2POp(dist.isend if kind == "send" else dist.irecv, on, peer, group=group))
+        backs.append(back if kind == "recv" else None)
     with guard("batch_isend_irecv", channel):
         works = dist.batch_isend_irecv(p2p) if p2p else []
-    return [_Work(w, "batch_isend_irecv", channel) for w in works]
+    return [_Work(w, "batch_isend_irecv", channel, then) for w, then in zip(works, backs)]
 
 
 def barrier(channel: str = "meta", group=None) -> None:
