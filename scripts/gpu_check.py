@@ -46,7 +46,7 @@ def tessel_train(*args: str, out: Path) -> dict:
                         "log", "--metrics.plot", "false", "--checkpoint.enabled", "false"],
                        capture_output=True, text=True, timeout=480)
     if r.returncode != 0:
-        return {"error": (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]}
+        return {"error": (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]}
     summary = json.loads((out / "summary.json").read_text())
     summary["losses"] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     return summary
@@ -147,13 +147,15 @@ def collectives() -> None:
 def parity(wiring: bool, work: Path) -> bool:
     device = "cpu" if wiring else "cuda"
     common = ["--dtype", "float64", "--steps", "4", "--parallel.backend", "gloo", "--parallel.device", device,
-              "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--metrics.log_every", "1", "--sparse.max_touched", "1.0", "--model.softmax", "sampled",
-              "--model.num_sampled", "16", "--vocab", "256", "--seq-len", "8", "--batch", "8"]
+              "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--metrics.log_every", "1",
+              "--sparse.max_touched", "1.0", "--model.softmax", "sampled", "--model.num_sampled", "16",
+              "--vocab", "256", "--seq-len", "8", "--batch", "8"]
     cases = {"dp2-pp2 lstm_lm ps": ["--model", "lstm_lm", "--model.dim", "16", "--model.layers", "2", "--sparse",
                                     "ps", "--micro-batches", "2"],
              "dp2-tp2 transformer_lm ps": ["--model", "transformer_lm", "--model.dim", "16", "--model.layers", "2",
                                            "--model.heads", "2", "--sparse", "ps"]}
-    layouts = {"dp2-pp2 lstm_lm ps": ["--dp", "2", "--pp", "2"], "dp2-tp2 transformer_lm ps": ["--dp", "2", "--tp", "2"]}
+    layouts = {"dp2-pp2 lstm_lm ps": ["--dp", "2", "--pp", "2"],
+               "dp2-tp2 transformer_lm ps": ["--dp", "2", "--tp", "2"]}
     good = True
     for name, flags in cases.items():
         one = tessel_train(*common, *flags, "--nproc", "1", "--sparse", "dense", out=work / f"{name}-1")

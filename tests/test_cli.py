@@ -54,7 +54,8 @@ def test_config_errors(capsys, tmp_path):
     one_line_error(capsys, ["train", "--parallel.backend", "nccl", "--parallel.device", "cpu"],
                    "parallel.device is 'cpu'", "parallel.backend gloo")
     if not torch.cuda.is_available():
-        one_line_error(capsys, ["train", "--parallel.device", "cuda"], "parallel.device 'cuda'", "valid here: auto, cpu")
+        one_line_error(capsys, ["train", "--parallel.device", "cuda"], "parallel.device 'cuda'",
+                       "valid here: auto, cpu")
     toml = tmp_path / "run.toml"
     toml.write_text("[train]\nsteps = 5\nbogus = 1\n")
     one_line_error(capsys, ["train", "--config", str(toml)], "train.bogus", "train.steps")

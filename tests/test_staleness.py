@@ -299,7 +299,7 @@ def test_async_predict_in_bf16_mixed_equals_the_emulation_in_bf16_within_bf16s_r
         _, bf16_losses, bf16 = _expected(*case, dtype=torch.float32, bf16=True)
         _, fp32_losses, fp32 = _expected(*case, dtype=torch.float32)
         m = case[3]
-        per_step = lambda ls: [sum(ls[s * m:(s + 1) * m]) for s in range(STEPS)]  # noqa: E731
+        per_step = lambda ls, m=m: [sum(ls[s * m:(s + 1) * m]) for s in range(STEPS)]  # noqa: E731
         loss_gap = max(abs(a - b) for a, b in zip(per_step(bf16_losses), per_step(fp32_losses)))
         for (_, result) in ranks:
             k, losses, w, b, _ = result

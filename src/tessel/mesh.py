@@ -154,7 +154,8 @@ def build_mesh(dims: ParallelDims, timeout: float = 30.0,
         raise PlanError(f"tensor-parallel grid {'x'.join(str(s) for _, s in tp_axes)} does not have tp={dims.tp} "
                         "ranks; choose a grid whose sizes multiply to tp")
     names = (*DIM_NAMES[:2], *(name for name, _ in tp_axes))
-    mesh = init_device_mesh(device_type(device), (dims.pp, dims.dp, *(size for _, size in tp_axes)), mesh_dim_names=names)
+    shape = (dims.pp, dims.dp, *(size for _, size in tp_axes))
+    mesh = init_device_mesh(device_type(device), shape, mesh_dim_names=names)
     for name in names:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout), mesh.get_group(name))
     return mesh

@@ -48,7 +48,6 @@ from .schedules import ahead, async_ops, drain_ops, sync_ops
 from .stage import Stage
 
 
-
 def _on(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """A batch (``None`` on a stage that reads none) on the stage's device."""
     return None if t is None else t.to(device, non_blocking=True)
