@@ -31,8 +31,11 @@ Example::
 from __future__ import annotations
 
 import json
+import re
+import traceback
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -125,8 +128,16 @@ class guard:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else typ.__name__
         timed_out = "timed out" in str(exc).lower() or "timeout" in str(exc).lower()
         why = "timed out: a peer rank is dead or stuck" if timed_out else "failed: a peer rank failed or left"
+        if not (timed_out or isinstance(exc, dist.DistError) or _BACKEND.search(str(exc))):
+            # a guarded block also computes (a pipeline step): an error of this rank's own, not of a peer
+            where = traceback.extract_tb(tb)[-1]
+            why = f"failed on this rank at {Path(where.filename).name}:{where.lineno}"
         rank = dist.get_rank() if dist.is_initialized() else "?"
         raise CommError(f"rank {rank}: {self.what} on channel '{self.channel}' {why} ({first})") from exc
+
+
+# what a backend says when the other end went away (gloo's transport, nccl, the store)
+_BACKEND = re.compile(r"gloo|nccl|connection|socket|peer|store|broken pipe", re.IGNORECASE)
 
 
 def _run(what: str, channel: str, call, async_op: bool, then=None):

@@ -19,6 +19,7 @@ which axes are on. Run it inside a torchrun worker, e.g.::
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,12 @@ def auto_bucket_mb(model: torch.nn.Module, buckets: int = 8) -> float:
     return float(min(TORCH_BUCKET_MB, max(1.0, round(total / buckets))))
 
 
+# buffers are not broadcast before each forward (replicate_from_first made them equal; the models keep none that
+# change); torch 2.13 names the setting forward_sync_buffers, earlier releases broadcast_buffers
+_NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                   else {"broadcast_buffers": False})
+
+
 def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 0.0, *, hook: bool = True) -> DDP:
     """Wrap ``model`` in DDP whose every byte (init and gradients) goes through tessel.comm.
 
@@ -75,7 +82,7 @@ def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 0.0, *, hook:
         return DDP(model, device_ids=device_ids, process_group=dp_group, bucket_cap_mb=bucket_mb or TORCH_BUCKET_MB)
     bucket_mb = bucket_mb or auto_bucket_mb(model)
     replicate_from_first(model, dp_group)
-    ddp = DDP(model, device_ids=device_ids, process_group=dp_group, init_sync=False, forward_sync_buffers=False,
+    ddp = DDP(model, device_ids=device_ids, process_group=dp_group, init_sync=False, **_NO_BUFFER_SYNC,
               bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
     ddp.register_comm_hook(dp_group, comm.ddp_comm_hook("dp.dense"))
     return ddp
@@ -200,7 +207,7 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, batches: list[
     # tables are measured on the whole plain model, the only one every rank can run, the way its chain runs it
     run = (lambda m, b: Runner(m, chain)(*b)) if chain is not None else None
     found = sparse.survey(model, batches[:plan.sparse.sample_batches], run)
-    root, stages, lo, hi, share = model, None, 0, None, 1.0
+    root, stages, lo, hi, share, device = model, None, 0, None, 1.0, _device(model)
     ties: list[dict[int, str]] = []
     if plan.pp > 1:
         stages = pipeline.cut(model, chain, plan.pieces, _micro(batches[0], plan.micro_batches), plan.bounds)
@@ -231,8 +238,8 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, batches: list[
                                           mesh.get_group("pp"))
             plan = plan.with_(tables=tuple(TableChoice(*t) for stage in mine for t in stage))
     if plan.pp > 1:
-        engine, optimizer = _stage_engine(root, chain, plan, settings, mesh, stages, lo, hi, handle, batches[0],
-                                          tables, make_optimizer, ties)
+        engine, optimizer = _stage_engine(root, chain, plan, settings, mesh, stages, lo, hi, handle, device,
+                                          batches[0], tables, make_optimizer, ties)
     else:
         engine, optimizer = _engine(root, chain, plan, settings, dp_group, handle, tables, make_optimizer)
     return Parallelized(root, optimizer, engine, plan, settings, tables, shards, stages)
@@ -259,6 +266,12 @@ def _autocast(model: torch.nn.Module, settings: Settings):
     return lambda: settings.autocast(device)
 
 
+def _device(model: torch.nn.Module) -> torch.device:
+    """Where the whole model lives, taken before serving: a stage whose only layer is a served table holds no
+    parameter left to say so (comm.device() would say the backend's device, the CPU under gloo)."""
+    return next((p.device for p in model.parameters()), comm.device())
+
+
 def _why_no_ties(plan: ParallelPlan) -> str | None:
     """Why this plan cannot keep a weight tied across stages, or None."""
     if plan.schedule.asynchronous:
@@ -280,7 +293,7 @@ def _tied(root: torch.nn.Module, ties: list[dict[int, str]], index: int, pp_grou
 
 
 def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, mesh, stages, lo: int, hi: int, tp,
-                  batch: tuple, tables, make_optimizer, ties: list[dict[int, str]]):
+                  device: torch.device, batch: tuple, tables, make_optimizer, ties: list[dict[int, str]]):
     """A pipeline stage: the step tail averages its gradients over its dp group, sums tied weights' gradients
     between the stages that hold them, and sums the norm over pp."""
     pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp")
@@ -296,8 +309,8 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, me
     index = mesh.get_local_rank("pp")
     stage = pipeline.Stage(runner, index, plan.pp, dist.get_process_group_ranks(pp_group), stages, micro,
                            settings.wire_dtype, pp_group, pipeline.held(plan.schedule, index, plan.pp),
-                           micro_batches=plan.micro_batches, compute_in=settings.torch_dtype)
-    autocast = _autocast(runner, settings)
+                           micro_batches=plan.micro_batches, compute_in=settings.torch_dtype, device=device)
+    autocast = lambda: settings.autocast(device.type)  # noqa: E731
     if plan.schedule.torch_peer:
         engine = pipeline.TorchPipelineEngine(stage, chain, tail, plan.schedule, plan.micro_batches, settings.lr_at,
                                               stages, autocast)

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import uuid
+from dataclasses import fields
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -50,15 +51,14 @@ def launch(args: list[str], nproc: int, verbose: bool = False, max_restarts: int
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     # one rendezvous store per restart: torch's shared one still holds the dead attempt's addresses (#135712)
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # Grace period before SIGKILL when the launcher is stopped: the workers save a checkpoint after their
+    # current step (tessel.train.preempt). When a worker fails, torch 2.13's process context closes the
+    # others with its own fixed 30 s grace instead, which a rank that cannot take SIGTERM (SIGSTOPped,
+    # stuck in the kernel) uses up in full. Releases before 2.13 have no such setting and wait their own 30 s.
+    grace = {"shutdown_timeout": 30} if "shutdown_timeout" in {f.name for f in fields(LaunchConfig)} else {}
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"tessel-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts, monitor_interval=0.2,
-        # Grace period before SIGKILL when the launcher is stopped: the workers save a checkpoint after their
-        # current step (tessel.train.preempt). When a worker fails, torch 2.13's process context closes the
-        # others with its own fixed 30 s grace instead, which a rank that cannot take SIGTERM (SIGSTOPped,
-        # stuck in the kernel) uses up in full.
-        shutdown_timeout=30,
-    )
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts, monitor_interval=0.2, **grace)
     try:
         elastic_launch(config, sys.executable)(*program, *args)
     except ChildFailedError as e:

@@ -34,14 +34,15 @@ class Stage:
 
     def __init__(self, runner: Runner, index: int, stages: int, ranks: list[int], plan: StagePlan,
                  micro: int, dtype: torch.dtype, group=None, held: list[int] | None = None,
-                 micro_batches: int = 1, compute_in: torch.dtype | None = None) -> None:
+                 micro_batches: int = 1, compute_in: torch.dtype | None = None,
+                 device: torch.device | None = None) -> None:
         self.runner, self.index, self.stages, self.ranks, self.group = runner, index, stages, ranks, group
         self.held = held or [index]
         self.first, self.last = 0 in self.held, len(plan.bounds) - 1 in self.held
         # messages cross in ``dtype`` (bf16 under mixed precision); a received activation is computed on in
         # ``compute_in`` (the parameters' dtype), on the stage's device
         self.dtype, self.compute_in = dtype, compute_in or dtype
-        self.device = next((p.device for p in runner.parameters()), comm.device())
+        self.device = device or next((p.device for p in runner.parameters()), comm.device())
         # The profile gives the whole activation a layer hands on; under tensor parallelism this rank sends
         # and receives only its block of it (the chain knows the layout), to the rank of the same grid
         # coordinate on the neighbouring stage.

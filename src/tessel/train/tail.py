@@ -88,7 +88,9 @@ class StepTail:
               else local_sq([p for p in self.params if id(p) not in self.uncounted]))
         if self.tables:
             with comm.guard("exchange of sparse row gradients", "sparse"):
-                sq = sq + self.tables.reduce(upto)
+                rows_sq = self.tables.reduce(upto)
+            # a stage whose only layer is a served table has no parameter to put ``sq`` on the tables' device
+            sq = sq.to(rows_sq.device) + rows_sq
         if global_norm and self.norm_group is not None:
             t0 = time.perf_counter()
             comm.all_reduce(sq, "meta", group=self.norm_group)
