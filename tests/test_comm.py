@@ -159,3 +159,17 @@ def test_parallel_dims_errors():
     assert ParallelDims.resolve(8, pp=2, tp=2).dp == 2
     with pytest.raises(PlanError, match="integers >= 1"):
         ParallelDims(dp=0, pp=1, tp=1, world_size=0)
+
+
+def test_guard_tells_a_peers_failure_from_this_ranks_own_error():
+    """A guarded block also computes (a pipeline step): an error of its own is named with its place, not blamed on
+    a peer; what a backend says when the other end went away still reads as a peer's failure."""
+    with pytest.raises(CommError, match=r"failed on this rank at test_comm\.py:\d+ \(indices"):
+        with comm.guard("pipeline step", "pp"):
+            raise RuntimeError("indices should be on the same device")
+    with pytest.raises(CommError, match="a peer rank failed or left"):
+        with comm.guard("irecv", "pp"):
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:547] Connection closed by peer")
+    with pytest.raises(CommError, match="timed out: a peer rank is dead or stuck"):
+        with comm.guard("all_reduce", "dp.dense"):
+            raise RuntimeError("Wait timeout after 5000 ms")

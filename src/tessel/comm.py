@@ -130,7 +130,8 @@ class guard:
         why = "timed out: a peer rank is dead or stuck" if timed_out else "failed: a peer rank failed or left"
         if not (timed_out or isinstance(exc, dist.DistError) or _BACKEND.search(str(exc))):
             # a guarded block also computes (a pipeline step): an error of this rank's own, not of a peer
-            where = traceback.extract_tb(tb)[-1]
+            frames = traceback.extract_tb(tb)  # the deepest of tessel's own frames says where
+            where = next((f for f in reversed(frames) if f"{Path(__file__).parent.name}/" in f.filename), frames[-1])
             why = f"failed on this rank at {Path(where.filename).name}:{where.lineno}"
         rank = dist.get_rank() if dist.is_initialized() else "?"
         raise CommError(f"rank {rank}: {self.what} on channel '{self.channel}' {why} ({first})") from exc
