@@ -93,7 +93,8 @@ def decide_auto(pending: list[tuple[TableInfo, torch.Tensor]], group, hosts: int
         s = sparsity(info, fit, group, layout[0] if layout else None)
         est = estimate(s, n, hosts, link, compute, schedule, local_aggregation=layout is not None)
         if split != "auto":
-            est = {o: e for o, e in est.items() if o.split("/")[-1] == split or not o.startswith("alltoall")}
+            # options with a split ("alltoall/column") keep the asked one; the others carry none
+            est = {o: e for o, e in est.items() if o.partition("/")[2] in ("", split)}
         best = choose(est, AUTO_OPTIONS)
         strategy, _, how = best.partition("/")  # the cost model's options: dense, ps, ..., alltoall/column
         out.append(Choice(info, choices.table_strategy(strategy), f"cost model, link {link.rate * 8 / 1e6:.0f} "
