@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -71,19 +70,8 @@ def worker(plan: str, steps: int, out: str) -> None:
                                          "step_times": times[3:]}))
 
 
-def _interval(ratios: list[float]) -> tuple[float, float]:
-    """95% t interval of the geometric mean of paired ratios (one per repeat)."""
-    from scipy import stats
-
-    logs = [math.log(r) for r in ratios]
-    if len(logs) < 2:
-        return float("nan"), float("nan")
-    m, s = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
-    h = stats.t.ppf(0.975, len(logs) - 1) * s
-    return math.exp(m - h), math.exp(m + h)
-
-
 def main(args) -> None:
+    from tessel.bench.stats import interval
     from tessel.cluster.emulate import EmulatedCluster
 
     out = Path(args.out)
@@ -105,9 +93,9 @@ def main(args) -> None:
              "| job | median ms/step | min-max | DDP's time / its time (95% CI) |", "|---|---|---|---|"]
     for name, ts in times.items():
         ratios = [d / t for d, t in zip(times["dense"], ts)]
-        lo, hi = _interval(ratios)
+        r = interval(ratios)  # geometric mean over the repeats, with its t interval
         lines.append(f"| {name} | {statistics.median(ts) * 1000:.1f} | {min(ts) * 1000:.1f}-{max(ts) * 1000:.1f} | "
-                     f"{statistics.median(ratios):.2f}x ({lo:.2f}-{hi:.2f}) |")
+                     f"{r.value:.2f}x ({r.low:.2f}-{r.high:.2f}) |")
     text = "\n".join(lines)
     (out / "report.md").write_text(text + "\n")
     print(text)

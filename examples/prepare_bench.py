@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -73,19 +72,8 @@ def worker(plan: str, steps: int, out: str, pp: int = 1) -> None:
         Path(out).write_text(json.dumps({"median_step_time": statistics.median(times[3:]), "loss": loss.item()}))
 
 
-def _interval(ratios: list[float]) -> tuple[float, float]:
-    """95% t interval of the geometric mean of paired ratios (one per repeat)."""
-    from scipy import stats
-
-    logs = [math.log(r) for r in ratios]
-    if len(logs) < 2:
-        return float("nan"), float("nan")
-    m, s = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
-    h = stats.t.ppf(0.975, len(logs) - 1) * s
-    return math.exp(m - h), math.exp(m + h)
-
-
 def main(args) -> None:
+    from tessel.bench.stats import interval
     from tessel.cluster.emulate import EmulatedCluster
 
     out = Path(args.out)
@@ -120,9 +108,9 @@ def main(args) -> None:
     base = times["prepare"]
     for name, ts in times.items():
         ratios = [t / b for t, b in zip(ts, base)]
-        lo, hi = _interval(ratios)
+        r = interval(ratios)  # geometric mean over the repeats, with its t interval
         lines.append(f"| {name} | {statistics.median(ts) * 1000:.1f} | {min(ts) * 1000:.1f}-{max(ts) * 1000:.1f} | "
-                     f"{statistics.median(ratios):.3f}x ({lo:.3f}-{hi:.3f}) |")
+                     f"{r.value:.3f}x ({r.low:.3f}-{r.high:.3f}) |")
     text = "\n".join(lines)
     (out / "report.md").write_text(text + "\n")
     print(text)
