@@ -144,7 +144,7 @@ def collectives() -> None:
     dist.destroy_process_group()
 
 
-def parity(wiring: bool, work: Path) -> bool:
+def parity(wiring: bool, work: Path, only: str = "") -> bool:
     device = "cpu" if wiring else "cuda"
     common = ["--dtype", "float64", "--steps", "4", "--parallel.backend", "gloo", "--parallel.device", device,
               "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--metrics.log_every", "1",
@@ -158,6 +158,8 @@ def parity(wiring: bool, work: Path) -> bool:
                "dp2-tp2 transformer_lm ps": ["--dp", "2", "--tp", "2"]}
     good = True
     for name, flags in cases.items():
+        if only and not name.startswith(tuple(only.split(","))):
+            continue
         one = tessel_train(*common, *flags, "--nproc", "1", "--sparse", "dense", out=work / f"{name}-1")
         four = tessel_train(*common, *flags, *layouts[name], out=work / f"{name}-4")
         if "error" in one or "error" in four:
@@ -186,6 +188,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--wiring", action="store_true", help="CPU, tiny shapes: check the wiring, not the card")
     p.add_argument("--parts", default="speed,collectives,parity", help="which parts to run (comma-separated)")
+    p.add_argument("--cases", default="", help="parity: only the cases whose names start so (comma-separated, "
+                   "e.g. dp2-tp2)")
     p.add_argument("--collectives", action="store_true", help=argparse.SUPPRESS)  # one torchrun rank of part 2
     ns = p.parse_args()
     if ns.collectives:
@@ -202,7 +206,7 @@ def main() -> int:
         if "collectives" in ns.parts:
             good &= collectives_in_two_ranks(ns.wiring)
         if "parity" in ns.parts:
-            good &= parity(ns.wiring, work)
+            good &= parity(ns.wiring, work, ns.cases)
     print(f"gpu_check: {'all parts ran, parity held' if good else 'FAILED (see above)'}")
     return 0 if good else 1
 

@@ -15,6 +15,11 @@ def _get(size: int) -> World:
 
 
 @pytest.fixture
+def world1() -> World:
+    return _get(1)
+
+
+@pytest.fixture
 def world2() -> World:
     return _get(2)
 

@@ -15,6 +15,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tessel.cli import main
 from tessel.train import checkpoint
+from trained import train
 
 TINY = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--vocab", "200", "--seq-len", "8",
         "--batch", "8", "--metrics.progress", "log"]
@@ -115,29 +116,35 @@ def _assert_identical(a, b, where=""):
         assert a == b, where
 
 
-def _resumed_equals_uninterrupted(tmp_path, args):
-    """6 steps with checkpoints every 3 == the step-3 checkpoint resumed for 3 more steps in fresh workers.
+def _resumed_equals_uninterrupted(tmp_path, args, world=None):
+    """6 steps with checkpoints every 3 == the step-3 checkpoint resumed for 3 more steps: in fresh workers
+    (launched), or in ``world``'s ranks after they ran the whole (trained.py: the same trainer, no launch).
     Returns (final state, step-3 state, full run dir, resumed run dir)."""
+    def run(*more):
+        if world is not None:
+            return train(world, tmp_path, *args, *more)
+        r = tessel("train", *args, *more, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+
     full = tmp_path / "full"
-    r = tessel("train", *args, "--ckpt-every", "3", "--checkpoint.keep", "5", "--out", str(full), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    run("--ckpt-every", "3", "--checkpoint.keep", "5", "--out", str(full))
     part = tmp_path / "part"
     (part / "checkpoints").mkdir(parents=True)
     shutil.copytree(full / "checkpoints" / "step-00000003", part / "checkpoints" / "step-00000003")
-    r = tessel("train", *args, "--resume", "--out", str(part), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    run("--resume", "--out", str(part))
     a = _load(full / "checkpoints" / "step-00000006", tmp_path)
     _assert_identical(a, _load(part / "checkpoints" / "step-00000006", tmp_path))
     return a, _load(full / "checkpoints" / "step-00000003", tmp_path), full, part
 
 
 @pytest.mark.parametrize("sparse", ["dense", "ps", "alltoall", "auto"])
-def test_resume_is_bit_identical(tmp_path, sparse):
-    """6 steps uninterrupted == the step-3 checkpoint resumed in fresh workers for 3 more steps (auto: the
-    resumed run keeps the saved plan, whatever the link probe says this time)."""
+def test_resume_is_bit_identical(tmp_path, sparse, request):
+    """6 steps uninterrupted == the step-3 checkpoint resumed for 3 more steps, in fresh workers (alltoall) or in
+    the test world's (auto: the resumed run keeps the saved plan, whatever the link probe says this time)."""
     args = [*TINY, "--model", "lstm_lm", "--model.softmax", "sampled", "--model.num_sampled", "32",
             "--optimizer", "adam", "--steps", "6", "--sparse", sparse]
-    a, before, full, part = _resumed_equals_uninterrupted(tmp_path, args)
+    world = None if sparse == "alltoall" else request.getfixturevalue("world2")
+    a, before, full, part = _resumed_equals_uninterrupted(tmp_path, args, world)
     # replaced tables are saved whole under the plain model's weight names, their row state beside them
     assert not torch.equal(before["model"]["embedding.weight"], a["model"]["embedding.weight"])
     assert sparse == "auto" or ("tables" in a) == (sparse != "dense")
@@ -148,12 +155,12 @@ def test_resume_is_bit_identical(tmp_path, sparse):
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "async-predict"])
-def test_pipeline_resume_is_bit_identical(tmp_path, schedule):
+def test_pipeline_resume_is_bit_identical(world2, tmp_path, schedule):
     """pp=2: each stage saves its own parameters under the model's names; a resumed run keeps the saved
     stage bounds and (async) restarts from the drained pipeline exactly as the uninterrupted run does."""
     args = [*TINY, "--model", "classifier", "--model.layers", "3", "--model.hidden", "32", "--pp", "2",
             "--micro-batches", "2", "--optimizer", "sgd", "--steps", "6", "--pipeline.schedule", schedule]
-    a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args)
+    a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args, world2)
     summary = json.loads((full / "summary.json").read_text())
     pipe = summary["pipeline"]
     assert pipe["schedule"] == schedule and pipe["plan_bounds"][0][0] == 0
@@ -167,13 +174,12 @@ def test_pipeline_resume_is_bit_identical(tmp_path, schedule):
     assert not torch.equal(before["model"]["net.0.weight"], a["model"]["net.0.weight"])
 
 
-def test_loss_logged_by_the_rank_holding_the_last_stage(tmp_path):
+def test_loss_logged_by_the_rank_holding_the_last_stage(world2, tmp_path):
     """torch's ZBV schedule puts the last of 4 stages on pp rank 0, beside the first: that rank logs the loss."""
     args = [*TINY, "--model", "classifier", "--model.layers", "3", "--model.hidden", "32", "--pp", "2",
             "--micro-batches", "2", "--optimizer", "sgd", "--steps", "2", "--pipeline.schedule", "torch-zbv",
-            "--checkpoint.enabled", "false", "--out", "run"]
-    r = tessel("train", *args, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
+            "--checkpoint.enabled", "false", "--out", str(tmp_path / "run")]
+    train(world2, tmp_path, *args)
     losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if '"loss"' in line]
     assert len(losses) == 2 and all(x > 1.0 for x in losses)  # 8 classes: about ln 8, not 0
@@ -356,24 +362,22 @@ def test_pipeline_accuracy_gives_each_run_its_best_lr_on_the_plateau_seeds(monke
 TP = [*TINY, "--nproc", "4", "--tp", "4", "--dtype", "float64", "--optimizer", "adamw", "--steps", "6"]
 
 
-def test_tensor_parallel_resume_and_switch_mode(tmp_path):
+def test_tensor_parallel_resume_and_switch_mode(world4, world1, tmp_path):
     """3-D 2x1x2: resume is bit-identical; the same step-3 checkpoint resumed as 2-D 2x2 (DCP reshards the
     weights and Adam's state) ends where the uninterrupted 3-D run ends; a one-process run starts from it."""
     args = [*TP, "--tp-mode", "3d", "--tp-grid", "2x1x2"]
-    final, _, full, _ = _resumed_equals_uninterrupted(tmp_path, args)
+    final, _, full, _ = _resumed_equals_uninterrupted(tmp_path, args, world4)
     summary = json.loads((full / "summary.json").read_text())
     assert summary["tensor"] == "3d 2x1x2" and summary["bytes"]["tp"]["sent_per_step_per_rank"] > 0
     switched = tmp_path / "switched"
     shutil.copytree(tmp_path / "part" / "checkpoints" / "step-00000003", switched / "checkpoints" / "step-00000003")
-    r = tessel("train", *TP, "--tp-mode", "2d", "--resume", "--out", str(switched), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    train(world4, tmp_path, *TP, "--tp-mode", "2d", "--resume", "--out", str(switched))
     other = _load(switched / "checkpoints" / "step-00000006", tmp_path)
     for name, value in final["model"].items():
         torch.testing.assert_close(other["model"][name], value, rtol=0, atol=1e-9, msg=name)
     single = tmp_path / "single"
-    r = tessel("train", *TINY, "--nproc", "1", "--dtype", "float64", "--steps", "1",
-               "--checkpoint.init_from", str(full / "checkpoints"), "--out", str(single), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    train(world1, tmp_path, *TINY, "--nproc", "1", "--dtype", "float64", "--steps", "1",
+          "--checkpoint.init_from", str(full / "checkpoints"), "--out", str(single))
     started = _load(single / "checkpoints" / "step-00000001", tmp_path)["model"]["blocks.0.mlp.fc_in.weight"]
     fresh = _load(full / "checkpoints" / "step-00000003", tmp_path)["model"]["blocks.0.mlp.fc_in.weight"]
     assert (started - final["model"]["blocks.0.mlp.fc_in.weight"]).abs().max() < (

@@ -253,14 +253,15 @@ def test_composed_checkpoint_loads_in_one_process_and_another_layout(world8, tmp
             assert torch.equal(p, grid.local(full[n].detach(), split)), n
 
 
-def test_composed_resume_is_bit_identical(tmp_path):
-    """dp2 x pp2 x tp2 through the command line: 6 steps == the step-3 checkpoint resumed for 3 more."""
+def test_composed_resume_is_bit_identical(world8, tmp_path):
+    """dp2 x pp2 x tp2 as ``tessel train`` runs it: 6 steps == the step-3 checkpoint resumed for 3 more."""
     from test_cli import _resumed_equals_uninterrupted
 
     args = ["--model.dim", "16", "--model.layers", "2", "--model.heads", "2", "--vocab", "64", "--seq-len", "8",
             "--batch", "8", "--metrics.progress", "log", "--dp", "2", "--pp", "2", "--tp", "2", "--tp-mode", "1d",
-            "--micro-batches", "2", "--optimizer", "adamw", "--steps", "6", "--pipeline.split", "2,2"]
-    a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args)
+            "--micro-batches", "2", "--optimizer", "adamw", "--steps", "6", "--pipeline.split", "2,2",
+            "--nproc", "8"]
+    a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args, world8)
     assert not torch.equal(before["model"]["head.weight"], a["model"]["head.weight"])
 
 

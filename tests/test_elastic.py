@@ -19,7 +19,8 @@ from tessel.config import load_config
 from tessel.errors import PlanError
 from tessel.resolve import settings_of
 from tessel.trainer import _plan_for_world
-from test_cli import TINY, _assert_identical, _load, _workers, tessel
+from test_cli import TINY, _assert_identical, _load, _workers
+from trained import train
 
 STEPS, EVERY = 40, 4
 ARGS = [*TINY, "--steps", str(STEPS), "--ckpt-every", str(EVERY), "--checkpoint.keep", "3", "--optimizer", "adam"]
@@ -47,13 +48,12 @@ def _steps_logged(out) -> list[int]:
     return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_killed_or_stopped_worker_restarts_and_ends_bit_identical(tmp_path):
+def test_killed_or_stopped_worker_restarts_and_ends_bit_identical(world2, tmp_path):
     """--max-restarts: after kill -9 of a worker, every worker restarts and resumes this run's newest checkpoint
     without --resume; after SIGTERM to one worker, every rank stops after the same step with a checkpoint there
     (off the every-N cadence) and the restart goes on from exactly that step. Both end with the weights and
     optimizer state of an uninterrupted run, and every step's record once in metrics.jsonl."""
-    r = tessel("train", *ARGS, "--out", str(tmp_path / "full"), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    train(world2, tmp_path, *ARGS, "--out", str(tmp_path / "full"))  # the reference: the same trainer, no faults
     last = f"checkpoints/step-{STEPS:08d}"
     want = _load(tmp_path / "full" / last, tmp_path)
 
@@ -93,7 +93,7 @@ def test_sigterm_on_one_rank_stops_every_rank_after_the_same_step(world2):
     assert restored_a and restored_b
 
 
-def test_job_reformed_on_fewer_then_more_ranks_continues_the_trajectory(tmp_path):
+def test_job_reformed_on_fewer_then_more_ranks_continues_the_trajectory(world1, world2, tmp_path):
     """A 2-rank fp64 run with ps-served tables (lazy Adam row state on 2 shards), its step-3 checkpoint resumed on
     one rank to step 6, and that one's step 6 resumed on 2 ranks again: DCP reshards model, optimizer and tables
     each time; the one rank reads the global batch of 8 as 2 micro-batches of the saved 4 samples (both drawing the
@@ -103,15 +103,15 @@ def test_job_reformed_on_fewer_then_more_ranks_continues_the_trajectory(tmp_path
             "adam", "--sparse", "ps", "--dtype", "float64", "--steps", "9", "--ckpt-every", "3", "--checkpoint.keep",
             "5"]
 
-    def run(name, nproc, start_from=None):
+    def run(name, nproc, start_from=None):  # in the test worlds (trained.py)
         out = tmp_path / name
         if start_from is not None:
             (out / "checkpoints").mkdir(parents=True)
             shutil.copytree(start_from, out / "checkpoints" / start_from.name)
         resume = ["--resume"] if start_from is not None else []
-        r = tessel("train", *args, *resume, "--nproc", str(nproc), "--out", str(out), cwd=tmp_path)
-        assert r.returncode == 0, r.stderr
-        return out, r.stdout + r.stderr
+        _, printed = train({1: world1, 2: world2}[nproc], tmp_path, *args, *resume, "--nproc", str(nproc),
+                           "--out", str(out))
+        return out, printed
 
     full, _ = run("full", 2)
     one, log = run("one", 1, full / "checkpoints" / "step-00000003")

@@ -233,24 +233,22 @@ def test_prepare_takes_a_precision(world2):
         assert a[1] < b[1]  # the pulled rows crossed at half width (the ids did not)
 
 
-def test_a_checkpoint_resumes_in_the_other_precision(tmp_path):
+def test_a_checkpoint_resumes_in_the_other_precision(world1, tmp_path):
     """Checkpoints hold the fp32 masters whatever the precision: an fp32 run's step-3 checkpoint resumed in
     bf16-mixed (and a bf16-mixed one's in fp32) goes on from the saved weights, saves fp32 again, and ends within
     bf16's own effect (the same 3x slack as above) of the uninterrupted run in the precision it resumed in."""
     import shutil
-    import subprocess
-    import sys
 
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from trained import train as trained
 
     flags = [f"--{kv.replace('=', ' ', 1)}" for kv in MODEL[:-1]]
     args = [*" ".join(flags).split(), "--nproc", "1", "--steps", "6", "--ckpt-every", "3", "--checkpoint.keep", "5",
             "--metrics.progress", "log"]
 
     def train(out, *extra):
-        r = subprocess.run([sys.executable, "-m", "tessel", "train", *args, *extra, "--out", str(out)],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
+        trained(world1, tmp_path, *args, *extra, "--out", str(out))
 
     def weights(out, step):
         dst = tmp_path / f"{out.name}-{step}.pt"

@@ -238,31 +238,31 @@ def test_async_schedules_with_tables_converge_like_the_flushed_one(world4):
         assert abs(end - ref_end) < 0.05 * ref_end, (schedule, end, ref_end)
 
 
-def test_pipelined_tables_resume_bit_identical_and_load_into_one_process(tmp_path):
-    """pp2 x dp2 with ps tables through the command line; the checkpoint's tables load into a plain model."""
+def test_pipelined_tables_resume_bit_identical_and_load_into_one_process(world4, tmp_path):
+    """pp2 x dp2 with ps tables as ``tessel train`` runs it; the checkpoint's tables load into a plain model."""
     from test_cli import _resumed_equals_uninterrupted
 
     args = ["--model", "lstm_lm", "--model.softmax", "sampled", "--model.num_sampled", "16", "--model.dim", "12",
             "--model.hidden", "16", "--vocab", "200", "--seq-len", "8", "--batch", "8", "--metrics.progress", "log",
             "--pp", "2", "--dp", "2", "--micro-batches", "2", "--optimizer", "adamw", "--train.weight_decay", "0.1",
-            "--sparse", "ps", "--steps", "6"]
-    a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args)
+            "--sparse", "ps", "--steps", "6", "--nproc", "4"]
+    a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args, world4)
     assert {"embedding.weight", "head.weight.weight", "head.bias.weight"} <= set(a["model"])
     assert "state.head.weight.weight.exp_avg" in a["tables"]
     _loads_into_one_process(full, a, ["model.name=lstm_lm", "model.softmax=sampled", "model.num_sampled=16",
                                       "model.dim=12", "model.hidden=16"], ("embedding.weight", "head.weight.weight"))
 
 
-def test_sampled_head_under_tp_resumes_bit_identical_and_loads_into_one_process(tmp_path):
-    """tp2 x dp2 with the sampled softmax and ps tables through the command line: every tp rank's dp group saves
+def test_sampled_head_under_tp_resumes_bit_identical_and_loads_into_one_process(world4, tmp_path):
+    """tp2 x dp2 with the sampled softmax and ps tables as ``tessel train`` runs it: every tp rank's dp group saves
     the whole head (one copy lands in the checkpoint), the token table as the vocabulary shards' DTensor."""
     from test_cli import _resumed_equals_uninterrupted
 
     args = ["--model.softmax", "sampled", "--model.num_sampled", "16", "--model.dim", "16", "--model.layers", "1",
             "--model.heads", "2", "--vocab", "200", "--seq-len", "8", "--batch", "8", "--metrics.progress", "log",
             "--tp", "2", "--tp-mode", "1d", "--dp", "2", "--optimizer", "adamw", "--train.weight_decay", "0.1",
-            "--sparse", "ps", "--steps", "6"]
-    a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args)
+            "--sparse", "ps", "--steps", "6", "--nproc", "4"]
+    a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args, world4)
     assert {"tok_emb.weight", "head.weight.weight", "head.bias.weight"} <= set(a["model"])
     assert not torch.equal(before["model"]["head.weight.weight"], a["model"]["head.weight.weight"])
     _loads_into_one_process(full, a, ["model.softmax=sampled", "model.num_sampled=16", "model.dim=16",
