@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tessel.bench import cli as bench_cli
-from tessel.bench import drift, report, runner, scenarios, stats
+from tessel.bench import drift, plan_check, report, runner, scenarios, stats
 from tessel.bench.compose_tables import compose_table
 from tessel.cli import main
 from tessel.cluster.emulate import HostFailed, HostResult
@@ -391,3 +391,30 @@ def test_every_scenario_cell_is_a_valid_train_command_line():
                 ns = parser().parse_args(["train", *scn.common, *flags, *extra])
                 cfg = config_from_args(ns)
                 assert cfg.model.name, (scn.name, model, strategy)
+
+
+def test_the_pick_is_judged_against_ten_percent_by_its_paired_interval():
+    """1.104x slower in every round: a miss (the interval excludes 1.10), though it prints as 1.10x; rounds that
+    straddle 1.10 are not distinguishable; one round is judged on its point and says so. The headline counts
+    each verdict over the cells."""
+    best = {0: 0.100, 1: 0.102, 2: 0.098}
+    ratio, verdict = plan_check.judge_pick({r: t * 1.104 for r, t in best.items()}, best)
+    assert verdict == "miss" and f"{ratio.value:.2f}" == "1.10" and ratio.low > 1.10
+    assert plan_check.judge_pick({0: 0.102, 1: 0.120, 2: 0.108}, best)[1] == "not distinguishable"
+    assert plan_check.judge_pick({0: 0.101, 1: 0.104, 2: 0.099}, best)[1] == "within"
+    assert plan_check.judge_pick({0: 0.1104}, {0: 0.1})[1] == "miss (1 round)"
+
+    def row(model, rank, predicted, times):
+        return {"model": model, "hosts": 4, "rate": "1gbit", "rank": rank, "plan": f"plan{rank}",
+                "predicted": predicted, "compute": predicted, "comm": 0.0, "bubble": 0.0,
+                "measured": statistics.median(times), "runs": times, "rounds": dict(enumerate(times)),
+                "planning_s": 1.0, "bytes_predicted": {}, "bytes_measured": {}}
+
+    rows = [row("a", 1, 0.10, [0.1104, 0.1126, 0.1082]), row("a", 2, 0.11, [0.100, 0.102, 0.098]),
+            row("b", 1, 0.10, [0.100, 0.102, 0.098]), row("b", 2, 0.11, [0.120, 0.121, 0.119])]
+    text = plan_check.markdown(rows, "tessel bench plan")
+    assert "1 within, 1 miss, of 2 cells" in text
+    assert "| a, 4 hosts, 1gbit | 2 of 2 |" in text and "1.10x (1.10–1.10): miss |" in text
+    before = plan_check.markdown(rows, "tessel bench plan", ("tessel bench plan --repeats 3", rows[2:]))
+    assert "The previous run (`tessel bench plan --repeats 3`): median absolute error" in before
+    assert "1 within, of 1 cells." in before

@@ -5,11 +5,12 @@ topology (the hosts' CPU budget as compute speed, the shaped link rate); its top
 5 others are saved as plan files and run side by side (``--plan FILE``, alternating order over rounds),
 so every run follows exactly the plan that was predicted. Reported per cell: predicted against measured
 median step time, the error of each, their Spearman rank correlation, whether the planner's pick is within
-10% of the best measured candidate, and whether the predicted bytes of dp.dense, pp, tp and every tp.*
-channel equal the counted bytes of the busiest rank; a scatter plot of predicted against measured over every
-cell.
+10% of the best measured candidate (judged on the interval of their ratio paired by round, so at least 3
+rounds; see ``judge_pick``), and whether the predicted bytes of dp.dense, pp, tp and every tp.* channel equal the
+counted bytes of the busiest rank; a scatter plot of predicted against measured over every cell. The run before
+is kept as ``results-previous.json`` and its headline printed under the new one's.
 
-    tessel bench plan --hosts 4,8 --rates 1gbit,200mbit --repeats 2 --doc docs/benchmarks.md
+    tessel bench plan --hosts 4,8 --rates 1gbit,200mbit --repeats 3 --doc docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from ..resolve import job_of, policy_of, settings_of
 from .report import update_doc
 from .runner import run_scenario
 from .scenarios import Scenario
+from .stats import Ratio, paired_ratio
 
+SLACK = 1.10  # the pick should be within 10% of the best measured candidate
+PREVIOUS = "results-previous.json"  # the run before the last, kept for comparison
 EXACT = ("dp.dense", "pp", "tp")  # and every tp.* channel (head and loss, token table, norms, gradient sums)
 
 # The three reference models at sizes a run on 2 cores finishes in seconds per step (config overrides).
@@ -176,8 +180,34 @@ def _row(model, hosts, rate, rank, e, runs, cell_out: Path, label: str, plan_s: 
     return {"model": model, "hosts": hosts, "rate": rate, "rank": rank, "plan": short(e.plan),
             "predicted": e.step, "compute": e.compute, "comm": e.comm, "bubble": e.bubble,
             "measured": measured, "runs": [r["step_time"] for r in runs], "planning_s": plan_s,
+            "rounds": {r["repeat"]: r["step_time"] for r in runs},
             "bytes_predicted": {c: e.bytes.get(c, 0) for c in channels},
             "bytes_measured": {c: counted.get(c, 0) for c in channels} if counted else None}
+
+
+def _rounds(row: dict) -> dict[int, float]:
+    """round -> step time; rows saved before rounds were recorded list their runs in round order."""
+    return {int(k): v for k, v in row["rounds"].items()} if "rounds" in row else dict(enumerate(row["runs"]))
+
+
+def judge_pick(pick: dict[int, float], best: dict[int, float], slack: float = SLACK) -> tuple[Ratio | None, str]:
+    """The pick's step time over the best measured candidate's, paired by round, and the verdict on "within
+    ``slack``": 'within' where the interval lies at or under it, 'miss' where it lies above, 'not distinguishable'
+    where it straddles it. With one round the point decides and the verdict says so.
+
+    >>> judge_pick({0: 1.104, 1: 1.105, 2: 1.103}, {0: 1.0, 1: 1.0, 2: 1.0})[1]
+    'miss'
+    >>> judge_pick({0: 1.02, 1: 1.20, 2: 1.10}, {0: 1.0, 1: 1.0, 2: 1.0})[1]
+    'not distinguishable'
+    """
+    ratio = paired_ratio(pick, best)
+    if ratio is None:
+        return None, "pick failed to run"
+    if ratio.n < 2:
+        return ratio, ("within" if ratio.value <= slack else "miss") + " (1 round)"
+    if ratio.high <= slack:
+        return ratio, "within"
+    return ratio, "miss" if ratio.low > slack else "not distinguishable"
 
 
 def _spearman(xs: list[float], ys: list[float]) -> float:
@@ -186,7 +216,54 @@ def _spearman(xs: list[float], ys: list[float]) -> float:
     return float(spearmanr(xs, ys).statistic) if len(xs) > 2 else float("nan")
 
 
-def markdown(rows: list[dict], command: str) -> str:
+def _previous(out: Path) -> tuple[str, list[dict]] | None:
+    try:
+        saved = json.loads((out / PREVIOUS).read_text())
+        return saved["command"], saved["rows"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _cells(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    """(name, the cell's rows by rank) per (model, hosts, rate), 4 hosts before 8 and 1 Gbit/s before 200 Mbit/s."""
+    keys = sorted({(r["model"], r["hosts"], r["rate"]) for r in rows}, key=lambda c: (c[1], c[2], c[0]))
+    return [(f"{m}, {h} hosts, {rate}", sorted((r for r in rows if (r["model"], r["hosts"], r["rate"]) == (m, h, rate)),
+                                               key=lambda r: r["rank"])) for m, h, rate in keys]
+
+
+def _pick(rs: list[dict]) -> tuple[Ratio | None, str]:
+    ok = [r for r in rs if r["measured"]]
+    pick = min(rs, key=lambda r: r["predicted"])  # rank 1 at the run; re-priced, today's first of these
+    if not pick["measured"]:
+        return None, "pick failed"
+    return judge_pick(_rounds(pick), _rounds(min(ok, key=lambda r: r["measured"])))
+
+
+def headline(rows: list[dict], who: str = "Over all cells") -> str:
+    """Median and worst absolute error over every candidate, and the picks counted by verdict."""
+    errors = [abs(r["predicted"] - r["measured"]) / r["measured"] for r in rows if r["measured"]]
+    if not errors:
+        return f"{who}: no candidate ran."
+    judged = [_pick(rs)[1].split(" (")[0] for _, rs in _cells(rows)]
+    counts = ", ".join(f"{judged.count(v)} {v}" for v in ("within", "miss", "not distinguishable", "pick failed")
+                       if judged.count(v))
+    return (f"{who}: median absolute error {statistics.median(errors):.0%}, worst {max(errors):.0%}, {len(errors)} "
+            f"candidates. The pick within {SLACK - 1:.0%} of the best measured (paired by round; a miss only where the "
+            f"interval lies above {SLACK:.2f}x): {counts}, of {len(judged)} cells.")
+
+
+def _detail(name: str, r: dict) -> str:
+    runs = ", ".join(f"{t * 1e3:.0f}" for t in r["runs"])
+    err = f"{(r['predicted'] - r['measured']) / r['measured']:+.0%}" if r["measured"] else "failed"
+    same = ("exact" if r["bytes_measured"] and r["bytes_predicted"] == {k: round(v) for k, v in
+                                                                         r["bytes_measured"].items()}
+            else f"predicted {r['bytes_predicted']}, counted {r['bytes_measured']}")
+    return (f"| {name} | {r['rank']} | {r['plan']} | {r['predicted'] * 1e3:.0f} ({r['compute'] * 1e3:.0f}"
+            f" / {r['comm'] * 1e3:.0f} / {r['bubble'] * 1e3:.0f}) | "
+            f"{(r['measured'] or 0) * 1e3:.0f} ({runs}) | {err} | {same} |")
+
+
+def markdown(rows: list[dict], command: str, previous: tuple[str, list[dict]] | None = None) -> str:
     lines = ["Predicted against measured step time of the planner's top 3 and 5 other candidates per cell "
              f"(`{command}`). Error: (predicted − measured) / measured. Bytes: the predicted dp.dense, pp, tp (and, "
              "in runs after 2026-11-25, every tp.* channel) bytes of the busiest rank against tessel.comm's count.",
@@ -195,38 +272,25 @@ def markdown(rows: list[dict], command: str) -> str:
         lines += ["Re-priced: the predictions are today's planner's on the run's plans and probed topology (one fresh "
                   "profile per model), against the run's measurements; rank is the candidate's rank at the run, "
                   "and the pick is the candidate today's planner prices fastest among those run.", ""]
-    cells = sorted({(r["model"], r["hosts"], r["rate"]) for r in rows}, key=lambda c: (c[1], c[2], c[0]))
-    summary = ["| cell | candidates run | median abs error | worst abs error | Spearman | pick vs best measured | "
+    lines += [headline(rows), ""]
+    if previous is not None:
+        lines += [headline(previous[1], f"The previous run (`{previous[0]}`)"), ""]
+    summary = ["| cell | candidates run | median abs error | worst abs error | Spearman | pick over best measured | "
                "bytes exact | planning s |", "|---|---|---|---|---|---|---|---|"]
     detail = ["| cell | rank | plan | predicted ms (compute / comm / bubble) | measured ms (runs) | error | bytes |",
               "|---|---|---|---|---|---|---|"]
-    errors = []
-    for cell in cells:
-        rs = sorted((r for r in rows if (r["model"], r["hosts"], r["rate"]) == cell), key=lambda r: r["rank"])
+    for name, rs in _cells(rows):
         ok = [r for r in rs if r["measured"]]
         errs = [abs(r["predicted"] - r["measured"]) / r["measured"] for r in ok]
-        errors += errs
         rho = _spearman([r["predicted"] for r in ok], [r["measured"] for r in ok])
-        best = min((r["measured"] for r in ok), default=float("nan"))
-        pick = min(rs, key=lambda r: r["predicted"])  # rank 1 at the run; re-priced, today's first of these
-        vs = f"{pick['measured'] / best:.2f}x" if pick["measured"] else "pick failed to run"
+        ratio, verdict = _pick(rs)
+        vs = f"{ratio.text()}: {verdict}" if ratio else verdict
         exact = [r["bytes_predicted"] == {k: round(v) for k, v in (r["bytes_measured"] or {}).items()} for r in ok]
-        name = f"{cell[0]}, {cell[1]} hosts, {cell[2]}"
         med, worst = (f"{statistics.median(errs):.0%}", f"{max(errs):.0%}") if errs else ("–", "–")
         summary.append(f"| {name} | {len(ok)} of {len(rs)} | {med} | {worst} | {rho:.2f} | {vs} | "
                        f"{sum(exact)} of {len(exact)} | {rs[0]['planning_s']:.1f} |")
-        for r in rs:
-            runs = ", ".join(f"{t * 1e3:.0f}" for t in r["runs"])
-            err = f"{(r['predicted'] - r['measured']) / r['measured']:+.0%}" if r["measured"] else "failed"
-            same = ("exact" if r["bytes_measured"] and r["bytes_predicted"] == {k: round(v) for k, v in
-                                                                                 r["bytes_measured"].items()}
-                    else f"predicted {r['bytes_predicted']}, counted {r['bytes_measured']}")
-            detail.append(f"| {name} | {r['rank']} | {r['plan']} | {r['predicted'] * 1e3:.0f} ({r['compute'] * 1e3:.0f}"
-                          f" / {r['comm'] * 1e3:.0f} / {r['bubble'] * 1e3:.0f}) | "
-                          f"{(r['measured'] or 0) * 1e3:.0f} ({runs}) | {err} | {same} |")
-    head = [f"Over all cells: median absolute error {statistics.median(errors):.0%}, worst {max(errors):.0%}, "
-            f"{len(errors)} candidates.", ""] if errors else []
-    return "\n".join(lines + head + summary + ["", *detail]) + "\n"
+        detail += [_detail(name, r) for r in rs]
+    return "\n".join(lines + summary + ["", *detail]) + "\n"
 
 
 def scatter(rows: list[dict], path: Path) -> Path:
@@ -271,14 +335,19 @@ def main(ns, argv: list[str]) -> int:
             rows = reprice(rows, out)
             command += f"`, re-priced by `tessel {' '.join(shlex.quote(a) for a in argv)}"
     else:
+        if ns.repeats < 3:
+            raise ConfigError(f"--repeats {ns.repeats}: the plan check judges the pick by an interval over rounds; "
+                              "valid: 3 or more")
         out.mkdir(parents=True, exist_ok=True)
+        if (out / "results.json").is_file():  # kept beside the new run, and its headline printed under the new one
+            (out / "results.json").replace(out / PREVIOUS)
         command = "tessel " + " ".join(shlex.quote(a) for a in argv)
         cluster = {"period_us": round(ns.cpu_period * 1000), "burst_us": round(ns.cpu_burst * 1000), "pin": ns.pin}
         if ns.cpus:
             cluster["cpus"] = ns.cpus
         rows = run(models, hosts, rates, out, ns.repeats, ns.steps or 10, cluster)
         (out / "results.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
-    text = markdown(rows, command)
+    text = markdown(rows, command, _previous(out))
     plot = scatter(rows, out / "plan_scatter.png")
     (out / "report.md").write_text(text)
     if ns.doc:
