@@ -55,6 +55,14 @@ CASES = [
     case("train --model resnet", "config key 'model.name' is 'resnet'; valid: transformer_lm"),
     case("train --nproc 3 --dp 2", "do not match the world size 3"),
     case("train --dp 3", "global batch 32 is not divisible by dp=3"),
+    case("train --nproc 4 --dp-shard 3", "parallel.dp_shard=3 with dp=4: weights are sharded over all dp ranks or "
+                                         "none (hybrid sharding is not built yet); valid: 1 or 4"),
+    case("train --nproc 4 --pp 2 --dp-shard 0", "parallel.dp_shard=2 with pp=2 tp=1: sharded data parallelism does "
+                                                "not compose with pipeline stages or tensor parallelism yet"),
+    case("train --dp-shard 0 --sparse torch-sparse --optimizer adagrad", "sparse torch-sparse with "
+                                                                          "parallel.dp_shard=2"),
+    case("train --dp-shard -1", "config key 'parallel.dp_shard' is -1; it must be >= 0"),
+    case("train --dp-shard 0 --plan auto", "parallel.dp_shard=0 with plan.source auto: the planner does not price"),
     case("train --nosuch 1", "unknown option(s) --nosuch 1"),
     case("train --max-restarts -1", "give an integer >= 0"),
     case("run --nproc 0 {file}", "argument --nproc: '0' is not a process count; give an integer >= 1"),
@@ -67,6 +75,8 @@ CASES = [
     case("bench ddp --report-only --out {corrupt}", "results.json is not a results file tessel wrote"),
     case("bench ddp --report-only --reprice", "--reprice re-prices a saved planner check: use it with 'plan"),
     case("bench plan --report-only --out {corrupt}", "results.json is not a planner check tessel wrote"),
+    case("bench plan --repeats 2 --out {folder}/p", "--repeats 2: the plan check judges the pick by an interval over "
+                                                   "rounds; valid: 3 or more"),
     case("bench ddp --doc {folder}/missing/bench.md", "folder '{folder}/missing' does not exist"),
     case("bench ddp --doc {folder}", "it is a folder"),
     case("bench ddp --rates 1e400", "rate '1e400' is not understood"),

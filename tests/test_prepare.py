@@ -14,6 +14,7 @@ from torch import nn
 import tessel
 from tessel import TesselError
 from tessel.data.prepared import PreparedLoader, slice_batch
+from tessel.plan import ParallelPlan
 from tessel.prepare import _table_groups
 from tessel.prepare import _table_policy as _plan
 from tessel.sparse import find_tables
@@ -161,6 +162,8 @@ def test_bad_input_is_one_line_each():
          "param groups [0, 1] with different settings"),
         (lambda: tessel.prepare(Plain(), torch.optim.SGD(Plain().parameters(), lr=1), _batches(), world=4),
          "prepare expected 4 ranks but runs on 1"),
+        (lambda: tessel.prepare(Plain(), torch.optim.SGD(Plain().parameters(), lr=1), _batches(),
+                                plan=ParallelPlan(dp=2, dp_shard=2)), "tessel.prepare does not shard a loop's model"),
     ]
     for fn, text in cases:
         with pytest.raises(TesselError) as e:

@@ -30,7 +30,8 @@ from .plan import ParallelPlan
 
 # short flag -> config key (flags that take a value)
 ALIASES = {
-    "--model": "model.name", "--nproc": "parallel.nproc", "--dp": "parallel.dp", "--pp": "parallel.pp",
+    "--model": "model.name", "--nproc": "parallel.nproc", "--dp": "parallel.dp", "--dp-shard": "parallel.dp_shard",
+    "--pp": "parallel.pp",
     "--tp": "parallel.tp", "--tp-mode": "tensor.mode", "--tp-grid": "tensor.grid", "--steps": "train.steps",
     "--sparse": "sparse.strategy", "--batch": "train.global_batch",
     "--micro-batches": "train.micro_batches", "--lr": "train.lr", "--optimizer": "train.optimizer",

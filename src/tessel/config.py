@@ -68,6 +68,7 @@ class ParallelConfig:
     timeout: float = 30.0  # seconds any collective may wait before the job is ended
     ddp_comm: str = "tessel"  # tessel (gradients through tessel.comm, counted) | torch (DDP's own all-reduce)
     bucket_mb: float = 0.0  # DDP gradient bucket size; 0: tessel picks (see parallelize.auto_bucket_mb)
+    dp_shard: int = 1  # dp ranks each weight, gradient and optimizer state is sharded over (FSDP2): 1, or 0 = dp
 
 
 @dataclass
@@ -333,6 +334,10 @@ def validate(cfg: Config) -> Config:
     if choices.precision(cfg.train.precision).compute and cfg.train.dtype != "float32":
         raise ConfigError(f"train.precision '{cfg.train.precision}' keeps float32 masters; train.dtype is "
                           f"'{cfg.train.dtype}': valid with it: train.dtype float32, or train.precision fp32")
+    if cfg.plan.source == "auto" and cfg.parallel.dp_shard != 1:
+        raise ConfigError(f"parallel.dp_shard={cfg.parallel.dp_shard} with plan.source auto: the planner does not "
+                          "price sharded data parallelism yet; valid: plan.source auto with dp_shard 1, or dp_shard "
+                          "with the layout given by flags")
     if choices.table_strategy(cfg.sparse.strategy).ddp_sparse and not choices.optimizer(cfg.train.optimizer).sparse:
         takes = ", ".join(o.name for o in choices.records(Optimizer) if o.sparse)
         raise ConfigError(f"sparse.strategy '{cfg.sparse.strategy}' needs a torch optimizer that takes sparse "

@@ -28,8 +28,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import choices, comm, pipeline, sparse, tensor
+from . import choices, comm, fsdp, pipeline, sparse, tensor
 from .chain import Chain, Runner, chain_of
+from .errors import PlanError
 from .mesh import subgroups
 from .plan import ParallelPlan, TableChoice
 from .settings import Settings
@@ -241,23 +242,44 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, batches: list[
         engine, optimizer = _stage_engine(root, chain, plan, settings, mesh, stages, lo, hi, handle, device,
                                           batches[0], tables, make_optimizer, ties)
     else:
-        engine, optimizer = _engine(root, chain, plan, settings, dp_group, handle, tables, make_optimizer)
+        engine, optimizer = _engine(root, chain, plan, settings, mesh, handle, tables, make_optimizer)
     return Parallelized(root, optimizer, engine, plan, settings, tables, shards, stages)
 
 
-def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, dp_group, tp, tables,
-            make_optimizer):
-    """One stage holding the whole model: DDP syncs gradients during backward."""
+def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, mesh, tp, tables, make_optimizer):
+    """One stage holding the whole model: DDP syncs gradients during backward (FSDP gathers each layer's weights
+    for its forward and backward and reduce-scatters its gradients)."""
+    dp_group = mesh.get_group("dp")
     model = Runner(root, chain) if chain is not None and not plan.tp_mode.torch_peer else root
-    if plan.dp > 1:
+    if plan.dp_shard > 1:
+        model = _sharded(model, root, plan, settings, mesh, tables)
+    elif plan.dp > 1:
         # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
         as_shipped = not plan.ddp_hook or plan.sparse.strategy.ddp_sparse or any(
             c.strategy.ddp_sparse for c in (tables.choices if tables else []))
         model = apply_ddp(model, dp_group, plan.bucket_mb, hook=not as_shipped)
     optimizer = make_optimizer(model.parameters())
     params = [p for p in model.parameters() if p.requires_grad]
-    tail = StepTail(params, optimizer, settings.clip, tp=tp, tables=tables)
+    tail = StepTail(params, optimizer, settings.clip, tp=tp, tables=tables,
+                    shard_group=dp_group if plan.dp_shard > 1 else None)
     return Engine(model, tail, plan.micro_batches, settings.lr_at, tables, _autocast(model, settings)), optimizer
+
+
+def _sharded(model: torch.nn.Module, root: torch.nn.Module, plan: ParallelPlan, settings: Settings, mesh,
+             tables) -> torch.nn.Module:
+    """FSDP2 over the dp ranks: each chain layer's modules a unit (a model with no registered chain: one unit),
+    the served tables left out; under mixed precision the weights are gathered in the compute dtype."""
+    served = [root.get_submodule(c.info.name) for c in (tables.choices if tables else []) if c.strategy.served]
+    ignored = {p for m in served for p in m.parameters()}
+    try:
+        owned = [layer.owns for layer in chain_of(root).layers]
+    except PlanError:  # no registered chain: the whole model is one unit
+        owned = []
+    prefix = "root." if isinstance(model, Runner) else ""
+    replicate_from_first(model, mesh.get_group("dp"))  # the same weights everywhere before each keeps its shard
+    units = fsdp.units(model, [tuple(prefix + o for o in owns if o) for owns in owned], ignored)
+    gathered = settings.compute_dtype if settings.precision.compute else None  # bf16 weights cross in bf16
+    return fsdp.apply_fsdp(model, mesh["dp"], units, ignored, gathered)
 
 
 def _autocast(model: torch.nn.Module, settings: Settings):

@@ -118,6 +118,7 @@ class ParallelPlan:
     sparse: TablePolicy = field(default_factory=TablePolicy)
     ddp_hook: bool = True  # DDP's gradients through tessel.comm (counted); False: torch DDP as shipped (the peer)
     bucket_mb: float = 0.0  # DDP's gradient buckets; 0: tessel's (parallelize.auto_bucket_mb)
+    dp_shard: int = 1  # dp ranks each weight is sharded over (FSDP2, tessel.fsdp): 1 replicates (DDP), dp shards
 
     def __post_init__(self) -> None:
         # names given for choices resolve to their records once, here
@@ -219,6 +220,8 @@ class ParallelPlan:
                          + (f" ({self.predict.name})" if self.schedule.weights == "predict" else ""))
             if self.bounds:
                 parts.append("stages " + " | ".join(f"{lo}-{hi - 1}" for lo, hi in self.bounds))
+        if self.dp_shard > 1:
+            parts.append(f"weights sharded over {self.dp_shard} dp ranks (FSDP)")
         parts.append(f"{self.micro_batches} micro-batch{'es' if self.micro_batches > 1 else ''}")
         if self.tables:
             parts.append("tables " + ", ".join(t.describe() for t in self.tables))
@@ -309,7 +312,24 @@ def _sparse(plan: ParallelPlan, settings) -> str | None:
     return None
 
 
-PREDICATES = (_degrees, _batch, _schedule, _tensor, _sparse)
+def _shard(plan: ParallelPlan, settings) -> str | None:
+    """Sharded data parallelism runs over the whole dp group of an unpipelined, untensor-parallel model for now."""
+    if plan.dp_shard == 1:
+        return None
+    if plan.dp_shard != plan.dp:
+        return (f"parallel.dp_shard={plan.dp_shard} with dp={plan.dp}: weights are sharded over all dp ranks or none "
+                f"(hybrid sharding is not built yet); valid: 1 or {plan.dp}")
+    if plan.pp > 1 or plan.tp > 1:
+        return (f"parallel.dp_shard={plan.dp_shard} with pp={plan.pp} tp={plan.tp}: sharded data parallelism does "
+                "not compose with pipeline stages or tensor parallelism yet; valid: pp=1 and tp=1, or dp_shard 1")
+    ddp_sparse = [s.name for s in plan.sparse.given() if s.ddp_sparse]
+    if ddp_sparse:
+        return (f"sparse {ddp_sparse[0]} with parallel.dp_shard={plan.dp_shard}: it is torch DDP's sparse-gradient "
+                "path, which FSDP has not; valid: dense, allgather, ps, alltoall, auto")
+    return None
+
+
+PREDICATES = (_degrees, _batch, _schedule, _tensor, _sparse, _shard)
 
 
 def problems(plan: ParallelPlan, settings) -> list[str]:

@@ -246,6 +246,9 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
     every rank, after the model is built with the same weights everywhere (rank 0's are broadcast anyway)."""
     mixed = Settings(precision=precision)  # the one place a precision's name is resolved (a one-line error)
     if isinstance(plan, ParallelPlan):
+        if plan.dp_shard > 1:
+            raise TesselError(f"plan dp_shard={plan.dp_shard}: tessel.prepare does not shard a loop's model yet "
+                              "(tessel train --dp-shard does); valid: dp_shard 1")
         if plan.pp > 1 or plan.tp > 1:
             _join(timeout, model)
             return prepare_axes(model, optimizer, loader, plan, samples=samples, lazy=lazy, max_norm=max_norm,

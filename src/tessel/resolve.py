@@ -71,7 +71,8 @@ def plan_of(cfg: Config, world: int) -> ParallelPlan:
                         regather=cfg.tensor.regather, sequence_parallel=cfg.tensor.sequence_parallel,
                         schedule=cfg.pipeline.schedule, predict=cfg.pipeline.predict,
                         micro_batches=cfg.train.micro_batches, bounds=bounds, sparse=policy_of(cfg),
-                        ddp_hook=p.ddp_comm == "tessel", bucket_mb=p.bucket_mb)
+                        ddp_hook=p.ddp_comm == "tessel", bucket_mb=p.bucket_mb,
+                        dp_shard=dims.dp if p.dp_shard == 0 else p.dp_shard)
 
 
 def load_plan(path: str | Path) -> ParallelPlan:
@@ -93,7 +94,8 @@ def saved_plan_for(cfg: Config, world: int) -> ParallelPlan:
     plan = load_plan(cfg.plan.source)
     written = json.loads(Path(cfg.plan.source).read_text())
     flags = plan_of(cfg, plan.world)
-    plan = plan.with_(**{k: getattr(flags, k) for k in ("sparse", "ddp_hook", "bucket_mb") if k not in written})
+    plan = plan.with_(**{k: getattr(flags, k) for k in ("sparse", "ddp_hook", "bucket_mb", "dp_shard")
+                         if k not in written})
     if world and plan.world != world:
         raise PlanError(f"plan file '{cfg.plan.source}' is for {plan.world} ranks (dp={plan.dp} pp={plan.pp} "
                         f"tp={plan.tp}) but this job has {world}; run it with {plan.world} ranks or plan again for "

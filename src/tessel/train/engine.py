@@ -76,8 +76,11 @@ class Engine:
 
     def _no_sync(self, last: bool):
         # DDP all-reduces in backward; skipping it on all but the last micro-batch sends each
-        # gradient once per step instead of once per micro-batch.
-        if not last and hasattr(self.model, "no_sync"):
+        # gradient once per step instead of once per micro-batch. FSDP then keeps the unsharded gradients
+        # until the last micro-batch reduce-scatters their sum.
+        if hasattr(self.model, "set_requires_gradient_sync"):
+            self.model.set_requires_gradient_sync(last)
+        elif not last and hasattr(self.model, "no_sync"):
             return self.model.no_sync()
         return contextlib.nullcontext()
 

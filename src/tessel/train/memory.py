@@ -101,6 +101,11 @@ def allocator_bytes() -> int | None:
     return int(info.uordblks + info.hblkhd)
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t``: a DTensor's local shard (FSDP's sharded weights and their state), else ``t``."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def table_memory_bytes(tables, dense_tables: list[tuple[torch.nn.Parameter, bool]], optimizer) -> int:
     """Bytes this rank holds for embedding tables: weights, optimizer state and gradients (dense tables)
     or shard, row-optimizer state and the rows pulled for the last batch (ps and allgather tables)."""
@@ -108,17 +113,18 @@ def table_memory_bytes(tables, dense_tables: list[tuple[torch.nn.Parameter, bool
     for p, sparse_grad in dense_tables:
         state = optimizer.state.get(p, {})
         # A dense gradient of the whole table exists during every step (zero_grad frees it after).
-        grad = 0 if sparse_grad else p.numel() * p.element_size()
-        total += p.numel() * p.element_size() + grad + sum(
-            v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v) and v.dim())
+        n = local(p).numel()  # a dense table under FSDP: this rank's shard
+        grad = 0 if sparse_grad else n * p.element_size()
+        total += n * p.element_size() + grad + sum(
+            local(v).numel() * v.element_size() for v in state.values() if torch.is_tensor(v) and v.dim())
     return total
 
 
 def model_state_bytes(params, optimizer) -> int:
     """Bytes of this rank's parameters and their optimizer state (what sharding over pp and tp divides)."""
     params = list(params)
-    total = sum(p.numel() * p.element_size() for p in params)
+    total = sum(local(p).numel() * p.element_size() for p in params)  # a sharded weight: this rank's shard
     for p in params:
-        total += sum(v.numel() * v.element_size() for v in optimizer.state.get(p, {}).values()
+        total += sum(local(v).numel() * v.element_size() for v in optimizer.state.get(p, {}).values()
                      if torch.is_tensor(v) and v.dim())
     return total

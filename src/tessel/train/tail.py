@@ -23,6 +23,7 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .. import comm
+from .memory import local
 from .optim import set_lr
 
 
@@ -40,7 +41,7 @@ def local_sq(params: list[torch.nn.Parameter]) -> torch.Tensor:
     sq = torch.zeros(1, dtype=torch.float64, device=params[0].device if params else comm.device())
     for p in params:
         if p.grad is not None:
-            g = p.grad.coalesce()._values() if p.grad.is_sparse else p.grad
+            g = p.grad.coalesce()._values() if p.grad.is_sparse else local(p.grad)  # a sharded one: this rank's
             sq += g.double().pow(2).sum()
     return sq
 
@@ -49,17 +50,19 @@ class StepTail:
     """``clip``: the max gradient norm (0: none). ``dp_group``: average gradients over it here (None: DDP already
     did in backward). ``tp``: the tensor-
     parallel handle (``finish_backward() -> squared norm``). ``tables``: sparse tables (``reduce``/``step``).
-    ``norm_group``: the pipeline group whose stages' squared norms are summed for a global norm. ``tied``: see
-    ``self.tied``."""
+    ``norm_group``: the pipeline group whose stages' squared norms are summed for a global norm. ``shard_group``:
+    the dp group FSDP shards the gradients over (each rank holds 1/dp of each: their squares are summed over it).
+    ``tied``: see ``self.tied``."""
 
     def __init__(self, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, clip: float = 0.0, *,
-                 dp_group=None, tp=None, tables=None, norm_group=None, tied=()) -> None:
+                 dp_group=None, tp=None, tables=None, norm_group=None, tied=(), shard_group=None) -> None:
         self.params, self.optimizer, self.clip = params, optimizer, clip
         # (parameter, group, counted here): a weight several pipeline stages hold a copy of (a tied embedding);
         # their gradients are summed over the group, and the norm counts it on one of them
         self.tied = list(tied)
         self.uncounted = {id(p) for p, _, counted in self.tied if not counted}
         self.dp_group, self.tp, self.tables, self.norm_group = dp_group, tp, tables, norm_group
+        self.shard_group = shard_group
         self.waited = 0.0  # seconds spent in the pipeline-wide norm all-reduce (waiting on other stages)
 
     def _sync_dp(self) -> None:
@@ -86,6 +89,8 @@ class StepTail:
         self._sync_tied()
         sq = (self.tp.finish_backward().reshape(1) if self.tp is not None
               else local_sq([p for p in self.params if id(p) not in self.uncounted]))
+        if self.shard_group is not None:
+            comm.all_reduce(sq, "meta", group=self.shard_group)
         if self.tables:
             with comm.guard("exchange of sparse row gradients", "sparse"):
                 rows_sq = self.tables.reduce(upto)

@@ -1,0 +1,86 @@
+"""Sharded data parallelism: torch's FSDP2 (``fully_shard``) over the dp ranks, every byte through tessel.comm.
+
+Each dp rank keeps 1/dp of every weight, gradient and optimizer state (ZeRO-3). A layer's weights are gathered
+whole just before its forward and again before its backward (``reshard_after_forward``), and its gradients are
+reduce-scattered as its backward ends, so a rank holds one layer unsharded at a time, not the model. Units are
+the model's chain layers (the modules each layer owns, from :mod:`tessel.chain`'s registry), then the root for
+what is left; a model with no registered chain is one unit. Served tables stay out: their rows live on their
+owners, and their gradients never pass through FSDP (``ignored_params``).
+
+The all-gather and the reduce-scatter are FSDP's own, given tessel.comm calls (``set_custom_all_gather``):
+``dp.gather`` counts (P − 1) · shard bytes per gather, ``dp.scatter`` (P − 1)/P of each reduce-scatter's input
+(an all-to-all and a local sum, tessel.comm's reduce-scatter). FSDP is told to sum (``set_force_sum_reduction_
+for_comms``) and divides by P itself, as DDP's mean does. Under bf16-mixed the gathered weights are bf16 (half
+the gather bytes) and the gradients are reduced in fp32 (gloo cannot sum bf16; torchtitan reduces in fp32).
+
+Example::
+
+    model = apply_fsdp(model, mesh["dp"], units=[model.blocks[0], model.blocks[1]], ignored=set())
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+from . import comm
+
+
+class _Alloc:
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+
+class Gather(_Alloc, AllGather):
+    """FSDP's all-gather of a unit's shards as one tessel.comm call (synchronous: FSDP waits on torch's Work type
+    only, so an asynchronous handle of ours would not be waited for)."""
+
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        comm.all_gather_into(output_tensor, input_tensor, "dp.gather", group)
+
+
+class Scatter(_Alloc, ReduceScatter):
+    """FSDP's reduce-scatter of a unit's gradients as one tessel.comm call (a sum; FSDP divides after)."""
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        if op != dist.ReduceOp.SUM:  # set_force_sum_reduction_for_comms makes every call a sum
+            raise RuntimeError(f"FSDP asked tessel.comm for a reduce-scatter with {op}; it sums only")
+        comm.reduce_scatter(output_tensor, input_tensor, "dp.scatter", group)
+
+
+def units(model: nn.Module, owned: list[tuple[str, ...]], ignored: set[nn.Parameter]) -> list[nn.Module]:
+    """The submodules to shard one by one: those the chain's layers own, in order, that hold parameters (not
+    ignored) none of which is also referenced outside them (a tied weight stays with the root)."""
+    total = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    out: list[nn.Module] = []
+    for path in (path for paths in owned for path in paths if path):
+        m = model.get_submodule(path)
+        inside = Counter(id(p) for _, p in m.named_parameters(remove_duplicate=False))
+        if (any(m is u for u in out) or not any(p not in ignored for p in m.parameters())
+                or any(total[i] != n for i, n in inside.items())):
+            continue
+        out.append(m)
+    return out
+
+
+def apply_fsdp(model: nn.Module, dp_mesh, unit_modules: list[nn.Module], ignored: set[nn.Parameter],
+               param_dtype: torch.dtype | None = None) -> nn.Module:
+    """``fully_shard`` each of ``unit_modules``, then ``model``; gathers in ``param_dtype`` (None: the
+    weights' own), gradients reduced in the weights' dtype. Returns ``model`` (now an FSDPModule)."""
+    dtype = next((p.dtype for p in model.parameters() if p not in ignored), torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=dtype if param_dtype else None)
+    for m in [*unit_modules, model]:
+        fully_shard(m, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=True,
+                    ignored_params=ignored or None)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_custom_all_gather(Gather())
+            m.set_custom_reduce_scatter(Scatter())
+            m.set_force_sum_reduction_for_comms(True)
+    return model
+
