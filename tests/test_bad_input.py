@@ -62,6 +62,12 @@ CASES = [
     case("train --dp-shard 0 --sparse torch-sparse --optimizer adagrad", "sparse torch-sparse with "
                                                                           "parallel.dp_shard=2"),
     case("train --dp-shard -1", "config key 'parallel.dp_shard' is -1; it must be >= 0"),
+    case("train --train.recompute full", "config key 'train.recompute' is 'full'; valid: none, layers, selective"),
+    case("train --pp 2 --micro-batches 2 --pipeline.schedule async-predict --optimizer sgd --train.recompute layers",
+         "train.recompute=layers with pipeline.schedule async-predict: the recomputed forward would run on the live "
+         "weights"),
+    case("train --tp 2 --tp-mode torch-1d --train.recompute selective", "train.recompute=selective with tensor.mode "
+                                                                        "torch-1d"),
     case("train --dp-shard 0 --plan auto", "parallel.dp_shard=0 with plan.source auto: the planner does not price"),
     case("train --nosuch 1", "unknown option(s) --nosuch 1"),
     case("train --max-restarts -1", "give an integer >= 0"),

@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +56,42 @@ class Chain:
     @property
     def names(self) -> list[str]:
         return [layer.name for layer in self.layers]
+
+
+# what a selective recompute keeps: the matrix products' outputs (the expensive ops); the rest runs again
+_MATMULS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
+            "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention")
+
+
+def _keep_matmuls():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    ops = [getattr(torch.ops.aten, name).default for name in _MATMULS if hasattr(torch.ops.aten, name)]
+    return create_selective_checkpoint_contexts(ops)
+
+
+def _checkpointed(run: Callable, keep_matmuls: bool) -> Callable:
+    from torch.utils.checkpoint import checkpoint
+
+    extra = {"context_fn": _keep_matmuls} if keep_matmuls else {}
+    # non-reentrant: gradients reach the root's parameters and the layer's input alike; the RNG state is
+    # restored for the recompute, so dropout and a sampled softmax's draws repeat exactly
+    return lambda root, x: checkpoint(run, root, x, use_reentrant=False, **extra)
+
+
+def recomputed(chain: Chain, root: nn.Module, keep_matmuls: bool = False) -> Chain:
+    """``chain`` whose every layer keeps only its input for backward and runs its forward again there
+    (activation checkpointing per layer); ``keep_matmuls`` also keeps its matrix products' outputs, except in a
+    recurrent layer (torch's LSTM cell changes its product's output in place, which a kept output must not be),
+    which is recomputed whole."""
+    def keeps(layer: Layer) -> bool:
+        if not keep_matmuls:
+            return False
+        found = dict(root.named_modules())  # a pipeline stage's root holds only its own layers' modules
+        owned = [found[path] for path in layer.owns if path in found]
+        return not any(isinstance(m, nn.RNNBase) for o in owned for m in o.modules())
+
+    return replace(chain, layers=[replace(layer, run=_checkpointed(layer.run, keeps(layer))) for layer in chain.layers])
 
 
 class Runner(nn.Module):

@@ -129,10 +129,21 @@ class Precision:
     compute: str = ""  # torch dtype name of autocast's compute ("": none, the parameters' dtype throughout)
 
 
+@dataclass(frozen=True)
+class Recompute:
+    """Which activations a chain layer keeps for backward: all (``none``), only its input, the rest recomputed in
+    backward (``layers``), or also its matrix products' outputs, so only the cheap ops run twice (``selective``)."""
+
+    name: str
+    layers: bool = False  # each chain layer's forward runs again in backward
+    keeps_matmuls: bool = False  # ... keeping what its matrix products computed
+
+
 _KINDS: dict[type, dict[str, object]] = {Schedule: {}, Prediction: {}, TensorMode: {}, TableStrategy: {},
-                                         Optimizer: {}, Precision: {}}
+                                         Optimizer: {}, Precision: {}, Recompute: {}}
 _LABEL = {Schedule: "pipeline.schedule", Prediction: "pipeline.predict", TensorMode: "tensor.mode",
-          TableStrategy: "sparse.strategy", Optimizer: "train.optimizer", Precision: "train.precision"}
+          TableStrategy: "sparse.strategy", Optimizer: "train.optimizer", Precision: "train.precision",
+          Recompute: "train.recompute"}
 
 
 def register(record):
@@ -186,6 +197,10 @@ def precision(name) -> Precision:
     return _get(Precision, name)
 
 
+def recompute(name) -> Recompute:
+    return _get(Recompute, name)
+
+
 for _r in (
         Schedule("gpipe", order="gpipe"),
         Schedule("1f1b"),
@@ -219,6 +234,9 @@ for _r in (
         Optimizer("adagrad", "Adagrad", rows="adagrad", states=1, direction=False, sparse=True),
         Precision("fp32"),
         Precision("bf16-mixed", compute="bfloat16"),
+        Recompute("none"),
+        Recompute("layers", layers=True),
+        Recompute("selective", layers=True, keeps_matmuls=True),
 ):
     register(_r)
 

@@ -87,6 +87,7 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"  # float32 | float64 (the parameters')
     precision: str = "fp32"  # fp32 | bf16-mixed (compute in bfloat16, fp32 masters, optimizer and sums)
+    recompute: str = "none"  # none | layers (each chain layer's forward again in backward) | selective (keeps matmuls)
 
 
 @dataclass
@@ -214,6 +215,7 @@ CHOICES: dict[str, tuple[str, ...] | type] = {
     "train.schedule": LR_SCHEDULES,
     "train.dtype": ("float32", "float64"),
     "train.precision": Precision,
+    "train.recompute": choices.Recompute,
     "metrics.progress": ("auto", "bar", "log", "off"),
     "sparse.strategy": TableStrategy,
     "sparse.split": SPARSE_SPLITS,

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import choices, comm, fsdp, pipeline, sparse, tensor
-from .chain import Chain, Runner, chain_of
+from .chain import Chain, Runner, chain_of, recomputed
 from .errors import PlanError
 from .mesh import subgroups
 from .plan import ParallelPlan, TableChoice
@@ -177,6 +177,11 @@ def check_model(model: torch.nn.Module, plan: ParallelPlan, settings: Settings) 
     ``model`` is changed in place."""
     sparse.check_overrides([i.name for i in sparse.find_tables(model)], plan.sparse.overrides)
     if plan.pp == 1 and plan.tp == 1:
+        if settings.recompute.layers:
+            try:
+                chain_of(model)
+            except PlanError as e:
+                raise PlanError(f"train.recompute={settings.recompute.name} recomputes per chain layer: {e}") from None
         return
     chain = chain_of(model)
     if plan.pp > 1:
@@ -238,6 +243,8 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, batches: list[
             mine = comm.all_gather_object([[t.name, t.strategy.name, t.split] for t in plan.tables], "meta",
                                           mesh.get_group("pp"))
             plan = plan.with_(tables=tuple(TableChoice(*t) for stage in mine for t in stage))
+    if settings.recompute.layers:  # after tensor parallelism, before the data-parallel sync (and sharding)
+        chain = recomputed(chain if chain is not None else chain_of(root), root, settings.recompute.keeps_matmuls)
     if plan.pp > 1:
         engine, optimizer = _stage_engine(root, chain, plan, settings, mesh, stages, lo, hi, handle, device,
                                           batches[0], tables, make_optimizer, ties)

@@ -329,7 +329,24 @@ def _shard(plan: ParallelPlan, settings) -> str | None:
     return None
 
 
-PREDICATES = (_degrees, _batch, _schedule, _tensor, _sparse, _shard)
+def _recompute(plan: ParallelPlan, settings) -> str | None:
+    """A recomputed layer must see the weights its first forward saw: the asynchronous schedules' stashed or
+    predicted weights exist only during that forward, and torch's tensor-parallel peer runs no chain."""
+    r = getattr(settings, "recompute", None)
+    if r is None or not r.layers:
+        return None
+    if plan.pp > 1 and plan.schedule.asynchronous:
+        flushed = ", ".join(s.name for s in choices.records(Schedule) if s.flushed)
+        return (f"train.recompute={r.name} with pipeline.schedule {plan.schedule.name}: the recomputed forward would "
+                "run on the live weights, not the stashed or predicted ones its first forward saw; valid: "
+                f"train.recompute none, or a flushed schedule ({flushed})")
+    if plan.tp > 1 and plan.tp_mode.torch_peer:
+        return (f"train.recompute={r.name} with tensor.mode {plan.tp_mode.name}: torch's parallelize_module runs the "
+                "model whole, not as tessel's chain of layers; valid: tensor.mode 1d, 2d or 3d")
+    return None
+
+
+PREDICATES = (_degrees, _batch, _schedule, _tensor, _sparse, _shard, _recompute)
 
 
 def problems(plan: ParallelPlan, settings) -> list[str]:

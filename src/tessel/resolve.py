@@ -31,7 +31,7 @@ def settings_of(cfg: Config) -> Settings:
     return Settings(optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay,
                     lr_schedule=t.schedule, warmup=t.warmup, min_lr_ratio=t.min_lr_ratio, steps=t.steps, clip=t.clip,
                     dtype=t.dtype, global_batch=t.global_batch, seed=t.seed, timeout=cfg.parallel.timeout,
-                    precision=t.precision)
+                    precision=t.precision, recompute=t.recompute)
 
 
 def policy_of(cfg: Config) -> TablePolicy:
