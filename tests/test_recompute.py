@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from composed import planned
 from steps import TorchReference, step_side_by_side
+from tessel import sparse
 from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.mesh import build_mesh
@@ -43,6 +44,7 @@ def check_recompute(name: str, recompute: str, extra: list[str], steps: int = 3)
     par = parallelize(build(cfg, 64).double(), plan, mesh, [loader.peek()], settings)
     step_side_by_side(par.engine, TorchReference(ref, cfg.train), loader, ref_loader, steps, p, ATOL)
     got = {n: t.full_tensor() if hasattr(t, "full_tensor") else t for n, t in par.module.named_parameters()}
+    got.update({f"{n}.weight": sparse.full_table(t) for n, t in (par.tables.tables.items() if par.tables else ())})
     for n, b in ref.named_parameters():
         torch.testing.assert_close(got[n], b, rtol=0, atol=ATOL, msg=n)
     return par.engine.activation_bytes
@@ -54,6 +56,9 @@ def test_recompute_equals_one_process_and_keeps_less(world2, name):
     assert kept["layers"] < kept["none"] and kept["selective"] < kept["none"], kept
     # under FSDP the recomputed forward gathers its layer's weights again, and the math still holds
     world2.run(check_recompute, name, "layers", ["parallel.dp_shard=0"])
+    # served tables: a recomputed layer reads the rows its first forward fetched (no second fetch), Adagrad rows
+    strategy = "ps" if name == "transformer_lm" else "alltoall"
+    world2.run(check_recompute, name, "selective", [f"sparse.strategy={strategy}", "train.optimizer=adagrad"])
 
 
 def test_recomputed_pipeline_trains_exactly_as_without(world2, tmp_path):
