@@ -57,8 +57,10 @@ CASES = [
     case("train --dp 3", "global batch 32 is not divisible by dp=3"),
     case("train --nproc 4 --dp-shard 3", "parallel.dp_shard=3 with dp=4: weights are sharded over all dp ranks or "
                                          "none (hybrid sharding is not built yet); valid: 1 or 4"),
-    case("train --nproc 4 --pp 2 --dp-shard 0", "parallel.dp_shard=2 with pp=2 tp=1: sharded data parallelism does "
-                                                "not compose with pipeline stages or tensor parallelism yet"),
+    case("train --nproc 4 --tp 2 --dp-shard 0", "parallel.dp_shard=2 with tp=2: sharded data parallelism does not "
+                                                "compose with tensor parallelism yet; valid: tp=1, or dp_shard 1"),
+    case("train --nproc 4 --pp 2 --micro-batches 2 --pipeline.schedule async --dp-shard 0",
+         "parallel.dp_shard=2 with pipeline.schedule async: sharded stages run under tessel's flushed schedules"),
     case("train --dp-shard 0 --sparse torch-sparse --optimizer adagrad", "sparse torch-sparse with "
                                                                           "parallel.dp_shard=2"),
     case("train --dp-shard -1", "config key 'parallel.dp_shard' is -1; it must be >= 0"),

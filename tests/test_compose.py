@@ -46,6 +46,7 @@ LAYOUTS = {  # name -> config keys (world 8)
     "tp4-2d-dp2": ["parallel.tp=4", "tensor.mode=2d"],
     "tp8-3d": ["parallel.tp=8", "tensor.mode=3d"],
     "pp2": ["parallel.pp=2"],
+    "pp2-dp4-sharded": ["parallel.pp=2", "parallel.dp_shard=0"],  # FSDP over each stage's 4 dp ranks
 }
 
 
@@ -74,8 +75,12 @@ def _compose(cfg):
 
 
 def _local(par, name, full):
-    """This rank's block of a full tensor of the plain model."""
+    """This rank's block of a full tensor of the plain model (a sharded weight's: its FSDP shard)."""
     p = dict(par.module.named_parameters())[name]
+    if hasattr(p, "to_local"):  # FSDP's Shard(0): torch.chunk's pieces over the dp ranks, the last ones maybe short
+        chunks = full.chunk(p.device_mesh.size(), dim=0)
+        index = p.device_mesh.get_coordinate()[0]
+        return chunks[index] if index < len(chunks) else full[:0]
     return par.shards.grid.local(full, p.tp_split) if par.shards is not None else full
 
 
@@ -107,10 +112,12 @@ def check_parity(model, layout, schedule, optimizer, micro, steps=3):
             assert abs(float(mean) / par.plan.dp - ref_res.loss) < ATOL, (float(mean), ref_res.loss)
         assert abs(res.grad_norm - ref_res.grad_norm) < ATOL, (res.grad_norm, ref_res.grad_norm)
         for n, g in grads[step].items():
+            g = g.to_local() if hasattr(g, "to_local") else g
             torch.testing.assert_close(g, _local(par, n, ref_grads[step][n]), rtol=0, atol=ATOL, msg=f"{n} {step}")
     ref_params = dict(ref.named_parameters())
+    shard = (lambda t: t.to_local() if hasattr(t, "to_local") else t)  # noqa: E731
     for n, p in mine:
-        torch.testing.assert_close(p, _local(par, n, ref_params[n].detach()), rtol=0, atol=ATOL, msg=n)
+        torch.testing.assert_close(shard(p), _local(par, n, ref_params[n].detach()), rtol=0, atol=ATOL, msg=n)
     assert len(grads) == steps and grads[0]
     return sorted(n for n, _ in mine)
 
@@ -120,7 +127,9 @@ COMPOSED = [("pp2-tp4-2d", "gpipe", "sgd"), ("pp2-tp4-3d", "1f1b", "adamw"), ("d
             # torch's schedules (the peers) on the same tensor-parallel stages: PipelineStage infers the boundary
             # shapes by running the stage, so every tp rank runs its collectives alike
             ("dp2-pp2-tp2-1d", "torch-1f1b", "sgd"), ("pp2-tp4-3d", "torch-interleaved-zb", "adamw"),
-            ("pp2-tp4-2d", "torch-zbv", "sgd")]
+            ("pp2-tp4-2d", "torch-zbv", "sgd"),
+            # FSDP on each stage: the last micro-batch's backward reduce-scatters the step's gradient sum
+            ("pp2-dp4-sharded", "1f1b", "adamw"), ("pp2-dp4-sharded", "gpipe", "sgd")]
 
 
 @pytest.mark.parametrize("layout,schedule,optimizer", COMPOSED)

@@ -259,7 +259,11 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, m
     dp_group = mesh.get_group("dp")
     model = Runner(root, chain) if chain is not None and not plan.tp_mode.torch_peer else root
     if plan.dp_shard > 1:
-        model = _sharded(model, root, plan, settings, mesh, tables)
+        try:
+            owned = [layer.owns for layer in (chain or chain_of(root)).layers]
+        except PlanError:  # no registered chain: the whole model is one unit
+            owned = []
+        model = _sharded(model, owned, settings, mesh, tables)
     elif plan.dp > 1:
         # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
         as_shipped = not plan.ddp_hook or plan.sparse.strategy.ddp_sparse or any(
@@ -272,21 +276,20 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, m
     return Engine(model, tail, plan.micro_batches, settings.lr_at, tables, _autocast(model, settings)), optimizer
 
 
-def _sharded(model: torch.nn.Module, root: torch.nn.Module, plan: ParallelPlan, settings: Settings, mesh,
+def _sharded(model: torch.nn.Module, owned: list[tuple[str, ...]], settings: Settings, mesh,
              tables) -> torch.nn.Module:
-    """FSDP2 over the dp ranks: each chain layer's modules a unit (a model with no registered chain: one unit),
-    the served tables left out; under mixed precision the weights are gathered in the compute dtype."""
-    served = [root.get_submodule(c.info.name) for c in (tables.choices if tables else []) if c.strategy.served]
+    """FSDP2 over the dp ranks: the modules each of ``owned`` (the chain layers' module paths, those this rank
+    holds) a unit, then the root; the served tables left out; under mixed precision the weights are gathered in
+    the compute dtype."""
+    served = [model.get_submodule(("root." if isinstance(model, Runner) else "") + c.info.name)
+              for c in (tables.choices if tables else []) if c.strategy.served]
     ignored = {p for m in served for p in m.parameters()}
-    try:
-        owned = [layer.owns for layer in chain_of(root).layers]
-    except PlanError:  # no registered chain: the whole model is one unit
-        owned = []
     prefix = "root." if isinstance(model, Runner) else ""
+    found = dict(model.named_modules())  # a pipeline stage holds only its own layers' modules
+    paths = [tuple(prefix + o for o in owns if o and prefix + o in found) for owns in owned]
     replicate_from_first(model, mesh.get_group("dp"))  # the same weights everywhere before each keeps its shard
-    units = fsdp.units(model, [tuple(prefix + o for o in owns if o) for owns in owned], ignored)
     gathered = settings.compute_dtype if settings.precision.compute else None  # bf16 weights cross in bf16
-    return fsdp.apply_fsdp(model, mesh["dp"], units, ignored, gathered)
+    return fsdp.apply_fsdp(model, mesh["dp"], fsdp.units(model, paths, ignored), ignored, gathered)
 
 
 def _autocast(model: torch.nn.Module, settings: Settings):
@@ -327,13 +330,19 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, me
     between the stages that hold them, and sums the norm over pp."""
     pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp")
     runner = Runner(root, chain, lo, hi)
-    if plan.dp > 1:
+    sharded = plan.dp_shard > 1
+    if sharded:  # FSDP syncs the stage's gradients (the last micro-batch's backward reduce-scatters their sum)
+        if ties:
+            raise PlanError("parallel.dp_shard with a weight tied across pipeline stages: the stages' copies would "
+                            "be summed shard by shard; valid: model.tie_embeddings false, or dp_shard 1")
+        runner = _sharded(runner, [layer.owns for layer in chain.layers[lo:hi]], settings, mesh, tables)
+    elif plan.dp > 1:
         replicate_from_first(runner, dp_group)
     tied = _tied(root, ties, mesh.get_local_rank("pp"), pp_group, settings.timeout)
     optimizer = make_optimizer(runner.parameters())
     params = [p for p in runner.parameters() if p.requires_grad]
-    tail = StepTail(params, optimizer, settings.clip, dp_group=dp_group, tp=tp, tables=tables, norm_group=pp_group,
-                    tied=tied)
+    tail = StepTail(params, optimizer, settings.clip, dp_group=None if sharded else dp_group, tp=tp, tables=tables,
+                    norm_group=pp_group, tied=tied, shard_group=dp_group if sharded else None)
     micro = batch[0].shape[0] // plan.micro_batches
     index = mesh.get_local_rank("pp")
     stage = pipeline.Stage(runner, index, plan.pp, dist.get_process_group_ranks(pp_group), stages, micro,

@@ -313,15 +313,21 @@ def _sparse(plan: ParallelPlan, settings) -> str | None:
 
 
 def _shard(plan: ParallelPlan, settings) -> str | None:
-    """Sharded data parallelism runs over the whole dp group of an unpipelined, untensor-parallel model for now."""
+    """Sharded data parallelism runs over the whole dp group, unpipelined or under tessel's flushed schedules,
+    without tensor parallelism (for now)."""
     if plan.dp_shard == 1:
         return None
     if plan.dp_shard != plan.dp:
         return (f"parallel.dp_shard={plan.dp_shard} with dp={plan.dp}: weights are sharded over all dp ranks or none "
                 f"(hybrid sharding is not built yet); valid: 1 or {plan.dp}")
-    if plan.pp > 1 or plan.tp > 1:
-        return (f"parallel.dp_shard={plan.dp_shard} with pp={plan.pp} tp={plan.tp}: sharded data parallelism does "
-                "not compose with pipeline stages or tensor parallelism yet; valid: pp=1 and tp=1, or dp_shard 1")
+    if plan.tp > 1:
+        return (f"parallel.dp_shard={plan.dp_shard} with tp={plan.tp}: sharded data parallelism does not compose "
+                "with tensor parallelism yet; valid: tp=1, or dp_shard 1")
+    if plan.pp > 1 and (plan.schedule.asynchronous or plan.schedule.torch_peer):
+        valid = ", ".join(s.name for s in choices.records(Schedule) if s.flushed and not s.torch_peer)
+        return (f"parallel.dp_shard={plan.dp_shard} with pipeline.schedule {plan.schedule.name}: sharded stages run "
+                "under tessel's flushed schedules (the asynchronous ones' stashed or predicted weights would need "
+                f"sharded copies, torch's run their own backward); valid: {valid}")
     ddp_sparse = [s.name for s in plan.sparse.given() if s.ddp_sparse]
     if ddp_sparse:
         return (f"sparse {ddp_sparse[0]} with parallel.dp_shard={plan.dp_shard}: it is torch DDP's sparse-gradient "

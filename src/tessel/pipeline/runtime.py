@@ -163,6 +163,7 @@ class PipelineEngine(_StageEngine):
         self.fed = 0  # micro-batches that have entered this stage since the pipeline was last empty (async)
         self.last_backward = -1  # the micro-batch whose backward ends a flushed step (-1: every one may be)
         self.inflight: dict[int, tuple] = {}
+        self.sharded = hasattr(stage.runner, "set_requires_gradient_sync")  # FSDP over the stage's dp ranks
         self.draws = SameDraws(micro_batches, any(p.is_cuda for p in self.params.values()))
 
     # -- one forward / backward --------------------------------------------------------------------------
@@ -211,6 +212,8 @@ class PipelineEngine(_StageEngine):
         t0 = time.perf_counter()
         if self.tables:
             self.tables.final_backward(i == self.last_backward)
+        if self.sharded:  # FSDP: keep the unsharded gradients until the step's last backward reduce-scatters them
+            st.runner.set_requires_gradient_sync(i == self.last_backward)
         torch.autograd.backward(out, grad)
         if leaves is not None:
             for n, leaf in leaves.items():
