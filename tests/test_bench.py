@@ -379,6 +379,72 @@ def test_soak_fit_skips_warm_up_and_reads_the_step(tmp_path):
     assert soak.last_step(tmp_path / "none.jsonl") is None
 
 
+def test_soak_report_only_runs_nothing_and_append_keeps_the_strategies_it_does_not_redo(tmp_path, monkeypatch):
+    """--report-only renders the saved runs without building a cluster (which would tear down a soak running under
+    the same prefix); --append runs only the strategies asked and keeps the rest, in the soak's order."""
+    from tessel.bench import soak
+
+    def row(strategy, grow):
+        samples = [(st, [int(400e6 + grow * st), int(400e6)]) for st in range(0, 1000, 10)]
+        return {"strategy": strategy, "flags": [], "seconds": 1.0, "samples": samples,
+                "hosts": soak.fit(samples, 1000), "heap": None}
+
+    saved = {"steps": 1000, "hosts": 2, "rate": "1gbit", "runs": [row("dense", 0), row("ps", 2e5)]}
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+
+    class NoCluster:
+        def __init__(self, *a, **k):
+            raise AssertionError("a cluster was built")
+
+    monkeypatch.setattr("tessel.cluster.emulate.EmulatedCluster", NoCluster)
+    assert main(["bench", "soak", "--report-only", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "| ps | 0 |" in report and "grows" in report and "| dense | 1 |" in report
+
+    class FakeCluster:
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr("tessel.cluster.emulate.EmulatedCluster", FakeCluster)
+    monkeypatch.setattr(soak, "run", lambda strategy, *a: row(strategy, 1e3))
+    assert main(["bench", "soak", "--strategies", "alltoall,dense", "--steps", "1000", "--append", "--out",
+                 str(tmp_path)]) == 0
+    now = json.loads((tmp_path / "results.json").read_text())
+    assert [r["strategy"] for r in now["runs"]] == ["dense", "ps", "alltoall"] and now["kept"] == ["ps"]
+    assert now["runs"][1] == json.loads(json.dumps(saved["runs"][1]))  # ps as it was
+    assert "The runs of ps are kept from an earlier invocation" in (tmp_path / "report.md").read_text()
+
+
+def test_a_cluster_a_live_process_holds_is_not_torn_down(tmp_path, monkeypatch):
+    """up() of a prefix whose state file names a live owner (another benchmark) refuses in one line, before
+    touching anything; a dead owner's cluster is a leftover as before."""
+    import subprocess
+    import sys
+
+    from tessel.cluster import housekeeping
+    from tessel.cluster.emulate import EmulatedCluster
+    from tessel.cluster.housekeeping import ClusterError
+
+    monkeypatch.setattr(housekeeping, "STATE_DIR", tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        housekeeping.state_file("tslheld").write_text(json.dumps({"hosts": 2, "owner": holder.pid}))
+        with pytest.raises(ClusterError) as e:
+            EmulatedCluster(2, prefix="tslheld").up()
+        assert f"emulated cluster 'tslheld' is in use by pid {holder.pid} (" in str(e.value)
+        assert "\n" not in str(e.value) and housekeeping.state_file("tslheld").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert housekeeping.held_by("tslheld") is None
+
+
 def test_every_scenario_cell_is_a_valid_train_command_line():
     """Each benchmark cell's flags (common, model, strategy) parse and validate as `tessel train` would take them,
     so a scenario cannot ship a flag or value that fails only when its cell is reached hours into a run."""

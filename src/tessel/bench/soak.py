@@ -209,6 +209,19 @@ def run(strategy: str, flags: list[str], emu, out: Path, steps: int, every: floa
     return row
 
 
+def _saved(out: Path) -> dict:
+    from ..errors import ConfigError
+
+    try:
+        saved = json.loads((out / "results.json").read_text())
+        if not all(k in saved for k in ("steps", "hosts", "rate", "runs")):
+            raise KeyError("steps, hosts, rate or runs")
+        return saved
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{out / 'results.json'} is not a soak tessel wrote ({str(e)[:80]}); run 'tessel bench "
+                          "soak' first") from None
+
+
 def main(ns, argv: list[str], check_paths) -> int:
     """``tessel bench soak``: run each strategy in turn, then write results.json, report.md (and ``--doc``)."""
     from ..cluster.emulate import EmulatedCluster, parse_rate
@@ -228,18 +241,30 @@ def main(ns, argv: list[str], check_paths) -> int:
     out = Path(ns.out or "bench/soak")
     check_paths(out, ns.doc)
     every = SAMPLE_S
-    runs = []
-    with EmulatedCluster(hosts, rate=rate, prefix="tsoak") as emu:
-        for s in chosen:
-            print(f"soak: {s}, {steps} steps on {hosts} hosts at {rate}", flush=True)
-            runs.append(run(s, STRATEGIES[s], emu, out, steps, every))
-            (out / "results.json").write_text(json.dumps({"steps": steps, "hosts": hosts, "rate": rate,
-                                                          "runs": runs}))
+    saved = _saved(out) if ns.report_only or ns.append else None
+    if ns.report_only:  # run nothing: the saved runs, as they were measured
+        steps, hosts, rate, runs = saved["steps"], saved["hosts"], saved["rate"], saved["runs"]
+        argv, earlier = saved.get("argv", argv), saved.get("kept", [])
+    else:
+        # --append keeps the saved runs of the strategies this invocation does not redo, in the soak's order
+        kept = {r["strategy"]: r for r in (saved or {}).get("runs", []) if r["strategy"] not in chosen}
+        earlier, runs = [k for k in STRATEGIES if k in kept], []
+        with EmulatedCluster(hosts, rate=rate, prefix="tsoak") as emu:
+            for s in chosen:
+                print(f"soak: {s}, {steps} steps on {hosts} hosts at {rate}", flush=True)
+                runs.append(run(s, STRATEGIES[s], emu, out, steps, every))
+                both = {**kept, **{r["strategy"]: r for r in runs}}
+                runs_now = [both[k] for k in STRATEGIES if k in both]
+                (out / "results.json").write_text(json.dumps({"steps": steps, "hosts": hosts, "rate": rate,
+                                                              "argv": argv, "kept": earlier, "runs": runs_now}))
+        runs = runs_now
     text = "\n".join([
         f"Reproduce: `tessel {' '.join(shlex.quote(a) for a in argv)}` ({time.strftime('%Y-%m-%d')}). The default "
         f"model (`tessel train`'s defaults) for {steps} steps per strategy, {hosts} emulated hosts at {rate}, one "
         f"worker each; each worker's resident set read from /proc every {every:g} s; slope fitted over the steps "
-        f"after the first {WARMUP:.0%}, 95% interval from Newey–West standard errors (bandwidth sqrt(n)).", "",
+        f"after the first {WARMUP:.0%}, 95% interval from Newey–West standard errors (bandwidth sqrt(n))."
+        + (f" The runs of {', '.join(earlier)} are kept from an earlier invocation (`--append`)." if earlier else ""),
+        "",
         *table(runs), ""])
     (out / "report.md").write_text(text)
     if ns.doc:

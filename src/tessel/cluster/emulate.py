@@ -37,6 +37,8 @@ from .cgroups import PERIOD_US, CgroupError
 from .housekeeping import (
     ClusterError,
     check_machine,
+    command_of,
+    held_by,
     host_pids,
     kill_all,
     leftovers,
@@ -192,7 +194,12 @@ class EmulatedCluster:
         return c
 
     def up(self) -> EmulatedCluster:
-        """Build the hosts, links and CPU groups (removing leftovers of this prefix first); returns self."""
+        """Build the hosts, links and CPU groups (removing leftovers of this prefix first); returns self. A cluster
+        of the prefix that a live process still holds is not a leftover: ClusterError names that process."""
+        holder = held_by(self.prefix)
+        if holder is not None:
+            raise ClusterError(f"emulated cluster '{self.prefix}' is in use by pid {holder} ({command_of(holder)}); "
+                               f"wait for it to end, or stop it and run 'tessel cluster down --prefix {self.prefix}'")
         check_machine()
         remove_cluster(self.prefix)
         try:
@@ -207,7 +214,8 @@ class EmulatedCluster:
     def _save_state(self) -> None:
         state_file(self.prefix).write_text(json.dumps(
             {"hosts": self.hosts, "rate": self.rate, "delay": self.delay, "cpus": self.cpus,
-             "period_us": self.period_us, "burst_us": self.burst_us, "pin": self.pin, "nic_cpus": self.nic_cpus}))
+             "period_us": self.period_us, "burst_us": self.burst_us, "pin": self.pin, "nic_cpus": self.nic_cpus,
+             "owner": os.getpid()}))
 
     def set_rate(self, rate: str | None) -> None:
         """Reshape every link to ``rate`` (None: unshaped) in place, keeping hosts and processes.

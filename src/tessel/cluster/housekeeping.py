@@ -9,6 +9,7 @@ the same prefix, or by ``tessel cluster down``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -64,6 +65,29 @@ def live(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def held_by(prefix: str) -> int | None:
+    """The live process, other than this one, that built the cluster ``prefix`` and holds it (a benchmark, a
+    ``with EmulatedCluster(...)``); None when none does (``tessel cluster up`` exits and leaves it to later
+    commands, a crashed run leaves it to the next ``up``).
+
+    >>> held_by("nosuchprefix") is None
+    True
+    """
+    try:
+        owner = int(json.loads(state_file(prefix).read_text())["owner"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return owner if owner != os.getpid() and live(owner) else None
+
+
+def command_of(pid: int) -> str:
+    """The command line of ``pid``, shortened, for a message."""
+    try:
+        return " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")).strip()[:120]
+    except OSError:
+        return "?"
 
 
 def host_pids(prefix: str) -> set[int]:
