@@ -82,10 +82,11 @@ def _checkpointed(run: Callable, keep_matmuls: bool) -> Callable:
 def recomputed(chain: Chain, root: nn.Module, keep_matmuls: bool = False) -> Chain:
     """``chain`` whose every layer keeps only its input for backward and runs its forward again there
     (activation checkpointing per layer); ``keep_matmuls`` also keeps its matrix products' outputs, except in a
-    recurrent layer (torch's LSTM cell changes its product's output in place, which a kept output must not be),
-    which is recomputed whole."""
+    recurrent layer (torch's LSTM cell changes its product's output in place, which a kept output must not be)
+    and in the last layer (its output, the logits, the loss keeps already), which are recomputed whole."""
     def keeps(layer: Layer) -> bool:
-        if not keep_matmuls:
+        # the last layer's product is what the loss keeps anyway (a vocabulary's logits): kept twice, not once
+        if not keep_matmuls or layer is chain.layers[-1]:
             return False
         found = dict(root.named_modules())  # a pipeline stage's root holds only its own layers' modules
         owned = [found[path] for path in layer.owns if path in found]
