@@ -10,10 +10,12 @@ starts every worker again, up to that many times, and they continue from the new
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
+import threading
 import uuid
 from dataclasses import fields
 
@@ -40,6 +42,42 @@ def describe(rank: int, failure) -> str:
     return f"tessel: rank {rank} (pid {failure.pid}) {how}; the job was stopped"
 
 
+def _children() -> set[int]:
+    """This process's live children (the agent starts the workers as its own, in this process)."""
+    me, found = os.getpid(), set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != "Z":
+                found.add(int(d))
+    return found
+
+
+class _Continue(threading.Thread):
+    """Once a worker has ended, SIGCONT the others. torch's agent stops the rest of a failed group with SIGTERM and
+    a fixed 30 s grace before SIGKILL (torch 2.13's ``_stop_workers``); a SIGSTOPped rank cannot take SIGTERM until
+    it runs again, so the job waited out the grace. Continued, it takes the signal or finds its peer gone and ends
+    in seconds. A SIGCONT to a running process does nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="tessel-continue")
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        before: set[int] = set()
+        while not self.done.wait(0.2):
+            now = _children()
+            if before - now:
+                for pid in now:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGCONT)
+            before = now
+
+
 def launch(args: list[str], nproc: int, verbose: bool = False, max_restarts: int = 0,
            program: tuple[str, ...] = ("-m", "tessel")) -> int:
     """Run ``python <program> <args>`` (default ``python -m tessel <args>``) in ``nproc`` local workers; the
@@ -53,12 +91,15 @@ def launch(args: list[str], nproc: int, verbose: bool = False, max_restarts: int
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # Grace period before SIGKILL when the launcher is stopped: the workers save a checkpoint after their
     # current step (tessel.train.preempt). When a worker fails, torch 2.13's process context closes the
-    # others with its own fixed 30 s grace instead, which a rank that cannot take SIGTERM (SIGSTOPped,
-    # stuck in the kernel) uses up in full. Releases before 2.13 have no such setting and wait their own 30 s.
+    # others with its own fixed 30 s grace instead, which a rank that cannot take SIGTERM uses up in full:
+    # a SIGSTOPped one is continued (_Continue), one stuck in the kernel is not. Releases before 2.13 have no
+    # such setting and wait their own 30 s.
     grace = {"shutdown_timeout": 30} if "shutdown_timeout" in {f.name for f in fields(LaunchConfig)} else {}
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"tessel-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts, monitor_interval=0.2, **grace)
+    watcher = _Continue()
+    watcher.start()
     try:
         elastic_launch(config, sys.executable)(*program, *args)
     except ChildFailedError as e:
@@ -76,4 +117,6 @@ def launch(args: list[str], nproc: int, verbose: bool = False, max_restarts: int
     except SignalException as e:  # the launcher itself was told to stop; the workers saved and stopped
         print(f"tessel: stopped by {signal.Signals(e.sigval).name}; continue with --resume", file=sys.stderr)
         return 128 + int(e.sigval)
+    finally:
+        watcher.done.set()
     return 0
