@@ -15,13 +15,14 @@ import torch
 from composed import planned
 from tessel import choices, comm
 from tessel.choices import schedule, table_strategy
+from tessel.cli import main
 from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.mesh import build_mesh
 from tessel.parallelize import parallelize
 from tessel.plan import ParallelPlan, TablePolicy
 from tessel.train.build import build, build_data
-from test_cli import tessel
+from trained import train
 
 TRANSFORMER = ["model.name=transformer_lm", "model.dim=16", "model.layers=2", "model.heads=2", "data.vocab_size=64",
                "data.seq_len=8", "train.global_batch=8", "train.dtype=float64", "train.optimizer=sgd", "train.lr=0.05",
@@ -85,15 +86,14 @@ def test_a_table_strategy_record_copied_under_another_name_serves_as_the_origina
             {c: v for c, v in original[3].items() if c.startswith("ps.")} and copied[3]["ps.pull"] > 0
 
 
-def test_a_run_follows_its_plan_file_whatever_the_config_says(tmp_path):
+def test_a_run_follows_its_plan_file_whatever_the_config_says(world4, tmp_path):
     """A plan written by ``tessel plan --json`` (its layout then set to one that every flag below contradicts,
     through the same writer) runs as the file says: dp2 x pp2, gpipe at 2 micro-batches, the stage cut 1 | 3, the
     token table served by alltoall split by rows, tessel's own DDP hook."""
     model = ["--model", "transformer_lm", "--model.dim", "16", "--model.layers", "2", "--model.heads", "2",
              "--data.vocab_size", "256", "--data.seq_len", "8", "--batch", "8"]
     written = tmp_path / "plan.json"
-    r = tessel("plan", *model, "--nproc", "4", "--json", str(written), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert main(["plan", *model, "--nproc", "4", "--json", str(written)]) == 0
     plan = ParallelPlan.from_json(written.read_text()).with_(
         dp=2, pp=2, tp=1, tp_mode="1d", tp_grid=(1,), schedule="gpipe", micro_batches=2, bounds=((0, 1), (1, 4)),
         sparse=TablePolicy(strategy="alltoall", split="row", max_touched=1.0), ddp_hook=True, tables=())
@@ -101,10 +101,10 @@ def test_a_run_follows_its_plan_file_whatever_the_config_says(tmp_path):
     contrary = ["--dp", "4", "--pp", "1", "--tp", "1", "--pipeline.schedule", "1f1b", "--pipeline.split", "2,2",
                 "--micro-batches", "1", "--sparse", "dense", "--sparse.split", "column", "--parallel.ddp_comm", "torch",
                 "--tensor.regather", "true", "--nproc", "4"]
-    r = tessel("train", *model, *contrary, "--plan", str(written), "--steps", "3", "--checkpoint.enabled", "false",
-               "--metrics.progress", "log", "--metrics.heldout", "false", "--out", "run", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
-    printed = next(line for line in r.stdout.splitlines() if line.startswith("plan: "))
+    _, out = train(world4, tmp_path, *model, *contrary, "--plan", str(written), "--steps", "3",
+                   "--checkpoint.enabled", "false", "--metrics.progress", "log", "--metrics.heldout", "false", "--out",
+                   str(tmp_path / "run"))
+    printed = next(line for line in out.splitlines() if line.startswith("plan: "))
     assert printed.startswith("plan: dp=2, pp=2, tp=1, schedule gpipe, stages 0-0 | 1-3, 2 micro-batches, tables "
                               "tok_emb=alltoall/row"), printed
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

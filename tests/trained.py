@@ -23,22 +23,22 @@ def _rank(argv: list[str]) -> tuple[dict, str]:
 
     cfg = config_from_args(parser().parse_args(["train", *argv]))
     assert cfg.nproc == dist.get_world_size(), f"--nproc {cfg.nproc} asked of a world of {dist.get_world_size()}"
-    refused = None
-    if dist.get_rank() == 0:  # what the launcher does before any worker starts: data cached, checkpoint verified
-        try:
-            preflight(cfg)
-        except TesselError as e:
-            refused = str(e)
-    said = [None] * dist.get_world_size()
-    dist.all_gather_object(said, refused)
-    if said[0] is not None:
-        raise AssertionError(f"tessel: error: {said[0]}")
-    printed = io.StringIO()
+    refused, printed = None, io.StringIO()
     with contextlib.redirect_stdout(printed):
+        if dist.get_rank() == 0:  # what the launcher does before any worker starts: data cached, checkpoint verified
+            try:
+                preflight(cfg)
+            except TesselError as e:
+                refused = str(e)
+        said = [None] * dist.get_world_size()
+        dist.all_gather_object(said, refused)
+        if said[0] is not None:
+            raise AssertionError(f"tessel: error: {said[0]}")
         summary = run(cfg)
     return summary, printed.getvalue()
 
 
 def train(world, cwd, *argv: str) -> tuple[dict, str]:
-    """(the run's summary, what rank 0 printed). Text data is cached under ``cwd``, as a launch from there would."""
+    """(the run's summary, what rank 0 printed, the launcher's checks included). Text data is cached under ``cwd``,
+    as a launch from there would."""
     return world.run(_rank, [*argv, "--data.cache_dir", str(cwd / ".tessel_cache")], timeout=300)[0]
