@@ -216,10 +216,16 @@ def test_failure_stops_the_other_hosts_and_cleans_up():
             c.run([["sleep", "30"], ["sleep", "30"]], timeout=0.5)
 
 
+def _ctrl_c_as_on_a_terminal() -> None:
+    """In the child: SIGINT handled by default. A suite started in the background of a non-interactive shell
+    (``pytest &``) inherits SIGINT ignored, and so would the command under test, which then never sees Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_cleans_up(sig):
     p = subprocess.Popen([PY, "-m", "tessel", "cluster", "run", "--hosts", "2", "--prefix", PREFIX, "--",
-                          "sleep", "30"], stderr=subprocess.PIPE, text=True)
+                          "sleep", "30"], stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_as_on_a_terminal)
     procs = [Path(f"/sys/fs/cgroup/cpu/tessel/{PREFIX}-h{i}/cgroup.procs") for i in range(2)]
     deadline = time.monotonic() + 30
     while not all(f.exists() and f.read_text().strip() for f in procs):
@@ -243,7 +249,8 @@ with EmulatedCluster(2, prefix="{prefix}", nic_cpus=0.2, pin=True) as c:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_removes_nic_and_cpuset_groups(sig):
     """A cluster with a NIC group and a cpuset group per host, stopped by a signal: every group goes."""
-    p = subprocess.Popen([PY, "-c", HELD.format(prefix=PREFIX)], stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([PY, "-c", HELD.format(prefix=PREFIX)], stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_ctrl_c_as_on_a_terminal)
     want = {f"{PREFIX}-h{i}{kind}" for i in range(2) for kind in ("", "-nic")}
     deadline = time.monotonic() + 30
     while not (want <= {g.name for g in cgroups.host_cgroups(PREFIX)}
