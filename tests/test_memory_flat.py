@@ -127,3 +127,25 @@ def test_served_tables_keep_nothing_per_step(world4, case):
 def test_prepared_loop_keeps_nothing_per_step(world2, plan):
     for samples in world2.run(run_prepared, plan):
         _assert_flat(samples)
+
+
+def test_every_rank_records_its_own_memory_over_time(world2, tmp_path):
+    """The logging rank's memory goes in metrics.jsonl each step; every other rank writes its resident set and its
+    allocator's bytes in use every log_every steps to memory-rank<r>.jsonl (kept up to the checkpoint on resume),
+    so growth on any one rank can be told from fragmentation there."""
+    import json
+
+    from test_cli import TINY
+    from trained import train
+
+    out = tmp_path / "run"
+    train(world2, tmp_path, *TINY, "--steps", "20", "--metrics.log_every", "5", "--ckpt-every", "10", "--out", str(out))
+    files = sorted(p.name for p in out.glob("memory-rank*.jsonl"))
+    assert files == ["memory-rank1.jsonl"], files  # rank 0 logs (metrics.jsonl)
+    recs = [json.loads(line) for line in (out / "memory-rank1.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [5, 10, 15, 20]
+    assert all(2**20 < r["rss"] and 0 < r["heap"] < r["rss"] for r in recs)
+    (out / "checkpoints" / "step-00000020").rename(out / "checkpoints" / "later")  # resume from step 10
+    train(world2, tmp_path, *TINY, "--steps", "20", "--metrics.log_every", "5", "--resume", "--out", str(out))
+    again = [json.loads(line)["step"] for line in (out / "memory-rank1.jsonl").read_text().splitlines()]
+    assert again == [5, 10, 15, 20]

@@ -232,7 +232,8 @@ def run(cfg: Config) -> dict[str, Any]:
     knows = comm.all_gather_object(par.engine.computes_loss, "meta")
     log_rank = next(r for r in reversed(pp_ranks) if knows[r])
     logger = MetricsLogger(cfg.metrics.out, cfg.train.steps, start, cfg.metrics.progress, cfg.metrics.log_every,
-                           cfg.metrics.tensorboard, enabled=rank == log_rank, resume=begin.path is not None)
+                           cfg.metrics.tensorboard, enabled=rank == log_rank, resume=begin.path is not None,
+                           rank=rank)
     run_bytes: dict[str, dict[str, int]] = {}
     engine, tables = par.engine, par.tables if par.tables and par.tables.choices else None
     comm.counter.end_step()  # set-up traffic (dp.init) is not part of any step

@@ -80,18 +80,20 @@ class MetricsLogger:
     """Collects step records; ``log_step`` each step, ``close`` once at the end (returns the summary)."""
 
     def __init__(self, out: str | Path, steps: int, start_step: int = 0, progress: str = "auto",
-                 log_every: int = 10, tensorboard: bool = False, enabled: bool = True, resume: bool = False) -> None:
+                 log_every: int = 10, tensorboard: bool = False, enabled: bool = True, resume: bool = False,
+                 rank: int = 0) -> None:
         self.out, self.enabled, self.log_every = Path(out), enabled, log_every
         self.series = Series()
         self.sparse = False  # whether steps carry the sparse tables' timing
         self.t0 = time.perf_counter()
-        self.bar = self.tb = self.jsonl = None
-        if not enabled:
-            return
+        self.bar = self.tb = self.jsonl = self.memory = None
         self.out.mkdir(parents=True, exist_ok=True)
-        if resume:  # steps after the checkpoint are trained again: their earlier records go
-            _keep_steps_upto(self.out / "metrics.jsonl", start_step)
-        self.jsonl = open(self.out / "metrics.jsonl", "a" if resume else "w")
+        if not enabled:
+            # every other rank keeps its own memory over time, every log_every steps (the logging rank's is in
+            # metrics.jsonl): growth on one rank, and whether its allocator or only its resident set grows, shows
+            self.memory = self._open(f"memory-rank{rank}.jsonl", start_step, resume)
+            return
+        self.jsonl = self._open("metrics.jsonl", start_step, resume)
         mode = progress if progress != "auto" else ("bar" if sys.stderr.isatty() else "log")
         if mode == "bar":
             from tqdm import tqdm
@@ -107,10 +109,18 @@ class MetricsLogger:
                 print("tessel: tensorboard is not installed (pip install 'tessel[tensorboard]'); "
                       "logging to metrics.jsonl only", file=sys.stderr)
 
+    def _open(self, name: str, start_step: int, resume: bool):
+        if resume:  # steps after the checkpoint are trained again: their earlier records go
+            _keep_steps_upto(self.out / name, start_step)
+        return open(self.out / name, "a" if resume else "w")
+
     def log_step(self, record: dict[str, Any]) -> None:
         self.series.add(record)
         self.sparse = self.sparse or "sparse_busy" in record
         if not self.enabled:
+            if self.memory is not None and record["step"] % self.log_every == 0:
+                self.memory.write(json.dumps({k: record.get(k) for k in ("step", "rss", "heap")}) + "\n")
+                self.memory.flush()
             return
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
@@ -159,6 +169,8 @@ class MetricsLogger:
         return out
 
     def close(self, summary: dict[str, Any]) -> None:
+        if self.memory is not None:
+            self.memory.close()
         if not self.enabled:
             return
         if self.bar is not None:
