@@ -3,7 +3,7 @@
 Counts live tensors (every tensor the garbage collector tracks, and the bytes of their distinct storages)
 at three points of a run, not seconds or the resident set: a step that keeps one tensor for good adds one
 per step, tens between two samples here, while a run that keeps nothing has the same count at every step
-boundary. The ``alltoall`` tables' gradient hooks once held every step's rows and buffers through a cycle
+boundary, give or take a prefetch in flight (``TRANSIENT``). The ``alltoall`` tables' gradient hooks once held every step's rows and buffers through a cycle
 the garbage collector cannot see (hooks live in C++): 6 tensors, ~1 MB a step on the default model.
 """
 
@@ -43,9 +43,15 @@ def live_tensors() -> tuple[int, int]:
     return count, sum(storages.values())
 
 
+# Tensors that may be alive at one step boundary and not the next: an alltoall table's prefetch still in flight
+# when the sample is taken (seen: 231, 232, 231 live tensors on one rank of the prepared loop). A step that keeps
+# one tensor adds EVERY between two samples, one that keeps one every few steps several.
+TRANSIENT = 2
+
+
 def _assert_flat(samples: list[tuple[int, int]]) -> None:
     counts = [c for c, _ in samples]
-    assert len(set(counts)) == 1, f"live tensors grow step by step: {samples}"
+    assert max(counts) - min(counts) <= TRANSIENT, f"live tensors grow step by step: {samples}"
     grew = samples[-1][1] - samples[0][1]
     assert grew <= SLACK, f"live tensor bytes grew by {grew} over {EVERY * (len(samples) - 1)} steps: {samples}"
 
