@@ -3,8 +3,9 @@
 Counts live tensors (every tensor the garbage collector tracks, and the bytes of their distinct storages)
 at three points of a run, not seconds or the resident set: a step that keeps one tensor for good adds one
 per step, tens between two samples here, while a run that keeps nothing has the same count at every step
-boundary, give or take a prefetch in flight (``TRANSIENT``). The ``alltoall`` tables' gradient hooks once held every step's rows and buffers through a cycle
-the garbage collector cannot see (hooks live in C++): 6 tensors, ~1 MB a step on the default model.
+boundary, give or take a prefetch in flight (``TRANSIENT``). The ``alltoall`` tables' gradient hooks once held
+every step's rows and buffers through a cycle the garbage collector cannot see (hooks live in C++): 6 tensors,
+~1 MB a step on the default model.
 """
 
 import gc
