@@ -5,7 +5,7 @@ whole just before its forward and again before its backward (``reshard_after_for
 reduce-scattered as its backward ends, so a rank holds one layer unsharded at a time, not the model. Units are
 the model's chain layers (the modules each layer owns, from :mod:`tessel.chain`'s registry), then the root for
 what is left; a model with no registered chain is one unit. Served tables stay out: their rows live on their
-owners, and their gradients never pass through FSDP (``ignored_params``).
+owners, and they hold no parameters for FSDP to shard.
 
 The all-gather and the reduce-scatter are FSDP's own, given tessel.comm calls (``set_custom_all_gather``):
 ``dp.gather`` counts (P − 1) · shard bytes per gather, ``dp.scatter`` (P − 1)/P of each reduce-scatter's input
@@ -15,7 +15,7 @@ the gather bytes) and the gradients are reduced in fp32 (gloo cannot sum bf16; t
 
 Example::
 
-    model = apply_fsdp(model, mesh["dp"], units=[model.blocks[0], model.blocks[1]], ignored=set())
+    model = apply_fsdp(model, mesh["dp"], [model.blocks[0], model.blocks[1]])
 """
 
 from __future__ import annotations
@@ -53,30 +53,29 @@ class Scatter(_Alloc, ReduceScatter):
         comm.reduce_scatter(output_tensor, input_tensor, "dp.scatter", group)
 
 
-def units(model: nn.Module, owned: list[tuple[str, ...]], ignored: set[nn.Parameter]) -> list[nn.Module]:
-    """The submodules to shard one by one: those the chain's layers own, in order, that hold parameters (not
-    ignored) none of which is also referenced outside them (a tied weight stays with the root)."""
+def units(model: nn.Module, owned: list[tuple[str, ...]]) -> list[nn.Module]:
+    """The submodules to shard one by one: those the chain's layers own, in order, that hold parameters none of
+    which is also referenced outside them (a tied weight stays with the root)."""
     total = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     out: list[nn.Module] = []
     for path in (path for paths in owned for path in paths if path):
         m = model.get_submodule(path)
         inside = Counter(id(p) for _, p in m.named_parameters(remove_duplicate=False))
-        if (any(m is u for u in out) or not any(p not in ignored for p in m.parameters())
+        if (any(m is u for u in out) or next(m.parameters(), None) is None
                 or any(total[i] != n for i, n in inside.items())):
             continue
         out.append(m)
     return out
 
 
-def apply_fsdp(model: nn.Module, dp_mesh, unit_modules: list[nn.Module], ignored: set[nn.Parameter],
+def apply_fsdp(model: nn.Module, dp_mesh, unit_modules: list[nn.Module],
                param_dtype: torch.dtype | None = None) -> nn.Module:
     """``fully_shard`` each of ``unit_modules``, then ``model``; gathers in ``param_dtype`` (None: the
     weights' own), gradients reduced in the weights' dtype. Returns ``model`` (now an FSDPModule)."""
-    dtype = next((p.dtype for p in model.parameters() if p not in ignored), torch.float32)
+    dtype = next((p.dtype for p in model.parameters()), torch.float32)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=dtype if param_dtype else None)
     for m in [*unit_modules, model]:
-        fully_shard(m, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=True,
-                    ignored_params=ignored or None)
+        fully_shard(m, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=True)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_custom_all_gather(Gather())

@@ -263,7 +263,7 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, m
             owned = [layer.owns for layer in (chain or chain_of(root)).layers]
         except PlanError:  # no registered chain: the whole model is one unit
             owned = []
-        model = _sharded(model, owned, settings, mesh, tables)
+        model = _sharded(model, owned, settings, mesh)
     elif plan.dp > 1:
         # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
         as_shipped = not plan.ddp_hook or plan.sparse.strategy.ddp_sparse or any(
@@ -276,20 +276,16 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, m
     return Engine(model, tail, plan.micro_batches, settings.lr_at, tables, _autocast(model, settings)), optimizer
 
 
-def _sharded(model: torch.nn.Module, owned: list[tuple[str, ...]], settings: Settings, mesh,
-             tables) -> torch.nn.Module:
+def _sharded(model: torch.nn.Module, owned: list[tuple[str, ...]], settings: Settings, mesh) -> torch.nn.Module:
     """FSDP2 over the dp ranks: the modules each of ``owned`` (the chain layers' module paths, those this rank
-    holds) a unit, then the root; the served tables left out; under mixed precision the weights are gathered in
-    the compute dtype."""
-    served = [model.get_submodule(("root." if isinstance(model, Runner) else "") + c.info.name)
-              for c in (tables.choices if tables else []) if c.strategy.served]
-    ignored = {p for m in served for p in m.parameters()}
+    holds) a unit, then the root; under mixed precision the weights are gathered in the compute dtype. Served
+    tables hold no parameters (their rows live on their owners), so nothing of them is sharded."""
     prefix = "root." if isinstance(model, Runner) else ""
     found = dict(model.named_modules())  # a pipeline stage holds only its own layers' modules
     paths = [tuple(prefix + o for o in owns if o and prefix + o in found) for owns in owned]
     replicate_from_first(model, mesh.get_group("dp"))  # the same weights everywhere before each keeps its shard
     gathered = settings.compute_dtype if settings.precision.compute else None  # bf16 weights cross in bf16
-    return fsdp.apply_fsdp(model, mesh["dp"], fsdp.units(model, paths, ignored), ignored, gathered)
+    return fsdp.apply_fsdp(model, mesh["dp"], fsdp.units(model, paths), gathered)
 
 
 def _autocast(model: torch.nn.Module, settings: Settings):
@@ -335,7 +331,7 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, me
         if ties:
             raise PlanError("parallel.dp_shard with a weight tied across pipeline stages: the stages' copies would "
                             "be summed shard by shard; valid: model.tie_embeddings false, or dp_shard 1")
-        runner = _sharded(runner, [layer.owns for layer in chain.layers[lo:hi]], settings, mesh, tables)
+        runner = _sharded(runner, [layer.owns for layer in chain.layers[lo:hi]], settings, mesh)
     elif plan.dp > 1:
         replicate_from_first(runner, dp_group)
     tied = _tied(root, ties, mesh.get_local_rank("pp"), pp_group, settings.timeout)
