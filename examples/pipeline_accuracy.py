@@ -21,10 +21,11 @@ fitting on a finite corpus) also ends the search. Every schedule then trains for
 
 Runs per task, seed and micro-batch count: ``single`` (one process, once per seed), ``1f1b`` (flushed;
 must equal ``single`` at one micro-batch), ``async`` (stale), ``async-stash`` (PipeDream),
-``async-predict-v1`` (SpecTrain; ``--variants v1,v2`` adds v2). The final weights, loaded from the run's
-checkpoint into one process, are evaluated on samples no run trained on. Reported: held-out loss and
-accuracy (mean ± std over seeds, every seed's value), each schedule's gap to ``1f1b``, and paired tests
-over seeds (t-test on the per-seed relative loss gap, its mean and 95% interval).
+``async-predict-v1`` (SpecTrain; ``--variants v1,v2,opt`` adds the others, ``opt:1200`` with PipeMare's LR
+rescheduling over 1200 steps; ``--baselines 1f1b`` leaves out ``async`` and ``async-stash``). The final
+weights, loaded from the run's checkpoint into one process, are evaluated on samples no run trained on.
+Reported: held-out loss and accuracy (mean ± std over seeds, every seed's value), each schedule's gap to
+``1f1b``, and paired tests over seeds (t-test on the per-seed relative loss gap, its mean and 95% interval).
 
 Tasks:
 - ``classifier``: 64 → 5 × 128 → 10 classes on Gaussian clusters of mean norm 3 (learnable, not trivial),
@@ -80,12 +81,23 @@ def text_corpus(out: Path) -> tuple[Path, Path]:
     return train, held
 
 
-def schedules(variants: list[str], micro: int, split: str) -> dict[str, list[str]]:
+BASELINES = ("1f1b", "async", "async-stash")  # the pipelines without prediction, in the tables' order
+
+
+def predict_name(variant: str) -> str:
+    """``v1`` -> async-predict-v1; ``opt:1200`` (a variant with PipeMare's LR rescheduling over 1200 steps) ->
+    async-predict-opt-delay1200."""
+    name, _, delay = variant.partition(":")
+    return f"async-predict-{name}" + (f"-delay{delay}" if delay else "")
+
+
+def schedules(variants: list[str], micro: int, split: str, baselines=BASELINES) -> dict[str, list[str]]:
     pp = ["parallel.nproc=4", "parallel.pp=4", f"train.micro_batches={micro}", f"pipeline.split={split}"]
-    out = {"1f1b": [*pp, "pipeline.schedule=1f1b"], "async": [*pp, "pipeline.schedule=async"],
-           "async-stash": [*pp, "pipeline.schedule=async-stash"]}
+    out = {b: [*pp, f"pipeline.schedule={b}"] for b in BASELINES if b in baselines}
     for v in variants:
-        out[f"async-predict-{v}"] = [*pp, "pipeline.schedule=async-predict", f"pipeline.predict={v}"]
+        name, _, delay = v.partition(":")
+        out[predict_name(v)] = [*pp, "pipeline.schedule=async-predict", f"pipeline.predict={name}",
+                                *([f"pipeline.delay_lr={delay}"] if delay else [])]
     return out
 
 
@@ -188,7 +200,7 @@ def table(rows: dict[str, list[dict]], names: list[str], predicts: list[str]) ->
                      f"{statistics.mean(acc) - ref_acc:+.2f} | {', '.join(f'{v:.4f}' for v in loss)} |")
     lines += ["", "Paired over seeds, relative held-out loss gap (mean, 95% interval, t-test on the gaps):", ""]
     for i, predict in enumerate(predicts):  # each variant against the others, and against the variants before it
-        for other in ("1f1b", "async", "async-stash", *predicts[:i]):
+        for other in (*(b for b in BASELINES if b in rows), *predicts[:i]):
             lines.append(f"- {predict} vs {other}: "
                          f"{paired([r['loss'] for r in rows[predict]], [r['loss'] for r in rows[other]])}")
     return lines
@@ -219,11 +231,14 @@ class Cell:
                    self.heldout)
 
 
-def pick_lrs(names: list[str], lrs: list[str], trial, log: list[str]) -> dict[str, str]:
+def pick_lrs(names: list[str], lrs: list[str], trial, log: list[str], fixed=None) -> dict[str, str]:
     """Each run's LR from the grid ``lrs``: the one whose mean held-out loss over PLATEAU_SEEDS is lowest
-    (``trial(name, lr, seed)`` trains and evaluates one). ``1f1b`` takes ``single``'s: their updates are equal."""
-    chosen = {}
+    (``trial(name, lr, seed)`` trains and evaluates one), unless ``fixed`` gives it. ``1f1b`` takes ``single``'s:
+    their updates are equal."""
+    chosen = dict(fixed or {})
     for name in names:
+        if name in chosen:
+            continue
         if name == "1f1b":
             chosen[name] = chosen["single"]
             continue
@@ -242,11 +257,16 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--steps", default="auto", help="updates per run, or 'auto' (the plateau search)")
     ap.add_argument("--max-steps", type=int, default=9600, help="the budget search's cap (reported if reached)")
-    ap.add_argument("--variants", default="v1")
+    ap.add_argument("--variants", default="v1", help="async-predict variants (tessel's pipeline.predict), each "
+                                                     "optionally with PipeMare's LR rescheduling: v1,opt,opt:1200")
+    ap.add_argument("--baselines", default=",".join(BASELINES), help="pipelines without prediction to run "
+                                                                     "(1f1b is every table's reference)")
     ap.add_argument("--micro", default="1,4", help="micro-batches per step in the pipelines, comma-separated")
     ap.add_argument("--split", default="", help="layer counts per stage for every task (default: SPLITS' per task)")
     ap.add_argument("--lrs", default="", help="an LR grid, e.g. 3e-3,1e-3,3e-4: each run takes the grid's best on "
                                               "the plateau seeds (default: every run at the task's LR)")
+    ap.add_argument("--run-lrs", default="", help="fixed LRs by run, e.g. single=1e-3,1f1b=1e-3,async-predict-v1=3e-4 "
+                                                  "(a grid's earlier choice); the others as --lrs or the task's")
     a = ap.parse_args()
     tasks, seeds = a.tasks.split(","), [int(s) for s in a.seeds.split(",")]
     variants, micros, out = a.variants.split(","), [int(m) for m in a.micro.split(",")], Path(a.out)
@@ -260,10 +280,11 @@ def main() -> None:
         split = a.split or SPLITS[task]
         res = results[task] = {"steps": steps, "split": split}
         for micro in micros:
-            runs = {"single": SINGLE, **schedules(variants, micro, split)}
+            runs = {"single": SINGLE, **schedules(variants, micro, split, {"1f1b", *a.baselines.split(",")})}
             cell = Cell(task, task_args, steps, micro, split, runs, out, heldout)
-            lrs = (pick_lrs(list(runs), a.lrs.split(","), cell.trial, log) if a.lrs
-                   else dict.fromkeys(runs, task_lr(task_args)))
+            fixed = dict(kv.split("=", 1) for kv in a.run_lrs.split(",") if kv)
+            lrs = (pick_lrs(list(runs), a.lrs.split(","), cell.trial, log, fixed) if a.lrs
+                   else {**dict.fromkeys(runs, task_lr(task_args)), **fixed})
             rows = res[f"m{micro}"] = {n: [] for n in runs}
             res[f"m{micro}-lr"] = lrs
             for seed in seeds:
@@ -275,7 +296,7 @@ def main() -> None:
             at = ("" if not a.lrs else ", each at its best LR of " + a.lrs + " ("
                   + ", ".join(f"{n} {lr}" for n, lr in lrs.items()) + ")")
             report += [f"**{task}**, {steps} steps, {micro} micro-batch(es) per step, cut {split}{at}, held-out", "",
-                       *table(rows, list(runs), [f"async-predict-{v}" for v in variants]), ""]
+                       *table(rows, list(runs), [predict_name(v) for v in variants]), ""]
             res["single"] = rows["single"]
             (out / "results.json").write_text(json.dumps(results, indent=1))
     md = "\n".join(["Budget search and LR choice:", "", *[f"- {line}" for line in log], "", *report])

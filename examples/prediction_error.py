@@ -10,7 +10,11 @@ compares the guesses with the weights the run then reaches, s = 1, 2, 3 updates 
 - ``linear``: W_t − (η_{t+1} + … + η_{t+s})·v_t, SpecTrain's (tessel's ``async-predict``), v_t the optimizer's
   direction (``tessel.pipeline.predict.direction``: SGD's momentum buffer, Adam's m̂/(√v̂+ε) plus AdamW's decay);
 - ``decayed``: the same with the i-th update's term scaled by β^i (β: SGD's momentum or Adam's β₁), the
-  momentum decaying as if no new gradient came (FTPipe's msnag).
+  momentum decaying as if no new gradient came (FTPipe's msnag);
+- ``opt``: the optimizer's own next s updates from its state with no new gradient (``async-predict`` with
+  ``--pipeline.predict opt``; ``tessel.pipeline.predict.rolled``): for SGD with momentum the decayed guess; for
+  Adam(W) each step's moments, bias corrections and decoupled decay as the optimizer applies them (XPipe,
+  PipeOptim).
 
 Reported per task and s, as medians over the steps after warm-up (the whole model taken s updates stale, as a
 stage is):
@@ -39,7 +43,7 @@ from torch.nn.utils import vector_to_parameters
 
 from tessel.config import load_config
 from tessel.data.loader import ShardedLoader
-from tessel.pipeline.predict import direction
+from tessel.pipeline.predict import direction, rolled
 from tessel.resolve import settings_of
 from tessel.train.build import build, build_data
 from tessel.train.optim import build_optimizer, set_lr
@@ -48,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_accuracy import TASKS, text_corpus  # noqa: E402  (the same tasks and hyper-parameters)
 
 AHEAD = (1, 2, 3)  # s of stages 2, 1, 0 of 4 at one micro-batch per step
+GUESSES = ("linear", "decayed", "opt")
 
 
 def flat(tensors) -> torch.Tensor:
@@ -55,13 +60,14 @@ def flat(tensors) -> torch.Tensor:
 
 
 def guesses(opt, params, steps_lr: list[float], beta: float) -> dict[str, dict[int, torch.Tensor]]:
-    """The linear and decayed guesses of the weights s = 1..3 updates from now; steps_lr: those updates' LRs."""
+    """The guesses (``GUESSES``) of the weights s = 1..3 updates from now; steps_lr: those updates' LRs."""
     w = flat(params)
     v = flat(direction(opt, p) for p in params)
-    out = {"linear": {}, "decayed": {}}
+    out = {"linear": {}, "decayed": {}, "opt": {}}
     for s in AHEAD:
         out["linear"][s] = w - sum(steps_lr[:s]) * v
         out["decayed"][s] = w - sum(lr * beta ** (i + 1) for i, lr in enumerate(steps_lr[:s])) * v
+        out["opt"][s] = flat(rolled(opt, p, steps_lr[:s]) for p in params)
     return out
 
 
@@ -86,7 +92,7 @@ def measure(task: str, steps: int, seed: int, every: int, out: Path) -> dict[str
         return flat(p.grad for p in probe.parameters())
 
     pending: deque = deque()  # (step t, W_t, guesses made at t, a batch or None)
-    names = ("linear", "decayed")
+    names = GUESSES
     left = {k: {n: {s: [] for s in AHEAD} for n in names} for k in ("weights", "gradient")}
     stale_grad = {s: [] for s in AHEAD}
     for t in range(steps):
@@ -148,7 +154,7 @@ def main() -> None:
         for phase, m in measure(task, a.steps, a.seed, a.every, Path(a.out)).items():
             lo, hi = phases(a.steps, 20)[phase]
             stale = " / ".join(f"{v:.3f}" for v in m["stale_gradient"].values())
-            for name in ("linear", "decayed"):
+            for name in GUESSES:
                 cells = [" / ".join(f"{m['left'][k][name][s]:.3f}" for s in AHEAD) for k in ("weights", "gradient")]
                 print(f"| {task} | {lo}–{hi} ({phase}) | {name} | {cells[0]} | {cells[1]} | {stale} |", flush=True)
 

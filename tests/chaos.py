@@ -1,9 +1,10 @@
 """Fault injection on the emulated cluster: kill or stall a worker, or kill a whole host, at a chosen step.
 
 A fault waits until the run's metrics.jsonl holds ``step`` records, then acts on host ``host``:
-``kill`` (SIGKILL its worker), ``stop`` (SIGSTOP its worker: a stall) or ``host`` (SIGKILL everything in the
-host's cgroup, torchrun's agent included: the host is gone). ``Watch`` samples the metrics file, from which
-each fault's recovery (seconds until the first step after the restart is logged) and recomputed steps follow::
+``kill`` (SIGKILL its worker), ``stop`` (SIGSTOP its worker: a stall, ended by SIGCONT after ``lasts`` seconds
+if given) or ``host`` (SIGKILL everything in the host's cgroup, torchrun's agent included: the host is gone).
+``Watch`` samples the metrics file, from which each fault's recovery (seconds until the first step after the
+restart is logged) and recomputed steps follow::
 
     with EmulatedCluster(2, "1gbit") as c, Chaos(c, out, [Fault(10, 1, "kill")]) as chaos:
         c.run(commands, keep_going=True)
@@ -26,6 +27,7 @@ class Fault:
     step: int
     host: int
     kind: str  # kill | stop | host
+    lasts: float | None = None  # stop: seconds until SIGCONT (None: stalled until killed)
     at: float | None = None  # monotonic time it was injected
     done_steps: int | None = None  # records in metrics.jsonl when it was injected
 
@@ -63,6 +65,13 @@ def _worker(cluster, host: int) -> int | None:
         if any(e.startswith(b"RANK=") for e in env) and b"torch.distributed.run" not in cmd:
             return pid
     return None
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 class Chaos:
@@ -105,6 +114,8 @@ class Chaos:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+            if fault.kind == "stop" and fault.lasts is not None:
+                threading.Timer(fault.lasts, _signal, (pid, signal.SIGCONT)).start()
         fault.at, fault.done_steps = time.monotonic(), done
         return True
 

@@ -64,6 +64,10 @@ CASES = [
     case("train --dp-shard 0 --sparse torch-sparse --optimizer adagrad", "sparse torch-sparse with "
                                                                           "parallel.dp_shard=2"),
     case("train --dp-shard -1", "config key 'parallel.dp_shard' is -1; it must be >= 0"),
+    case("train --pp 2 --pipeline.delay_lr 5", "pipeline.delay_lr=5 rescales the LR of stale stages, which only an "
+                                               "asynchronous pipeline has (pp=2, schedule 1f1b)"),
+    case("train --pipeline.delay_lr -1", "config key 'pipeline.delay_lr' is -1; it must be >= 0"),
+    case("train --pipeline.predict v3", "config key 'pipeline.predict' is 'v3'; valid: v1, v2, opt"),
     case("train --train.recompute full", "config key 'train.recompute' is 'full'; valid: none, layers, selective"),
     case("train --pp 2 --micro-batches 2 --pipeline.schedule async-predict --optimizer sgd --train.recompute layers",
          "train.recompute=layers with pipeline.schedule async-predict: the recomputed forward would run on the live "

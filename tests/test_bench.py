@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import statistics
 from pathlib import Path
 
@@ -377,6 +378,31 @@ def test_soak_fit_skips_warm_up_and_reads_the_step(tmp_path):
     metrics.write_text("".join(json.dumps({"step": i}) + "\n" for i in range(1, 8)) + '{"step": 8, "lo')
     assert soak.last_step(metrics) == 7  # a line being written is skipped
     assert soak.last_step(tmp_path / "none.jsonl") is None
+
+
+def test_soak_fits_every_rank_s_allocator_bytes_from_its_own_file(tmp_path):
+    """The logging rank's heap is in metrics.jsonl, every other rank's in memory-rank<r>.jsonl; the table puts each
+    beside the host of that index, labelled with its rank (hosts need not take ranks in order)."""
+    from tessel.bench import soak
+
+    def write(name, per_step):
+        (tmp_path / name).write_text("".join(json.dumps({"step": s, "rss": 1, "heap": int(100e6 + per_step * s)})
+                                             + "\n" for s in range(10, 1000, 10)))
+
+    write("metrics.jsonl", 0)
+    write("memory-rank1.jsonl", 2e4)  # 0.02 MB a step
+    heaps = soak.heap_fits(tmp_path, 3, 1000)
+    assert abs(heaps[0]["slope"]) < 1e-9 and abs(heaps[1]["slope"] - 0.02) < 1e-9 and heaps[2] is None
+    samples = [(st, [int(400e6), int(400e6)]) for st in range(0, 1000, 10)]
+    rows = soak.table([{"strategy": "dense", "hosts": soak.fit(samples, 1000), "heaps": heaps[:2]}])
+    assert "rank 0: +0.00000" in rows[2] and "rank 1: +0.02000" in rows[3], rows
+    # the verdict is on the anonymous resident set where it was sampled: file pages come and go with the page cache
+    anon = [(st, [int(100e6 + 3e4 * st), int(100e6)]) for st in range(0, 1000, 10)]
+    rows = soak.table([{"strategy": "dense", "hosts": soak.fit(samples, 1000), "anon": soak.fit(anon, 1000)}])
+    assert rows[2].endswith("| grows |") and "+0.03000" in rows[2]
+    assert rows[3].endswith("| flat (interval includes 0) |")
+    me = os.getpid()
+    assert 0 < soak.anon_bytes(me) < soak.rss_bytes(me) and soak.anon_bytes(2**22 + 7) is None
 
 
 def test_soak_report_only_runs_nothing_and_append_keeps_the_strategies_it_does_not_redo(tmp_path, monkeypatch):

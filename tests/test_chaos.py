@@ -1,8 +1,10 @@
 """Chaos on the emulated cluster: a killed worker, a stalled worker and a lost host in one elastic run.
 
 Three hosts run ``tessel train`` under torchrun with ``--nnodes 2:3 --max-restarts 3`` in fp64. At chosen steps
-a worker is killed (SIGKILL), a worker stalls (SIGSTOP: its peers' collectives time out) and a whole host is
-killed (its torchrun agent too): the job re-forms on two hosts with dp 3 -> 2 and the same global batch. The
+a worker is killed (SIGKILL), a worker stalls (SIGSTOP for 8 s: its peers' collectives time out after 5 s; the
+stall then ends, so torchrun's agent, which waits 30 s for a stopped worker to take its SIGTERM, need not wait it
+out; a stall that never ends is tests/test_cli.py's stuck worker) and a whole host is killed (its torchrun agent
+too): the job re-forms on two hosts with dp 3 -> 2 and the same global batch. The
 loss of every step and the final weights must equal an uninterrupted three-rank run's within 1e-9. The
 figures (faults survived, steps recomputed, seconds to recover) are printed: ``pytest -s tests/test_chaos.py``.
 """
@@ -36,7 +38,7 @@ def _train(tmp_path, name, faults=(), **torchrun):
 
 
 def test_killed_stalled_and_lost_host_run_ends_as_uninterrupted(world3, tmp_path):
-    faults = [Fault(8, 1, "kill"), Fault(22, 1, "stop"), Fault(40, 2, "host")]
+    faults = [Fault(8, 1, "kill"), Fault(22, 1, "stop", lasts=8.0), Fault(40, 2, "host")]
     out, results, chaos = _train(tmp_path, "chaos", faults, max_restarts=3, min_hosts=2)
     report = chaos.report()
     print("\nchaos on 3 emulated hosts at 1 Gbit/s:")

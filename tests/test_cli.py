@@ -152,12 +152,15 @@ def test_resume_is_bit_identical(tmp_path, sparse, request):
     assert plans[0] == plans[1] and {t["name"] for t in plans[0]} == {"embedding", "head.weight", "head.bias"}
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "async-predict"])
-def test_pipeline_resume_is_bit_identical(world2, tmp_path, schedule):
+@pytest.mark.parametrize("schedule,extra", [
+    ("1f1b", ["--optimizer", "sgd"]), ("async-predict", ["--optimizer", "sgd"]),
+    # the optimizer's own guess reads Adam's moments and step count, and PipeMare's LR the step: all resumed
+    ("async-predict", ["--optimizer", "adamw", "--pipeline.predict", "opt", "--pipeline.delay_lr", "4"])])
+def test_pipeline_resume_is_bit_identical(world2, tmp_path, schedule, extra):
     """pp=2: each stage saves its own parameters under the model's names; a resumed run keeps the saved
     stage bounds and (async) restarts from the drained pipeline exactly as the uninterrupted run does."""
     args = [*TINY, "--model", "classifier", "--model.layers", "3", "--model.hidden", "32", "--pp", "2",
-            "--micro-batches", "2", "--optimizer", "sgd", "--steps", "6", "--pipeline.schedule", schedule]
+            "--micro-batches", "2", *extra, "--steps", "6", "--pipeline.schedule", schedule]
     a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args, world2)
     summary = json.loads((full / "summary.json").read_text())
     pipe = summary["pipeline"]
@@ -278,7 +281,7 @@ def test_train_on_text_files(tmp_path):
     assert len(lines) == 30 and "dp.dense" in json.loads(lines[-1])["bytes"]
     # every step: the logging rank's resident memory now and glibc's bytes in use, so growth shows over a run
     last = json.loads(lines[-1])
-    assert 50 * 2**20 < last["rss"] < 8 * 2**30 and 0 < last["heap"] < last["rss"]
+    assert 50 * 2**20 < last["rss"] < 8 * 2**30 and 0 < last["heap"] < last["rss"] and 0 < last["anon"] < last["rss"]
 
 
 def test_train_reports_held_out_loss_and_accuracy(tmp_path):
@@ -321,15 +324,18 @@ def test_pipeline_accuracy_protocol_runs(tmp_path):
     samples from its checkpoint, and the flushed pipeline matches the single process it must equal."""
     example = Path(__file__).resolve().parent.parent / "examples" / "pipeline_accuracy.py"
     r = subprocess.run([sys.executable, str(example), "--tasks", "classifier", "--seeds", "0", "--steps", "6",
-                        "--micro", "1", "--out", str(tmp_path / "acc")],
+                        "--micro", "1", "--variants", "opt:4", "--baselines", "1f1b", "--out", str(tmp_path / "acc")],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "acc" / "results.json").read_text())["classifier"]
-    assert res["steps"] == 6 and set(res["m1"]) == {"single", "1f1b", "async", "async-stash", "async-predict-v1"}
+    # async and async-stash go through the same train-and-evaluate lines as these (left out: a launch each)
+    assert res["steps"] == 6 and set(res["m1"]) == {"single", "1f1b", "async-predict-opt-delay4"}
     assert res["split"] == "2,1,1,2" and set(res["m1-lr"].values()) == {"0.05"}  # the pinned cut, the task's LR
     assert abs(res["m1"]["1f1b"][0]["loss"] - res["single"][0]["loss"]) < 1e-4
-    assert "| async-predict-v1 |" in r.stdout and "async-predict-v1 vs async-stash: " in r.stdout
-    assert (tmp_path / "acc" / "classifier-m1-async-6-cut2112-s0" / "summary.json").exists()  # runs named by cut
+    assert "| async-predict-opt-delay4 |" in r.stdout and "async-predict-opt-delay4 vs 1f1b: " in r.stdout
+    run = tmp_path / "acc" / "classifier-m1-async-predict-opt-delay4-6-cut2112-s0"  # runs named by cut
+    plan = json.loads((run / "summary.json").read_text())["plan"]
+    assert (plan["predict"], plan["delay_lr"]) == ("opt", 4)
 
 
 def test_pipeline_accuracy_gives_each_run_its_best_lr_on_the_plateau_seeds(monkeypatch):
@@ -355,6 +361,10 @@ def test_pipeline_accuracy_gives_each_run_its_best_lr_on_the_plateau_seeds(monke
         "single": "1e-3", "1f1b": "1e-3", "async": "1e-3"}
     assert sorted(asked) == sorted((n, lr, s) for n in ("single", "async") for lr in ("3e-3", "1e-3") for s in (0, 1))
     assert len(log) == 2 and log[1].endswith("-> lr 1e-3")
+    asked.clear()  # an LR fixed for a run (--run-lrs) is taken as given: no trial of it, and 1f1b follows single's
+    assert protocol.pick_lrs(["single", "1f1b", "async"], ["3e-3", "1e-3"], trial, log, {"single": "3e-3"}) == {
+        "single": "3e-3", "1f1b": "3e-3", "async": "1e-3"}
+    assert {n for n, _, _ in asked} == {"async"}
 
 
 TP = [*TINY, "--nproc", "4", "--tp", "4", "--dtype", "float64", "--optimizer", "adamw", "--steps", "6"]

@@ -167,7 +167,8 @@ def check_async(layout, schedule, variant, steps):
 @pytest.mark.parametrize("layout,schedule,variant", [
     ("pp2-tp4-3d", "async", "v1"), ("pp2-tp4-3d", "async-stash", "v1"), ("pp2-tp4-3d", "async-predict", "v1"),
     ("pp2-tp4-3d", "async-predict", "v2"), ("pp2-tp4-1d", "async-predict", "v1"),
-    ("pp2-tp4-3d-z2", "async-predict", "v1"), ("pp2-tp4-3d-z2", "async", "v1"), ("pp2-tp4-2d", "async", "v1")])
+    ("pp2-tp4-3d-z2", "async-predict", "v1"), ("pp2-tp4-3d-z2", "async", "v1"), ("pp2-tp4-2d", "async", "v1"),
+    ("pp2-tp4-3d", "async-predict", "opt"), ("pp2-tp4-1d", "async-predict", "opt")])
 def test_async_composed_equals_plain_pipeline(world8, world2, layout, schedule, variant):
     """Tensor parallelism is exact, so pp2 x tp4 runs every asynchronous schedule with the very staleness and
     numbers of the plain 2-stage pipeline: losses and stage norms equal step by step. async-stash and

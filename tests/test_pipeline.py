@@ -357,3 +357,97 @@ def test_predict_adam_direction_and_refusals():
         StageWeights({"p": p}, torch.optim.Adagrad([p]), "predict", 0, 2)
     with pytest.raises(PlanError, match="without momentum"):
         StageWeights({"p": p}, torch.optim.SGD([p], lr=0.1), "predict", 0, 2)
+
+
+OPTIMIZERS = {  # each optimizer the optimizer-aware guess supports, with the settings its formula reads
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=False),
+    "sgd-nesterov-decay": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
+                                                     foreach=False),
+    "sgd-dampening": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.8, dampening=0.3, foreach=False),
+    "adam-l2": lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, foreach=False),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, foreach=False),
+    "adamw-amsgrad": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1, amsgrad=True, foreach=False),
+}
+
+
+def _stepped(name: str):
+    """A float64 parameter and its optimizer after three real updates (state, step count and moments in place)."""
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.float64))
+    opt = OPTIMIZERS[name]([p])
+    for _ in range(3):
+        p.grad = torch.randn_like(p)
+        opt.step()
+    return p, opt
+
+
+def _one_update(name: str, p: torch.Tensor, state: dict, lr: float) -> torch.Tensor:
+    """The optimizer's next update of ``p`` with a zero gradient, written out from torch's documented algorithms."""
+    w = p.detach()
+    if name.startswith("sgd"):
+        mu, damp, wd, nesterov = {"sgd": (0.9, 0, 0, False), "sgd-nesterov-decay": (0.9, 0, 0.01, True),
+                                  "sgd-dampening": (0.8, 0.3, 0, False)}[name]
+        g = wd * w
+        buf = mu * state["momentum_buffer"] + (1 - damp) * g
+        return w - lr * ((g + mu * buf) if nesterov else buf)
+    b1, b2 = (0.9, 0.95) if name != "adamw-amsgrad" else (0.9, 0.999)
+    t = float(state["step"]) + 1
+    g = 0.1 * w if name == "adam-l2" else torch.zeros_like(w)
+    w = w * (1 - lr * 0.1) if name.startswith("adamw") else w
+    m, v = b1 * state["exp_avg"] + (1 - b1) * g, b2 * state["exp_avg_sq"] + (1 - b2) * g * g
+    if name == "adamw-amsgrad":
+        v = torch.maximum(state["max_exp_avg_sq"], v)
+    return w - lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + 1e-8)
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_optimizer_guess_is_the_optimizer_s_own_next_updates_with_no_new_gradient(name):
+    """opt (XPipe / PipeOptim): one update ahead equals the formula written here; three ahead, at three different
+    LRs, equal torch's own optimizer stepping a copy three times on zero gradients."""
+    import copy
+
+    from tessel.pipeline.predict import rolled
+
+    p, opt = _stepped(name)
+    torch.testing.assert_close(rolled(opt, p, [0.05]), _one_update(name, p, opt.state[p], 0.05), rtol=0, atol=1e-14)
+    lrs = [0.05, 0.02, 0.01]
+    twin = copy.deepcopy(opt)  # deep-copies the parameter with it
+    q = twin.param_groups[0]["params"][0]
+    for lr in lrs:
+        for g in twin.param_groups:
+            g["lr"] = lr
+        q.grad = torch.zeros_like(q)
+        twin.step()
+    guess = rolled(opt, p, lrs)
+    torch.testing.assert_close(guess, q.detach(), rtol=0, atol=1e-14)
+    assert float((guess - p.detach()).abs().max()) > 1e-4  # the guess moves: the state carries a direction
+    assert not torch.equal(p.detach(), q.detach())  # and the live weight was not touched by it
+
+
+def test_opt_variant_forward_predicts_backward_reads_the_live_weights():
+    """opt's forward runs on the optimizer's own guess of the weights s updates ahead; its backward multiplies by
+    the weights live at backward time (rebuilt, no copy kept), as PipeOptim does; the gradient reaches the leaf."""
+    from tessel.pipeline.predict import rolled
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2, bias=False)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    lin.weight.grad = torch.ones_like(lin.weight)
+    opt.step()  # momentum buffer = ones
+    w = StageWeights(dict(lin.named_parameters()), opt, "predict", stage=0, stages=4, variant="opt",
+                     lr_of=lambda u: 0.1 / (u + 1))
+    w.updates = 1
+    x = torch.randn(5, 3, requires_grad=True)
+    weights, leaves, ctx, kept = w.make(ahead=3)
+    want = lin.weight.detach() - (0.05 * 0.9 + 0.1 / 3 * 0.81 + 0.025 * 0.729) * torch.ones(2, 3)
+    torch.testing.assert_close(weights["weight"], want, rtol=0, atol=1e-7)
+    torch.testing.assert_close(weights["weight"], rolled(opt, lin.weight, [0.05, 0.1 / 3, 0.025]))
+    with ctx:
+        out = torch.func.functional_call(lin, weights, (x,))
+    assert kept is None
+    del weights
+    with torch.no_grad():
+        lin.weight.add_(1.0)  # an update lands between forward and backward
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones(5, 2) @ lin.weight.detach())
+    torch.testing.assert_close(leaves["weight"].grad, torch.ones(5, 2).t() @ x.detach())

@@ -217,10 +217,10 @@ def test_table_bytes_under_tensor_parallel_alltoall(world4):
         assert got["a2a.meta"] == {"sent": 8 * len(k_me), "recv": 8 * len(k_me)}
 
 
-def check_async(schedule, steps):
+def check_async(schedule, steps, variant="v1"):
     # the Transformer: its first stage holds dense blocks and the input table, both read ahead of their update
     cfg = _cfg("transformer", "pp2-dp2", "ps", schedule, "sgd",
-               extra=("train.warmup=0", "train.lr=0.2", "train.momentum=0.9"))
+               extra=("train.warmup=0", "train.lr=0.2", "train.momentum=0.9", f"pipeline.predict={variant}"))
     par, _, loader, mesh = _compose(cfg)
     losses = [par.engine.step(*loader.next_batch(), step).loss for step in range(steps)]
     par.engine.drain(steps)
@@ -228,11 +228,12 @@ def check_async(schedule, steps):
 
 
 def test_async_schedules_with_tables_converge_like_the_flushed_one(world4):
-    """Rows read at their current version (docs/sparse.md): async-predict and async learn as 1f1b does."""
+    """Rows read at their current version (docs/sparse.md): async-predict (SpecTrain's guess and the optimizer's
+    own) and async learn as 1f1b does."""
     steps = 40
     flushed = world4.run(check_async, "1f1b", steps)[-1]
-    for schedule in ("async", "async-predict"):
-        got = world4.run(check_async, schedule, steps)[-1]
+    for schedule, variant in (("async", "v1"), ("async-predict", "v1"), ("async-predict", "opt")):
+        got = world4.run(check_async, schedule, steps, variant)[-1]
         first, end, ref_end = (sum(v) / len(v) for v in (got[:4], got[-8:], flushed[-8:]))
         assert end < 0.95 * first, (schedule, got)
         assert abs(end - ref_end) < 0.05 * ref_end, (schedule, end, ref_end)

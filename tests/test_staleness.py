@@ -7,6 +7,8 @@ predicting s updates ahead must use the LRs of exactly those updates. Expected v
 the schedule's definition, not taken from the code under test.
 """
 
+import math
+
 import torch
 
 from composed import planned
@@ -38,7 +40,7 @@ class Recorder:
         return getattr(self.tail, name)
 
 
-def _engine(schedule: str, variant: str, micro: int, stages: int = STAGES, precision: str = "fp32"):
+def _engine(schedule: str, variant: str, micro: int, stages: int = STAGES, precision: str = "fp32", delay: int = 0):
     """The pipeline engine of this rank's stage of an MLP with one Linear per stage (``stages - 1`` hidden layers
     and the head), SGD with momentum under a warm-up schedule, fp64 (bf16-mixed: fp32 masters); and the loader of
     its batches."""
@@ -50,6 +52,7 @@ def _engine(schedule: str, variant: str, micro: int, stages: int = STAGES, preci
                              "train.momentum=0.9", f"train.lr={LR}", f"train.warmup={WARMUP}",
                              "train.schedule=constant", "train.clip=0", f"train.steps={STEPS}", f"parallel.pp={stages}",
                              f"pipeline.schedule={schedule}", f"pipeline.predict={variant}",
+                             f"pipeline.delay_lr={delay}",
                              "pipeline.split=" + ",".join(["1"] * stages)])
     plan, settings = planned(cfg)
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
@@ -61,8 +64,8 @@ def _engine(schedule: str, variant: str, micro: int, stages: int = STAGES, preci
     return built, ShardedLoader(data, 4, 0, 1)
 
 
-def run(schedule: str, variant: str = "v1", micro: int = 1):
-    built, loader = _engine(schedule, variant, micro)
+def run(schedule: str, variant: str = "v1", micro: int = 1, delay: int = 0):
+    built, loader = _engine(schedule, variant, micro, delay=delay)
     engine = built.engine
     engine.tail = Recorder(engine.tail)
     engine.weights.log = []
@@ -74,11 +77,13 @@ def run(schedule: str, variant: str = "v1", micro: int = 1):
     return engine.stage.index, engine.tail.lrs, engine.weights.log, copies
 
 
-def check(schedule, variant, m=1):
-    k, lrs, log, _ = run(schedule, variant, m)
+def check(schedule, variant, m=1, delay=0):
+    k, lrs, log, _ = run(schedule, variant, m, delay)
     lag = STAGES - k - 1
+    tau = 1 + math.ceil(lag / m)  # PipeMare: the stage's LR starts at lr / tau and reaches lr at step ``delay``
+    own = (lambda j: lr_of(j) * tau ** -max(0.0, 1 - j / delay)) if delay else lr_of
     # every stage updates mini-batches 0..STEPS-1 in order (the drain applies the last ones), each at its own LR
-    assert lrs == [lr_of(j) for j in range(STEPS)], (k, lrs)
+    assert lrs == [own(j) for j in range(STEPS)], (k, lrs)
     if schedule != "async-predict":
         return k
     extra = (k // 2) // m if variant == "v1" else 0  # SpecTrain v1's ⌊k/2⌋ half-way term, in updates
@@ -92,21 +97,24 @@ def check(schedule, variant, m=1):
     forwards = [e[1:] for e in log if e[0] == "F"]
     assert [f[:2] for f in forwards] == want, (k, forwards)
     for done, n, shift in forwards:
-        assert abs(shift - sum(lr_of(done + t) for t in range(n))) < 1e-15, (k, done, n, shift)
+        assert abs(shift - sum(own(done + t) for t in range(n))) < 1e-15, (k, done, n, shift)
     backwards = {e[1]: e[2:] for e in log if e[0] == "B"}  # per micro-batch (rebuilt once per weight)
-    if variant == "v2" or extra == 0:
-        assert not backwards, backwards  # v2 reuses the forward's weights; without v1's extra term: the live ones
+    if variant != "v1" or extra == 0:
+        assert not backwards, backwards  # v2 reuses the forward's weights; opt and v1 without its extra: the live ones
     else:  # v1 rebuilds at backward time, extra updates ahead of those done by then (lag 0: i // m of them)
         assert sorted(backwards) == list(range(STEPS)), (k, backwards)
         for done, (n, shift) in backwards.items():
-            assert n == extra and abs(shift - sum(lr_of(done + t) for t in range(n))) < 1e-15, (k, done, n)
+            assert n == extra and abs(shift - sum(own(done + t) for t in range(n))) < 1e-15, (k, done, n)
     return k
 
 
 def test_async_updates_use_their_mini_batch_lr_and_predictions_their_updates_lrs(world3):
     for schedule, variant, m in [("async-predict", "v1", 1), ("async-predict", "v2", 1), ("async", "v1", 1),
-                                 ("async-predict", "v1", 2), ("async-predict", "v2", 2)]:
+                                 ("async-predict", "v1", 2), ("async-predict", "v2", 2), ("async-predict", "opt", 1),
+                                 ("async-predict", "opt", 2)]:
         assert world3.run(check, schedule, variant, m) == [0, 1, 2]
+    for schedule, variant, m in [("async-predict", "v1", 1), ("async", "v1", 1), ("async-predict", "opt", 2)]:
+        assert world3.run(check, schedule, variant, m, 4) == [0, 1, 2]  # PipeMare's rescheduling over 4 steps
 
 
 def check_v2_copies():
@@ -149,9 +157,10 @@ def test_prediction_error_example_measures_the_guess_against_the_weights_reached
     assert r.returncode == 0, r.stderr
     rows = [line.split("|") for line in r.stdout.splitlines() if line.startswith("| classifier |")]
     assert [(row[2].split("(")[1].rstrip(") "), row[3].strip()) for row in rows] == [
-        (phase, guess) for phase in ("early", "middle", "late", "all") for guess in ("linear", "decayed")]
-    weights = [float(v) for v in rows[-2][4].split("/")]  # all steps, the linear guess: s = 1, 2, 3
+        (phase, guess) for phase in ("early", "middle", "late", "all") for guess in ("linear", "decayed", "opt")]
+    weights = [float(v) for v in rows[-3][4].split("/")]  # all steps, the linear guess: s = 1, 2, 3
     assert 0 < weights[0] < weights[1] < weights[2] < 1, r.stdout
+    assert rows[-2][4] == rows[-1][4], r.stdout  # SGD without decay: its own next updates are the decayed guess
 
 
 # -- the asynchronous math, exactly: the pipeline against a one-process emulation --------------------------
@@ -159,7 +168,8 @@ def test_prediction_error_example_measures_the_guess_against_the_weights_reached
 def _seen(schedule: str, variant: str, stages: int, m: int):
     """(forward, backward) weights of stage k for micro-batch i, from ``at(k, updates done, updates to predict)``:
     the forward meets the weights after d = max(0, i - lag) // m updates (lag = stages - k - 1), the backward
-    those after i // m, and v1 predicts ⌊k/2⌋ // m updates further both times."""
+    those after i // m, and v1 predicts ⌊k/2⌋ // m updates further both times; opt predicts the forward's with the
+    momentum decaying (no gradient to come) and its backward multiplies by the live weights."""
     def rule(k: int, i: int, at):
         d, live = max(0, i - (stages - k - 1)) // m, i // m
         extra = (k // 2) // m if variant == "v1" else 0
@@ -167,26 +177,35 @@ def _seen(schedule: str, variant: str, stages: int, m: int):
             return at(k, d, 0), at(k, live, 0)
         if schedule == "async-stash":  # PipeDream: the forward's weights both ways
             return at(k, d, 0), at(k, d, 0)
+        if variant == "opt":  # XPipe / PipeOptim: the optimizer's own next updates, for the forward only
+            return at(k, d, live - d, decay=True), at(k, live, 0)
         forward = at(k, d, live - d + extra)  # SpecTrain's Ŵ across the updates before its own, and v1's extra
         return forward, (forward if variant == "v2" else at(k, live, extra))
     return rule
 
 
-def emulate(schedule: str, variant: str, m: int, weights, batches, bf16: bool = False):
+def emulate(schedule: str, variant: str, m: int, weights, batches, bf16: bool = False, delay: int = 0):
     """One process replaying what an asynchronous 1F1B computes on an MLP with one Linear per stage (ReLU after
     all but the last), micro-batch by micro-batch, with the weights ``_seen`` names: the gradient of a weight
     uses the forward's activations, the gradient sent back multiplies by the backward's weights, and update j
     (after mini-batch j's last micro-batch) is SGD with momentum 0.9 at lr_of(j). Ŵ = W(d) - (lr(d) + ... +
-    lr(d + s - 1)) * buf(d), buf the momentum buffer after update d. Returns each micro-batch's loss and the
+    lr(d + s - 1)) * buf(d), buf the momentum buffer after update d; for opt the t-th term times 0.9^(t+1).
+    ``delay`` > 0: PipeMare's rescheduling, stage k's update j at lr_of(j) * tau_k^-(1 - min(j / delay, 1)), tau_k
+    = 1 + ceil((stages - k - 1) / m), in its updates and its predictions. Returns each micro-batch's loss and the
     final weights per stage. ``bf16``: every product under autocast (bf16 inputs and outputs, so activations and
     their gradients cross stages rounded), the softmax, gradients and updates in fp32, as bf16-mixed does."""
     stages = len(weights)
     hist = [[(w.clone(), b.clone())] for w, b in weights]  # per stage, its weights after 0, 1, 2, ... updates
     bufs = [[None] for _ in weights]  # per stage, its momentum buffer after each update (none before the first)
 
-    def at(k, done, ahead):
+    def lr(k, j):
+        tau = 1 + math.ceil((stages - k - 1) / m)
+        return lr_of(j) * (tau ** -max(0.0, 1 - j / delay) if delay else 1.0)
+
+    def at(k, done, ahead, decay=False):
         (w, b), buf = hist[k][done], bufs[k][done]
-        shift = sum(lr_of(done + t) for t in range(ahead))
+        # SGD's next updates with no new gradient: buf shrinks by 0.9 before each (opt); SpecTrain keeps it (linear)
+        shift = sum(lr(k, done + t) * (0.9 ** (t + 1) if decay else 1) for t in range(ahead))
         return (w, b) if buf is None else (w - shift * buf[0], b - shift * buf[1])
 
     seen, losses, grads = _seen(schedule, variant, stages, m), [], [None] * stages
@@ -213,15 +232,15 @@ def emulate(schedule: str, variant: str, m: int, weights, batches, bf16: bool = 
             for k in range(stages):
                 buf = grads[k] if bufs[k][-1] is None else tuple(0.9 * o + g for o, g in zip(bufs[k][-1], grads[k]))
                 w, b = hist[k][-1]
-                hist[k].append((w - lr_of(i // m) * buf[0], b - lr_of(i // m) * buf[1]))
+                hist[k].append((w - lr(k, i // m) * buf[0], b - lr(k, i // m) * buf[1]))
                 bufs[k].append(buf)
             grads = [None] * stages
     return losses, [h[-1] for h in hist]
 
 
-def run_to_the_end(schedule: str, variant: str, m: int, stages: int, precision: str = "fp32"):
+def run_to_the_end(schedule: str, variant: str, m: int, stages: int, precision: str = "fp32", delay: int = 0):
     """This rank's stage after STEPS steps and the drain: (stage, losses per step, weight, bias, printed plan)."""
-    built, loader = _engine(schedule, variant, m, stages, precision)
+    built, loader = _engine(schedule, variant, m, stages, precision, delay)
     losses, dtype = [], torch.float32 if precision == "bf16-mixed" else torch.float64
     for step in range(STEPS):
         x, y = loader.next_batch()
@@ -236,14 +255,22 @@ CASES = [(3, "async", "v1", 1), (3, "async-stash", "v1", 1), (3, "async-predict"
          (3, "async-predict", "v1", 2), (3, "async-predict", "v2", 2),
          # stage 2 of 4 is the one where v1's backward predicts (⌊2/2⌋ = 1) across updates that came after its
          # forward (lag 1): the rebuilt weights differ from the forward's only there
-         (4, "async-predict", "v1", 1)]
+         (4, "async-predict", "v1", 1),
+         # the optimizer's own guess (forward only, live backward) at 3 and 4 stages, 1 and 2 micro-batches
+         (3, "async-predict", "opt", 1), (3, "async-predict", "opt", 2), (4, "async-predict", "opt", 1),
+         (4, "async-predict", "opt", 2),
+         # PipeMare's LR rescheduling over 4 of the 6 steps, with stale weights and with each guess
+         (3, "async", "v1", 1, 4), (3, "async-predict", "v1", 2, 4), (4, "async-predict", "opt", 1, 4),
+         (4, "async-predict", "v2", 2, 4)]
 
 
 def run_cases(cases):
-    return [(case, run_to_the_end(case[1], case[2], case[3], case[0])) for case in cases]
+    return [(case, run_to_the_end(case[1], case[2], case[3], case[0], delay=(case[4:] or (0,))[0]))
+            for case in cases]
 
 
-def _expected(stages: int, schedule: str, variant: str, m: int, dtype=torch.float64, bf16: bool = False):
+def _expected(stages: int, schedule: str, variant: str, m: int, delay: int = 0, dtype=torch.float64,
+              bf16: bool = False):
     cfg = load_config(None, ["model.name=classifier", "model.in_features=12", "model.hidden=16",
                              f"model.layers={stages - 1}", "model.classes=3", "train.global_batch=4"])
     torch.manual_seed(1)
@@ -252,7 +279,7 @@ def _expected(stages: int, schedule: str, variant: str, m: int, dtype=torch.floa
     loader = ShardedLoader(build_data(cfg), 4, 0, 1)
     micro = [(x.to(dtype)[r], y[r]) for x, y in (loader.next_batch() for _ in range(STEPS))
              for r in torch.arange(4).chunk(m)]
-    return start, *emulate(schedule, variant, m, start, micro, bf16)
+    return start, *emulate(schedule, variant, m, start, micro, bf16, delay)
 
 
 def test_async_pipelines_equal_a_one_process_emulation_of_their_staleness(world3, world4):

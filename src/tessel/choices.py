@@ -68,6 +68,8 @@ class Prediction:
     again_in_backward: bool  # v1: predicted again at backward time (the backward reads newer weights); v2: reused
     staleness: int = 0  # added to the schedule's for the planner's ties
     kept_copies: int = 1  # weight copies a stage keeps (memory)
+    live_backward: bool = False  # the backward multiplies by the live weights then (forward-only prediction)
+    guess: str = "linear"  # linear: W - (sum of LRs) * direction; optimizer: the optimizer's own next updates
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,7 @@ for _r in (
                  micro_rule="multiple_of_pp", planned=False),
         Prediction("v1", again_in_backward=True, staleness=0, kept_copies=1),
         Prediction("v2", again_in_backward=False, staleness=1, kept_copies=2),
+        Prediction("opt", again_in_backward=False, staleness=1, kept_copies=1, live_backward=True, guess="optimizer"),
         TensorMode("1d", "1d", serves_tables=True, whole_hidden=True),
         TensorMode("2d", "2d", axes=("tp_r", "tp_c")),
         TensorMode("3d", "3d", axes=("tp_x", "tp_y", "tp_z")),

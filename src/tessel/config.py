@@ -122,7 +122,12 @@ class PipelineConfig:
     # the peers; the last three run two stages per rank)
     schedule: str = "1f1b"
     split: str = ""  # layer counts per stage, e.g. "3,3,2,2"; '' : balanced from a profile
-    predict: str = "v1"  # async-predict: v1 (SpecTrain paper) | v2 (forward-only prediction reused in backward)
+    # async-predict: v1 (SpecTrain paper) | v2 (forward-only prediction reused in backward) | opt (the optimizer's
+    # own next updates, forward only; XPipe/PipeOptim); tessel.pipeline.predict
+    predict: str = "v1"
+    # asynchronous schedules: PipeMare's LR rescheduling over this many steps (stage k's LR starts at lr / tau_k,
+    # tau_k its staleness + 1, and rises to lr); 0: off; tessel.pipeline.schedules.delayed_lr
+    delay_lr: int = 0
 
 
 @dataclass

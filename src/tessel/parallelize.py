@@ -350,5 +350,5 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, me
                                               stages, autocast)
     else:
         engine = pipeline.PipelineEngine(stage, chain, tail, plan.schedule, plan.micro_batches, settings.lr_at,
-                                         plan.predict, tables, autocast)
+                                         plan.predict, tables, autocast, delay_lr=plan.delay_lr)
     return engine, optimizer

@@ -112,6 +112,7 @@ class ParallelPlan:
     sequence_parallel: bool = False  # torch-1d: torch's sequence parallelism around the blocks
     schedule: Schedule = "1f1b"
     predict: Prediction = "v1"
+    delay_lr: int = 0  # asynchronous: steps of PipeMare's per-stage LR rescheduling (0: off)
     micro_batches: int = 1
     bounds: tuple[tuple[int, int], ...] = ()  # [lo, hi) layers per stage; () until the profile has cut
     tables: tuple[TableChoice, ...] = ()  # () until the tables are decided
@@ -166,9 +167,11 @@ class ParallelPlan:
     def live_backward(self) -> bool:
         """Whether a stage's backward reads newer weights than its forward: ``async`` (the live weights, updated
         in place meanwhile) and ``async-predict`` with a variant that predicts again at backward time. Layers that
-        keep a weight they derived at the forward (a gathered shard) must derive it again in backward then."""
-        s = self.schedule
-        return self.pp > 1 and (s.weights == "stale" or (s.weights == "predict" and self.predict.again_in_backward))
+        keep a weight they derived at the forward (a gathered shard) must derive it again in backward then; so
+        must the forward-only prediction (``opt``), whose backward reads the live weights."""
+        s, v = self.schedule, self.predict
+        rereads = v.again_in_backward or v.live_backward
+        return self.pp > 1 and (s.weights == "stale" or (s.weights == "predict" and rereads))
 
     def with_(self, **changes) -> ParallelPlan:
         return dataclasses.replace(self, **changes)
@@ -217,7 +220,8 @@ class ParallelPlan:
                          + (" sequence-parallel" if self.sequence_parallel else ""))
         if self.pp > 1:
             parts.append(f"schedule {self.schedule.name}"
-                         + (f" ({self.predict.name})" if self.schedule.weights == "predict" else ""))
+                         + (f" ({self.predict.name})" if self.schedule.weights == "predict" else "")
+                         + (f" delay-lr {self.delay_lr}" if self.delay_lr else ""))
             if self.bounds:
                 parts.append("stages " + " | ".join(f"{lo}-{hi - 1}" for lo, hi in self.bounds))
         if self.dp_shard > 1:
@@ -255,6 +259,11 @@ def _batch(plan: ParallelPlan, settings) -> str | None:
 
 
 def _schedule(plan: ParallelPlan, settings) -> str | None:
+    if plan.delay_lr and (plan.pp == 1 or not plan.schedule.asynchronous):
+        # a flushed step has no stale stage to slow down: the rescheduling would only change the math
+        return (f"pipeline.delay_lr={plan.delay_lr} rescales the LR of stale stages, which only an asynchronous "
+                f"pipeline has (pp={plan.pp}, schedule {plan.schedule.name}); valid: 0, or pp > 1 with "
+                "pipeline.schedule async, async-stash or async-predict")
     if plan.pp == 1:
         return None
     s, m, pp = plan.schedule, plan.micro_batches, plan.pp

@@ -49,6 +49,7 @@ from .plan import ParallelPlan, TableChoice, TablePolicy
 from .prepare_axes import checkpoint_plan, identity_of, prepare_axes
 from .settings import Settings
 from .sparse.rowopt import auto_mirror
+from .train.memory import release_free
 from .train.tail import clip_coef, local_sq
 from .unwrap import skeleton
 
@@ -124,6 +125,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, model: PreparedModel, table_group: int) -> None:
         # No super().__init__: this object proxies ``optimizer`` (param_groups, state) so LR schedulers work.
         self.optimizer, self.model, self.table_group = optimizer, model, table_group
+        self.steps = 0
         self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
 
     @property
@@ -147,6 +149,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
             m.tables.step(self.optimizer.param_groups[self.table_group]["lr"], m.scale)
         m.reduced, m.scale = None, 1.0
         self.optimizer.step()
+        self.steps += 1
+        release_free(self.steps)  # malloc's free holes back to the system (train/memory.py)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)

@@ -40,6 +40,7 @@ from .plan import ParallelPlan
 from .registry import registered, spec_of
 from .settings import DTYPES, Settings
 from .sparse.rowopt import auto_mirror, record_of
+from .train.memory import release_free
 from .unwrap import skeleton
 
 KEEP_LRS = 64
@@ -74,6 +75,7 @@ class SteppedModel(nn.Module):
         ahead = self.loader.next_inputs if x is self.loader.current else None  # scheduled tables fetch its rows
         result = engine.step(x, y, self.steps, ahead if self.tables and self.tables.choices else None)
         self.steps += 1
+        release_free(self.steps)  # malloc's free holes back to the system (train/memory.py)
         loss = torch.tensor([result.loss], dtype=torch.float64, device=comm.device())
         comm.all_reduce(loss, "meta", group=self.mesh.get_group("dp"))  # each dp rank's slice mean -> their sum
         if plan.pp > 1:  # only the last stage has a loss (the others' is 0)

@@ -69,7 +69,7 @@ def plan_of(cfg: Config, world: int) -> ParallelPlan:
     bounds = bounds_of(cfg.pipeline.split) if dims.pp > 1 else ()
     return ParallelPlan(dp=dims.dp, pp=dims.pp, tp=dims.tp, tp_mode=grid.mode, tp_grid=grid.shape,
                         regather=cfg.tensor.regather, sequence_parallel=cfg.tensor.sequence_parallel,
-                        schedule=cfg.pipeline.schedule, predict=cfg.pipeline.predict,
+                        schedule=cfg.pipeline.schedule, predict=cfg.pipeline.predict, delay_lr=cfg.pipeline.delay_lr,
                         micro_batches=cfg.train.micro_batches, bounds=bounds, sparse=policy_of(cfg),
                         ddp_hook=p.ddp_comm == "tessel", bucket_mb=p.bucket_mb,
                         dp_shard=dims.dp if p.dp_shard == 0 else p.dp_shard)

@@ -37,7 +37,15 @@ from .tensor.cost import step_formula
 from .train import checkpoint
 from .train.build import build, build_data, model_identity
 from .train.integrity import set_aside
-from .train.memory import allocator_bytes, model_state_bytes, peak_memory_bytes, resident_bytes, table_memory_bytes
+from .train.memory import (
+    allocator_bytes,
+    anonymous_bytes,
+    model_state_bytes,
+    peak_memory_bytes,
+    release_free,
+    resident_bytes,
+    table_memory_bytes,
+)
 from .train.metrics import MetricsLogger
 from .train.preempt import StopOnSignal
 from .train.resume import Start, find_start, restart_count
@@ -252,10 +260,12 @@ def run(cfg: Config) -> dict[str, Any]:
         _add(run_bytes, step_bytes)
         record = {"step": step + 1, "loss": float(loss) / plan.dp, "lr": result.lr,
                   "grad_norm": result.grad_norm, "step_time": dt, "tokens_per_s": per_step / dt, "bytes": step_bytes,
-                  "rss": resident_bytes(), "heap": allocator_bytes()}  # the logging rank's memory now
+                  # the logging rank's memory now: resident, its anonymous part, the allocator's bytes in use
+                  "rss": resident_bytes(), "anon": anonymous_bytes(), "heap": allocator_bytes()}
         if tables:
             record["sparse_busy"], record["sparse_waited"] = tables.timing()
         logger.log_step(record)
+        release_free(step + 1)  # malloc's free holes back to the system (train/memory.py)
         done = step + 1 == cfg.train.steps
         every, stopping = cfg.checkpoint.every, stop is not None and stop.requested() and not done
         if cfg.checkpoint.enabled and ((every and (step + 1) % every == 0) or done or stopping):

@@ -53,6 +53,18 @@ def rss_bytes(pid: int) -> int | None:
         return None
 
 
+def anon_bytes(pid: int) -> int | None:
+    """The anonymous part of the resident set (``RssAnon``): memory the process allocated. The rest is pages of
+    mapped files (torch's libraries), the page cache's to drop and read again under the host's memory limit."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
 def last_step(metrics: Path) -> int | None:
     """The step the logging rank last wrote (its metrics.jsonl), or None before the first."""
     try:
@@ -70,12 +82,14 @@ def last_step(metrics: Path) -> int | None:
 
 
 class Sampler(threading.Thread):
-    """Every ``every`` seconds: (step, RSS of each host's worker) while a run goes on."""
+    """Every ``every`` seconds: (step, RSS of each host's worker) in ``samples``, and (step, its anonymous part)
+    in ``anon``, while a run goes on."""
 
     def __init__(self, emu, metrics: Path, every: float = SAMPLE_S) -> None:
         super().__init__(daemon=True)
         self.emu, self.metrics, self.every = emu, metrics, every
         self.samples: list[tuple[int, list[int | None]]] = []
+        self.anon: list[tuple[int, list[int | None]]] = []
         self.done = threading.Event()
 
     def _procs(self, host: int) -> list[int]:
@@ -89,11 +103,9 @@ class Sampler(threading.Thread):
             step = last_step(self.metrics)
             if step is None:
                 continue
-            per_host = []
-            for h in range(self.emu.hosts):
-                workers = worker_pids(self._procs(h))
-                per_host.append(rss_bytes(workers[0]) if workers else None)
-            self.samples.append((step, per_host))
+            workers = [worker_pids(self._procs(h)) for h in range(self.emu.hosts)]
+            self.samples.append((step, [rss_bytes(w[0]) if w else None for w in workers]))
+            self.anon.append((step, [anon_bytes(w[0]) if w else None for w in workers]))
 
 
 def slope(steps: list[float], values: list[float]) -> tuple[float, float, float]:
@@ -139,7 +151,8 @@ def fit(samples: list[tuple[int, list[int | None]]], steps: int) -> list[dict]:
 
 
 def heap_fit(metrics: Path, steps: int) -> dict | None:
-    """The logging rank's allocator bytes in use (``heap`` in metrics.jsonl): its slope after warm-up."""
+    """A rank's allocator bytes in use (``heap``: the logging rank's in metrics.jsonl, every other rank's in its
+    memory-rank<r>.jsonl): its slope after warm-up. Flat beside a growing resident set means free pages held."""
     try:
         recs = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
     except (OSError, ValueError):
@@ -150,6 +163,11 @@ def heap_fit(metrics: Path, steps: int) -> dict | None:
     pts = pts[:: max(1, len(pts) // 400)]  # a few hundred points are plenty for the fit
     b, lo, hi = slope([p[0] for p in pts], [p[1] for p in pts])
     return {"slope": b, "low": lo, "high": hi, "first_mb": pts[0][1], "last_mb": pts[-1][1]}
+
+
+def heap_fits(where: Path, ranks: int, steps: int) -> list[dict | None]:
+    """Every rank's :func:`heap_fit`, by rank (rank 0 logs)."""
+    return [heap_fit(where / ("metrics.jsonl" if r == 0 else f"memory-rank{r}.jsonl"), steps) for r in range(ranks)]
 
 
 def verdict(row: dict) -> str:
@@ -163,22 +181,36 @@ def verdict(row: dict) -> str:
     return "grows"
 
 
+def _heap_text(heap: dict | None) -> str:
+    return f"{heap['slope']:+.5f} ({heap['low']:+.5f} to {heap['high']:+.5f})" if heap else "—"
+
+
+def _fit_text(h: dict) -> tuple[str, str]:
+    """(first → last MB, slope with its interval) of one host's fit, or dashes without one."""
+    if "slope" not in h:
+        return "—", "—"
+    return (f"{h['first_mb']:.0f} (step {h['first_step']}) → {h['last_mb']:.0f} (step {h['last_step']})",
+            f"{h['slope']:+.5f} ({h['low']:+.5f} to {h['high']:+.5f})")
+
+
 def table(runs: list[dict]) -> list[str]:
-    lines = ["| strategy | host | RSS after warm-up → end (MB) | slope, MB per step (95% interval) | samples | "
-             "allocator in use, logging rank: slope (95% interval) | verdict |", "|---|---|---|---|---|---|---|"]
+    """Per strategy and host: the resident set and its anonymous part (the verdict is on the anonymous part where
+    it was sampled: file-backed pages are the page cache's, shared and dropped under memory pressure)."""
+    lines = ["| strategy | host | RSS after warm-up → end (MB) | RSS slope, MB/step (95% interval) | anonymous RSS "
+             "after warm-up → end (MB) | anonymous slope, MB/step (95% interval) | samples | allocator bytes in "
+             "use: slope (95% interval) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        heap = r.get("heap")
-        heap_text = f"{heap['slope']:+.5f} ({heap['low']:+.5f} to {heap['high']:+.5f})" if heap else "—"
         if r.get("failed"):
-            lines.append(f"| {r['strategy']} | — | — | — | — | — | failed: {r['failed']} |")
+            lines.append(f"| {r['strategy']} | — | — | — | — | — | — | — | failed: {r['failed']} |")
             continue
-        for h in r["hosts"]:
-            if "slope" not in h:
-                lines.append(f"| {r['strategy']} | {h['host']} | — | — | {h['samples']} | — | too few samples |")
-                continue
-            lines.append(f"| {r['strategy']} | {h['host']} | {h['first_mb']:.0f} (step {h['first_step']}) → "
-                         f"{h['last_mb']:.0f} (step {h['last_step']}) | {h['slope']:+.5f} ({h['low']:+.5f} to "
-                         f"{h['high']:+.5f}) | {h['samples']} | {heap_text if h['host'] == 0 else ''} | {verdict(h)} |")
+        # by rank (hosts need not take ranks in order); runs saved before every rank recorded it have rank 0's
+        heaps = r.get("heaps") or [r.get("heap")]
+        anon = r.get("anon") or [{"host": h["host"]} for h in r["hosts"]]
+        for h, a in zip(r["hosts"], anon):
+            heap = f"rank {h['host']}: {_heap_text(heaps[h['host']])}" if h["host"] < len(heaps) else ""
+            judged = a if "slope" in a else h
+            lines.append(f"| {r['strategy']} | {h['host']} | {' | '.join(_fit_text(h))} | {' | '.join(_fit_text(a))} "
+                         f"| {h['samples']} | {heap} | {verdict(judged)} |")
     return lines
 
 
@@ -203,7 +235,8 @@ def run(strategy: str, flags: list[str], emu, out: Path, steps: int, every: floa
         sampler.done.set()
         sampler.join()
     row = {"strategy": strategy, "flags": flags, "seconds": time.monotonic() - t0, "samples": sampler.samples,
-           "hosts": fit(sampler.samples, steps), "heap": heap_fit(metrics, steps)}
+           "hosts": fit(sampler.samples, steps), "anon_samples": sampler.anon, "anon": fit(sampler.anon, steps),
+           "heaps": heap_fits(where, emu.hosts, steps)}
     if failed:
         row["failed"] = failed
     return row
@@ -261,7 +294,8 @@ def main(ns, argv: list[str], check_paths) -> int:
     text = "\n".join([
         f"Reproduce: `tessel {' '.join(shlex.quote(a) for a in argv)}` ({time.strftime('%Y-%m-%d')}). The default "
         f"model (`tessel train`'s defaults) for {steps} steps per strategy, {hosts} emulated hosts at {rate}, one "
-        f"worker each; each worker's resident set read from /proc every {every:g} s; slope fitted over the steps "
+        f"worker each; each worker's resident set and its anonymous part read from /proc every {every:g} s (the "
+        "verdict is on the anonymous part where it was sampled); slope fitted over the steps "
         f"after the first {WARMUP:.0%}, 95% interval from Newey–West standard errors (bandwidth sqrt(n))."
         + (f" The runs of {', '.join(earlier)} are kept from an earlier invocation (`--append`)." if earlier else ""),
         "",

@@ -19,6 +19,13 @@ for that mini-batch, whose gradients are added to the real parameters' ``.grad``
     weight version is stored.
   - ``v2`` (the official repo's later version): the forward uses s and the backward reuses that Ŵ,
     which the graph keeps (one weight copy per micro-batch in flight, like stashing).
+  - ``opt`` (the optimizer-dependent prediction of XPipe, arXiv 1911.04610, and PipeOptim, arXiv 2312.00839):
+    Ŵ is where the run's own optimizer would take W in its next s updates, each at its own LR, from its own
+    state (momentum buffer, Adam's moments and step count, weight decay) with no gradient yet to come
+    (:func:`rolled`). For SGD with momentum μ that is W − (η₁μ + η₂μ² + … + η_sμˢ)·buf, the momentum decaying
+    as FTPipe's msnag has it; for Adam(W) each step's bias corrections and decoupled decay. As in PipeOptim the
+    prediction is for the forward only: the backward multiplies by the live weights of its time (no copy kept,
+    saved weights rebuilt as for ``async``), and s is the plain N − k − 1.
 
 Example::
 
@@ -34,6 +41,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 
 import torch
@@ -81,6 +89,40 @@ def direction(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor
     if isinstance(optimizer, torch.optim.AdamW) and group["weight_decay"]:
         v = v + group["weight_decay"] * p.detach()
     return v
+
+
+def rolled(optimizer: torch.optim.Optimizer, p: torch.Tensor, lrs: list[float]) -> torch.Tensor:
+    """``p`` after ``len(lrs)`` more updates of ``optimizer`` (SGD, Adam, AdamW, as torch makes them), the i-th at
+    ``lrs[i]``, with every gradient to come taken as zero: what its state alone (momentum, moments, weight decay)
+    still does to ``p``. A new tensor, detached; ``p`` itself before the optimizer's first update."""
+    state, w = optimizer.state.get(p), p.detach().clone()
+    if not state:
+        return w
+    group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
+    wd = group["weight_decay"]
+    if isinstance(optimizer, torch.optim.SGD):
+        mu, damp, buf = group["momentum"], group["dampening"], state["momentum_buffer"].clone()
+        for lr in lrs:
+            g = w * wd  # the L2 term is all the gradient there is
+            buf.mul_(mu).add_(g, alpha=1 - damp)
+            w.add_(g.add(buf, alpha=mu) if group["nesterov"] else buf, alpha=-lr)
+        return w
+    (b1, b2), eps, t = group["betas"], group["eps"], float(state["step"])
+    m, v = state["exp_avg"].clone(), state["exp_avg_sq"].clone()
+    vmax = state["max_exp_avg_sq"].clone() if group.get("amsgrad") else None
+    decoupled = isinstance(optimizer, torch.optim.AdamW) or group.get("decoupled_weight_decay", False)
+    for lr in lrs:
+        t += 1
+        if decoupled:
+            w.mul_(1 - lr * wd)
+        g = torch.zeros_like(w) if decoupled or not wd else w * wd
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        if vmax is not None:
+            torch.maximum(vmax, v, out=vmax)
+        denom = ((v if vmax is None else vmax).sqrt() / math.sqrt(1 - b2 ** t)).add_(eps)
+        w.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
+    return w
 
 
 class _RebuildSaved:
@@ -168,7 +210,13 @@ class StageWeights:
         updates' LRs (under warm-up or decay each differs, and none need be the current one)."""
         if self.lr_of is None:
             return s * self.optimizer.param_groups[0]["lr"]
-        return sum(self.lr_of(self.updates + t) for t in range(s))
+        return sum(self.lrs(s))
+
+    def lrs(self, s: int) -> list[float]:
+        """The LRs of the next ``s`` updates: each its mini-batch's (``lr_of``), else the optimizer's current one."""
+        if self.lr_of is None:
+            return [self.optimizer.param_groups[0]["lr"]] * s
+        return [self.lr_of(self.updates + t) for t in range(s)]
 
     def _logged_shift(self, kind: str, s: int) -> float:
         shift = self.shift(s)
@@ -176,14 +224,21 @@ class StageWeights:
             self.log.append((kind, self.updates, s, shift))
         return shift
 
-    def _predicted(self, name: str, base: torch.Tensor, shift: float) -> torch.Tensor:
-        v = direction(self.optimizer, self.params[name])
+    def _predicted(self, name: str, base: torch.Tensor, shift: float, s: int) -> torch.Tensor:
+        """Ŵ of ``name`` ``s`` updates ahead (``shift``: the sum of their LRs), on ``base`` (the live weight or a
+        leaf sharing its storage): the gradient at Ŵ reaches ``base`` as it is (dŴ/dW taken as the identity)."""
+        p = self.params[name]
+        if self.variant.guess == "optimizer" and s:
+            return torch.add(base, rolled(self.optimizer, p, self.lrs(s)) - p.detach())
+        v = direction(self.optimizer, p)
         # always a new tensor, even when the shift or v is zero, so hooks can tell it from the live weight
         return torch.add(base, v, alpha=-shift) if v is not None and shift else base * 1
 
     def _backward_weight(self, name: str) -> torch.Tensor:
         live = self.params[name].detach()
-        return self._predicted(name, live, self._logged_shift("B", self.extra)) if self.extra else live
+        if not self.extra or self.variant.live_backward:
+            return live
+        return self._predicted(name, live, self._logged_shift("B", self.extra), self.extra)
 
     def make(self, ahead: int):
         """Weights for one micro-batch whose own update comes ``ahead`` updates from now.
@@ -207,10 +262,12 @@ class StageWeights:
         if self.mode == "stale":  # the backward multiplies by the weights live then (autocast's copies rebuilt)
             live = _RebuildSaved(leaves, lambda name: self.params[name].detach())
             return leaves, leaves, live.context(), None
-        shift = self._logged_shift("F", ahead + self.extra)
-        weights = {n: self._predicted(n, leaf, shift) for n, leaf in leaves.items()}
-        if not self.variant.again_in_backward:  # v2: the graph keeps this copy for the backward
+        s = ahead + self.extra
+        shift = self._logged_shift("F", s)
+        weights = {n: self._predicted(n, leaf, shift, s) for n, leaf in leaves.items()}
+        if not (self.variant.again_in_backward or self.variant.live_backward):  # v2: the graph keeps this copy
             self.made += 1
             return weights, leaves, contextlib.nullcontext(), (self.variant.name, self.made)
+        # v1: the backward's weights predicted again then; opt: the live ones then (_backward_weight)
         hooks = _RebuildSaved(weights, self._backward_weight)
         return weights, leaves, hooks.context(), None

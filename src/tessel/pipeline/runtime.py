@@ -44,7 +44,7 @@ from ..train.engine import StepResult
 from ..train.tail import StepTail
 from .layers import prune
 from .predict import StageWeights
-from .schedules import ahead, async_ops, drain_ops, sync_ops
+from .schedules import ahead, async_ops, delay_scale, drain_ops, sync_ops
 from .stage import Stage
 
 
@@ -148,8 +148,9 @@ class PipelineEngine(_StageEngine):
 
     def __init__(self, stage: Stage, chain: Chain, tail: StepTail, schedule: Schedule, micro_batches: int,
                  lr_of: Callable[[int], float], prediction: Prediction | None = None, tables=None,
-                 autocast: Callable = contextlib.nullcontext) -> None:
+                 autocast: Callable = contextlib.nullcontext, delay_lr: int = 0) -> None:
         super().__init__(stage, chain, tail, schedule, micro_batches, lr_of, tables, autocast)
+        self.delay_lr = delay_lr
         if tables and schedule.asynchronous:
             # the next step's first forwards run before this step's update: rows prefetched for them could
             # not wait for that update (2-D scheduling's late phase), so only in-step scheduling stays on
@@ -158,13 +159,21 @@ class PipelineEngine(_StageEngine):
         self.base = 0  # the step whose mini-batch entered first since the pipeline was last empty (async)
         # the stage's u-th update belongs to mini-batch first_step + u: every one is applied, in order
         self.weights = (StageWeights(self.params, self.optimizer, schedule.weights, stage.index, stage.stages,
-                                     prediction or "v1", micro_batches, lambda u: self.lr_of(self.first_step + u))
+                                     prediction or "v1", micro_batches, lambda u: self.update_lr(self.first_step + u))
                         if schedule.asynchronous else None)
         self.fed = 0  # micro-batches that have entered this stage since the pipeline was last empty (async)
         self.last_backward = -1  # the micro-batch whose backward ends a flushed step (-1: every one may be)
         self.inflight: dict[int, tuple] = {}
         self.sharded = hasattr(stage.runner, "set_requires_gradient_sync")  # FSDP over the stage's dp ranks
         self.draws = SameDraws(micro_batches, any(p.is_cuda for p in self.params.values()))
+
+    def update_lr(self, j: int) -> float:
+        """The LR this stage's update of mini-batch ``j`` applies: the run's (``lr_of``, which ``prepare`` replaces),
+        or PipeMare's rescheduled one (``delay_lr``, asynchronous schedules)."""
+        st = self.stage
+        if not self.delay_lr:
+            return self.lr_of(j)
+        return self.lr_of(j) * delay_scale(j, st.index, st.stages, self.micro_batches, self.delay_lr)
 
     # -- one forward / backward --------------------------------------------------------------------------
 
@@ -230,7 +239,7 @@ class PipelineEngine(_StageEngine):
         self._backward(i, posted)
         m = self.micro_batches
         if (i + 1) % m == 0:
-            norm = self._update(self.lr_of(self.base + i // m), global_norm=False, upto=i // m)
+            norm = self._update(self.update_lr(self.base + i // m), global_norm=False, upto=i // m)
             if norms is not None:
                 norms.append(norm)
 

@@ -74,6 +74,19 @@ def ahead(i: int, micro: int, stage: int, stages: int) -> int:
     return i // micro - max(0, (i - lag) // micro)
 
 
+def delay_scale(j: int, stage: int, stages: int, micro: int, steps: int) -> float:
+    """PipeMare's learning-rate rescheduling (arXiv 1910.05124, technique 1): what stage ``stage``'s update j
+    multiplies its LR by, τ^-(1 - min(j / steps, 1)) with τ = 1 + the most updates its forward runs ahead of its
+    own (N − k with one micro-batch per update): a stale stage starts at lr / τ and reaches the schedule's LR at
+    step ``steps``; the last stage (τ = 1) and ``steps`` 0 keep the LR as it is.
+
+    >>> [round(delay_scale(j, stage=0, stages=4, micro=1, steps=100), 6) for j in (0, 50, 100)]
+    [0.25, 0.5, 1.0]
+    """
+    tau = 1 + -(-(stages - stage - 1) // micro)  # 1 + ceil(lag / micro): the worst of ``ahead``
+    return 1.0 if not steps or tau == 1 else tau ** -max(0.0, 1.0 - j / steps)
+
+
 def drain_ops(stage: int, stages: int, fed: int) -> list[tuple[str, int]]:
     """The backwards still owed after ``fed`` mini-batches went in: they empty the pipeline."""
     lag = stages - stage - 1

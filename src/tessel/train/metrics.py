@@ -119,7 +119,7 @@ class MetricsLogger:
         self.sparse = self.sparse or "sparse_busy" in record
         if not self.enabled:
             if self.memory is not None and record["step"] % self.log_every == 0:
-                self.memory.write(json.dumps({k: record.get(k) for k in ("step", "rss", "heap")}) + "\n")
+                self.memory.write(json.dumps({k: record.get(k) for k in ("step", "rss", "anon", "heap")}) + "\n")
                 self.memory.flush()
             return
         self.jsonl.write(json.dumps(record) + "\n")
