@@ -126,7 +126,7 @@ class PipelineConfig:
     # own next updates, forward only; XPipe/PipeOptim); tessel.pipeline.predict
     predict: str = "v1"
     # asynchronous schedules: PipeMare's LR rescheduling over this many steps (stage k's LR starts at lr / tau_k,
-    # tau_k its staleness + 1, and rises to lr); 0: off; tessel.pipeline.schedules.delayed_lr
+    # tau_k its staleness + 1, and rises to lr); 0: off; tessel.pipeline.schedules.delay_scale
     delay_lr: int = 0
 
 

@@ -259,9 +259,10 @@ def run(cfg: Config) -> dict[str, Any]:
         step_bytes = comm.counter.end_step()
         _add(run_bytes, step_bytes)
         record = {"step": step + 1, "loss": float(loss) / plan.dp, "lr": result.lr,
-                  "grad_norm": result.grad_norm, "step_time": dt, "tokens_per_s": per_step / dt, "bytes": step_bytes,
-                  # the logging rank's memory now: resident, its anonymous part, the allocator's bytes in use
-                  "rss": resident_bytes(), "anon": anonymous_bytes(), "heap": allocator_bytes()}
+                  "grad_norm": result.grad_norm, "step_time": dt, "tokens_per_s": per_step / dt, "bytes": step_bytes}
+        if logger.enabled or (step + 1) % logger.log_every == 0:  # what the logger writes: every step, or every rank's
+            # memory now: resident, its anonymous part, the allocator's bytes in use
+            record.update(rss=resident_bytes(), anon=anonymous_bytes(), heap=allocator_bytes())
         if tables:
             record["sparse_busy"], record["sparse_waited"] = tables.timing()
         logger.log_step(record)
