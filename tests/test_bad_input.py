@@ -55,8 +55,8 @@ CASES = [
     case("train --model resnet", "config key 'model.name' is 'resnet'; valid: transformer_lm"),
     case("train --nproc 3 --dp 2", "do not match the world size 3"),
     case("train --dp 3", "global batch 32 is not divisible by dp=3"),
-    case("train --nproc 4 --dp-shard 3", "parallel.dp_shard=3 with dp=4: weights are sharded over all dp ranks or "
-                                         "none (hybrid sharding is not built yet); valid: 1 or 4"),
+    case("train --nproc 4 --dp-shard 3", "parallel.dp_shard=3 with dp=4: the dp ranks split into replicas of "
+                                         "dp_shard ranks each, so dp_shard must divide dp; valid: 1, 2, 4 (or 0 = dp)"),
     case("train --nproc 4 --tp 2 --dp-shard 0", "parallel.dp_shard=2 with tp=2: sharded data parallelism does not "
                                                 "compose with tensor parallelism yet; valid: tp=1, or dp_shard 1"),
     case("train --nproc 4 --pp 2 --micro-batches 2 --pipeline.schedule async --dp-shard 0",
@@ -74,7 +74,7 @@ CASES = [
          "weights"),
     case("train --tp 2 --tp-mode torch-1d --train.recompute selective", "train.recompute=selective with tensor.mode "
                                                                         "torch-1d"),
-    case("train --dp-shard 0 --plan auto", "parallel.dp_shard=0 with plan.source auto: the planner does not price"),
+    case("train --dp-shard 0 --plan auto", "parallel.dp_shard=0 with plan.source auto: the planner decides sharding"),
     case("train --nosuch 1", "unknown option(s) --nosuch 1"),
     case("train --max-restarts -1", "give an integer >= 0"),
     case("run --nproc 0 {file}", "argument --nproc: '0' is not a process count; give an integer >= 1"),

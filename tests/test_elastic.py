@@ -23,7 +23,9 @@ from test_cli import TINY, _assert_identical, _load, _workers
 from trained import train
 
 STEPS, EVERY = 40, 4
-ARGS = [*TINY, "--steps", str(STEPS), "--ckpt-every", str(EVERY), "--checkpoint.keep", "3", "--optimizer", "adam"]
+# tables served by alltoall (auto's usual pick here, named so the restarts always resume a prefetching table)
+ARGS = [*TINY, "--steps", str(STEPS), "--ckpt-every", str(EVERY), "--checkpoint.keep", "3", "--optimizer", "adam",
+        "--sparse", "alltoall"]
 
 
 def _run_with_fault(tmp_path, name, at_step, rank, sig, *extra):

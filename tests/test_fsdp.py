@@ -19,6 +19,7 @@ from steps import TorchReference, step_side_by_side
 from tessel import comm, sparse
 from tessel.config import load_config
 from tessel.data import ShardedLoader
+from tessel.fsdp import whole
 from tessel.mesh import build_mesh
 from tessel.parallelize import parallelize
 from tessel.plan import ParallelPlan
@@ -41,13 +42,15 @@ def padded(shape: torch.Size, p: int) -> int:
     return math.ceil(shape[0] / p) * p * math.prod(shape[1:])
 
 
-def check_fsdp(extra: list[str], steps: int = 3):
+def check_fsdp(extra: list[str], steps: int = 3, shard: int = 0):
+    """``shard``: dp ranks per shard group (0: all, FSDP); below the world, HSDP with p / shard replicas."""
     p = dist.get_world_size()
     cfg = load_config(None, [*LM, "train.dtype=float64", "train.global_batch=8", "train.micro_batches=2",
                              "train.optimizer=adamw", "train.weight_decay=0.1", "train.lr=0.05", "train.warmup=2",
-                             "train.clip=0.5", f"train.steps={steps}", "parallel.dp_shard=0", *extra])
+                             "train.clip=0.5", f"train.steps={steps}", f"parallel.dp_shard={shard}", *extra])
     plan, settings = planned(cfg)
-    assert plan.dp_shard == p
+    s, r = shard or p, p // (shard or p)  # ranks per shard group, replicas of each shard
+    assert plan.dp_shard == s and plan.dp_replicate == r
     mesh = build_mesh(plan.dims, timeout=20)
     data = build_data(cfg)
     torch.manual_seed(1)
@@ -56,6 +59,10 @@ def check_fsdp(extra: list[str], steps: int = 3):
     model = build(cfg, 64).double()
     loader, ref_loader = ShardedLoader(data, 8, dist.get_rank(), p), ShardedLoader(data, 8, 0, 1)
     par = parallelize(model, plan, mesh, [loader.peek()], settings)
+    # the ranks sharing out each weight (not the parameters' device_mesh: in a world that re-made its groups,
+    # DTensor's cached sharding specs hand back an equal mesh of the task before, whose groups are gone)
+    group = par.engine.tail.shard_group
+    assert dist.get_world_size(group) == s
     served = {t.name for t in par.plan.tables if t.strategy.served}
     assert served == SERVED[cfg.sparse.strategy], par.plan.tables
     replicated = sum(t.numel() * 8 for n, t in ref.named_parameters() if n.rsplit(".", 1)[0] not in served)
@@ -65,7 +72,7 @@ def check_fsdp(extra: list[str], steps: int = 3):
         par.engine.model(x, y).backward()
         ref(rx, ry).backward()
         for n, b in ref.named_parameters():
-            torch.testing.assert_close(par.module.get_parameter(n).grad.full_tensor(), b.grad, rtol=0, atol=ATOL,
+            torch.testing.assert_close(whole(par.module.get_parameter(n).grad, group), b.grad, rtol=0, atol=ATOL,
                                        msg=n)
         par.optimizer.zero_grad(set_to_none=True)
         ref.zero_grad(set_to_none=True)
@@ -75,7 +82,7 @@ def check_fsdp(extra: list[str], steps: int = 3):
     step_side_by_side(par.engine, ref_engine, loader, ref_loader, 1, p, ATOL)
     sent = {c: v["sent"] for c, v in comm.counter.end_step().items()}
     step_side_by_side(par.engine, ref_engine, loader, ref_loader, steps - 1, p, ATOL)
-    full = {n: t.full_tensor() for n, t in par.module.named_parameters()}
+    full = {n: whole(t.detach(), group) for n, t in par.module.named_parameters()}
     full.update({f"{n}.weight": sparse.full_table(t) for n, t in (par.tables.tables.items() if par.tables else ())})
     for n, b in ref.named_parameters():
         torch.testing.assert_close(full[n], b, rtol=0, atol=ATOL, msg=n)
@@ -84,15 +91,18 @@ def check_fsdp(extra: list[str], steps: int = 3):
     assert max(float((a - b).abs().max()) for a, b in zip(ref.parameters(), init.parameters())) > 1e-3
 
     # bytes of one step: each unit gathered before its forward and again before its backward, per micro-batch;
-    # its gradients reduce-scattered once, after the last micro-batch
-    sizes = {u: sum(padded(t.shape, p) for t in ref.get_submodule(u).parameters()) for u in UNITS if u not in served}
-    gathered = 2 * 2 * sum(sizes.values()) // p * (p - 1) * 8
-    scattered = sum(sizes.values()) // p * (p - 1) * 8
+    # its gradients reduce-scattered once, after the last micro-batch, within the shard group of s ranks; under
+    # HSDP each unit's gradient shard then all-reduced over its r replicas (a ring: 2 (r - 1) / r of it)
+    sizes = {u: sum(padded(t.shape, s) for t in ref.get_submodule(u).parameters()) for u in UNITS if u not in served}
+    gathered = 2 * 2 * sum(sizes.values()) // s * (s - 1) * 8
+    scattered = sum(sizes.values()) // s * (s - 1) * 8
+    summed = sum(2 * (r - 1) * (n // s * 8) // r for n in sizes.values())
     assert sent.get("dp.gather") == gathered and sent.get("dp.scatter") == scattered, sent
+    assert sent.get("dp.replicate", 0) == summed and (summed > 0) == (r > 1), sent
     assert "dp.dense" not in sent
     # each rank keeps its shard of the weights and of the optimizer's state (a step count is a scalar)
     held = model_state_bytes(par.module.parameters(), par.optimizer)
-    return held, replicated, sum(sizes.values()) * 8 // p
+    return held, replicated, sum(sizes.values()) * 8 // s
 
 
 # ps rows under Adagrad without decay: its row mirror is exactly torch's dense Adagrad (lazy AdamW rows, or decay of
@@ -105,6 +115,15 @@ def test_fsdp_equals_one_process(world2, extra, states):
     for held, replicated, shard in world2.run(check_fsdp, extra):
         # the weights and each state tensor: this rank's half of the padded flat buffers, against whole copies
         assert held == shard * (1 + states) and shard < replicated
+
+
+@pytest.mark.parametrize("shard,extra,states", [(2, ["sparse.strategy=dense"], 2), (2, PS, 1), (4, PS, 1)],
+                         ids=["hsdp2x2-dense-adamw", "hsdp2x2-ps-adagrad", "fsdp4-ps-adagrad"])
+def test_fsdp_and_hsdp_on_four_ranks_equal_one_process(world4, shard, extra, states):
+    """HSDP 2 x 2 (two replicas of a 2-way shard; the replicas' sum through FSDP's all-reduce hook, counted as
+    ``dp.replicate``) and FSDP over all 4 ranks, each against the plain torch loop."""
+    for held, replicated, part in world4.run(check_fsdp, extra, 3, shard):
+        assert held == part * (1 + states) and part < replicated
 
 
 def test_sharded_run_resumes_bit_identical_and_its_checkpoint_loads_whole(world2, tmp_path):

@@ -23,7 +23,7 @@ from tessel.mesh import build_mesh
 from tessel.parallelize import parallelize
 from tessel.train.build import build, build_data
 
-STEPS, EVERY = 100, 30  # samples after steps 30, 60 and 90: 30 steps apart, past the first (warm-up) steps
+STEPS, EVERY = 64, 20  # samples after steps 20, 40 and 60: 20 steps apart, past the first (warm-up) steps
 B, T, D = 8, 8, 16  # global batch, sequence length, model width
 # What may differ between two step boundaries of a run that keeps nothing: the rows an alltoall table
 # prefetches for the next batch, whose unique count changes from batch to batch. At most every one of the

@@ -14,7 +14,7 @@ from torch import nn
 import tessel
 from tessel import TesselError
 from tessel.data.prepared import PreparedLoader, slice_batch
-from tessel.plan import ParallelPlan
+from tessel.plan import ParallelPlan, TablePolicy
 from tessel.prepare import _table_groups
 from tessel.prepare import _table_policy as _plan
 from tessel.sparse import find_tables
@@ -67,7 +67,10 @@ def _torch_clip(model, max_norm):
 
 
 def _full(prepared):
-    """name -> whole tensor: dense parameters, and each served table gathered from its owners."""
+    """name -> whole tensor: dense parameters, and each served table gathered from its owners (a sharded model:
+    what tessel.unwrap gives back, each weight gathered from its shards)."""
+    if prepared.shards is not None:
+        return dict(tessel.unwrap(prepared).named_parameters())
     out = {n.removeprefix("module."): p.detach() for n, p in prepared.module.named_parameters()}
     out.update({k: v for k, v in prepared.tables.state_dict().items() if not k.startswith("state.")})
     return out
@@ -92,6 +95,10 @@ def check_parity(cases):
         mean = torch.stack(losses)
         dist.all_reduce(mean)
         assert torch.allclose(mean / p, torch.stack(ref_losses), atol=1e-10, rtol=0), (plan, opt_name)
+        if isinstance(plan, ParallelPlan):  # sharded: each rank keeps its share of the dense weights
+            held = sum(p.to_local().numel() for p in model.module.parameters())
+            assert held < sum(p.numel() for p in model.module.parameters())
+            assert set(model.tables.strategies().values()) == {plan.sparse.strategy.name}
         if plan in ("ps", "alltoall"):
             assert set(model.tables.strategies().values()) == {plan}
         if plan == "auto":
@@ -114,6 +121,18 @@ def test_prepared_plain_loop_equals_single_process_at_2_ranks(world2):
 
 def test_prepared_plain_loop_equals_single_process_at_4_ranks(world4):
     assert world4.run(check_parity, [("ps", "adagrad"), ("alltoall", "sgd"), ("auto", "sgd")]) == [0, 1, 2, 3]
+
+
+def _sharded(dp: int, shard: int, strategy: str) -> ParallelPlan:
+    return ParallelPlan(dp=dp, dp_shard=shard, sparse=TablePolicy(strategy=strategy, max_touched=1.0))
+
+
+def test_prepared_loop_sharded_equals_single_process(world4):
+    """plan=ParallelPlan(dp_shard=...): the loop's model under FSDP (the Sequential's layers each a unit, then the
+    root), the user's optimizer stepping the shards, tessel.clip_grad_norm_ summing over them, tables still served
+    by rows; FSDP over 4 ranks and HSDP 2 x 2 (two replicas of a 2-way shard)."""
+    cases = [(_sharded(4, 4, "ps"), "adagrad"), (_sharded(4, 2, "alltoall"), "sgd")]
+    assert world4.run(check_parity, cases) == [0, 1, 2, 3]
 
 
 def test_one_process_without_launch_runs_the_loop_unchanged():
@@ -163,7 +182,7 @@ def test_bad_input_is_one_line_each():
         (lambda: tessel.prepare(Plain(), torch.optim.SGD(Plain().parameters(), lr=1), _batches(), world=4),
          "prepare expected 4 ranks but runs on 1"),
         (lambda: tessel.prepare(Plain(), torch.optim.SGD(Plain().parameters(), lr=1), _batches(),
-                                plan=ParallelPlan(dp=2, dp_shard=2)), "tessel.prepare does not shard a loop's model"),
+                                plan=ParallelPlan(dp=1, pp=2, dp_shard=2)), "tessel.prepare shards a data-parallel"),
     ]
     for fn, text in cases:
         with pytest.raises(TesselError) as e:

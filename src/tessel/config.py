@@ -342,9 +342,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"train.precision '{cfg.train.precision}' keeps float32 masters; train.dtype is "
                           f"'{cfg.train.dtype}': valid with it: train.dtype float32, or train.precision fp32")
     if cfg.plan.source == "auto" and cfg.parallel.dp_shard != 1:
-        raise ConfigError(f"parallel.dp_shard={cfg.parallel.dp_shard} with plan.source auto: the planner does not "
-                          "price sharded data parallelism yet; valid: plan.source auto with dp_shard 1, or dp_shard "
-                          "with the layout given by flags")
+        raise ConfigError(f"parallel.dp_shard={cfg.parallel.dp_shard} with plan.source auto: the planner decides "
+                          "sharding itself (FSDP over the dp ranks beside DDP, where memory asks for it); valid: "
+                          "plan.source auto with dp_shard 1, or dp_shard with the layout given by flags")
     if choices.table_strategy(cfg.sparse.strategy).ddp_sparse and not choices.optimizer(cfg.train.optimizer).sparse:
         takes = ", ".join(o.name for o in choices.records(Optimizer) if o.sparse)
         raise ConfigError(f"sparse.strategy '{cfg.sparse.strategy}' needs a torch optimizer that takes sparse "

@@ -13,6 +13,11 @@ The all-gather and the reduce-scatter are FSDP's own, given tessel.comm calls (`
 for_comms``) and divides by P itself, as DDP's mean does. Under bf16-mixed the gathered weights are bf16 (half
 the gather bytes) and the gradients are reduced in fp32 (gloo cannot sum bf16; torchtitan reduces in fp32).
 
+HSDP (dp_shard < dp): each group of dp_shard consecutive dp ranks shards the weights among itself, and the
+dp / dp_shard groups are replicas; a unit's reduce-scattered gradient is then summed over the replicas
+(``dp.replicate``, FSDP's all-reduce hook given a tessel.comm call: torch's own HSDP all-reduce would not be
+counted) before FSDP divides by all dp ranks.
+
 Example::
 
     model = apply_fsdp(model, mesh["dp"], [model.blocks[0], model.blocks[1]])
@@ -53,6 +58,17 @@ class Scatter(_Alloc, ReduceScatter):
         comm.reduce_scatter(output_tensor, input_tensor, "dp.scatter", group)
 
 
+class Replicate:
+    """HSDP's second sum: a unit's reduce-scattered gradient shard summed over the replicas holding the same shard
+    (FSDP's all-reduce hook, run after its reduce-scatter and before it divides by all dp ranks)."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+
+    def __call__(self, shard: torch.Tensor) -> None:
+        comm.all_reduce(shard, "dp.replicate", group=self.group)
+
+
 def units(model: nn.Module, owned: list[tuple[str, ...]]) -> list[nn.Module]:
     """The submodules to shard one by one: those the chain's layers own, in order, that hold parameters none of
     which is also referenced outside them (a tied weight stays with the root)."""
@@ -68,18 +84,48 @@ def units(model: nn.Module, owned: list[tuple[str, ...]]) -> list[nn.Module]:
     return out
 
 
-def apply_fsdp(model: nn.Module, dp_mesh, unit_modules: list[nn.Module],
-               param_dtype: torch.dtype | None = None) -> nn.Module:
-    """``fully_shard`` each of ``unit_modules``, then ``model``; gathers in ``param_dtype`` (None: the
-    weights' own), gradients reduced in the weights' dtype. Returns ``model`` (now an FSDPModule)."""
+def apply_fsdp(model: nn.Module, shard_mesh, unit_modules: list[nn.Module],
+               param_dtype: torch.dtype | None = None, replicate_group=None) -> nn.Module:
+    """``fully_shard`` each of ``unit_modules``, then ``model``, over the ranks of ``shard_mesh`` (1-D); gathers
+    in ``param_dtype`` (None: the weights' own), gradients reduced in the weights' dtype. ``replicate_group``
+    (HSDP): the ranks holding the same shards, over which each reduce-scattered gradient is summed again before
+    FSDP divides by all of them. Returns ``model`` (now an FSDPModule)."""
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=dtype if param_dtype else None)
     for m in [*unit_modules, model]:
-        fully_shard(m, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=True)
+        fully_shard(m, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=True)
+    replicas = dist.get_world_size(replicate_group) if replicate_group is not None else 1
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_custom_all_gather(Gather())
             m.set_custom_reduce_scatter(Scatter())
             m.set_force_sum_reduction_for_comms(True)
+            if replicas > 1:  # torch's own HSDP all-reduce would bypass tessel.comm; the hook goes through it
+                m.set_all_reduce_hook(Replicate(replicate_group))
+                m.set_gradient_divide_factor(float(shard_mesh.size() * replicas))
     return model
 
+
+def whole(t: torch.Tensor, group) -> torch.Tensor:
+    """A weight FSDP holds in shards (a DTensor split on dim 0 over ``group``, as ``torch.chunk`` splits it: the
+    first ranks ⌈n/P⌉ rows each, the last short or empty) whole on every rank, gathered through tessel.comm."""
+    local, p = t.to_local(), dist.get_world_size(group)
+    rows = -(-t.shape[0] // p)
+    padded = local.new_zeros((rows, *t.shape[1:]))
+    padded[: local.shape[0]] = local
+    out = local.new_empty((rows * p, *t.shape[1:]))
+    comm.all_gather_into(out, padded, "unwrap", group)
+    return out[: t.shape[0]]
+
+
+def shard_like(t: torch.Tensor, param: torch.Tensor, group) -> torch.Tensor:
+    """``t`` (whole, the shape of the weight ``param`` FSDP now holds in shards over ``group``) cut as the weight
+    is: this rank's ``torch.chunk`` of dim 0, as a DTensor like ``param``. Every rank holds ``t`` whole already
+    (an optimizer's state made before sharding), so nothing is sent."""
+    from torch.distributed.tensor import DTensor
+
+    p, me = dist.get_world_size(group), dist.get_rank(group)
+    chunks = torch.chunk(t, p, dim=0)
+    mine = chunks[me] if me < len(chunks) else t.new_empty((0, *t.shape[1:]))
+    return DTensor.from_local(mine.clone(), param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())

@@ -198,6 +198,25 @@ def subgroups(mine: list[list[int]], timeout: float) -> list:
     return [made[tuple(r)] for r in mine]
 
 
+def sharding(mesh: DeviceMesh, dp_shard: int, timeout: float) -> tuple[DeviceMesh, object]:
+    """(the 1-D mesh of the dp ranks this rank shards its weights with, the group of the dp ranks holding the same
+    shards or None): dp_shard consecutive dp ranks share out each weight, and the dp / dp_shard such groups are
+    replicas (HSDP; the order torchtitan uses, replicas outermost). Collective over the world where dp_shard < dp.
+
+    Groups of 2 consecutive ranks in a dp group of 4 (0, 1, 2, 3): shards over (0, 1) and (2, 3), the same shard
+    held by (0, 2) and by (1, 3).
+    """
+    dp = mesh["dp"]
+    if dp_shard == dp.size():
+        return dp, None
+    ranks = dist.get_process_group_ranks(mesh.get_group("dp"))
+    grid = torch.tensor(ranks).reshape(-1, dp_shard)  # one row per replica
+    shard = next(row.tolist() for row in grid if dist.get_rank() in row.tolist())
+    same = next(col.tolist() for col in grid.t() if dist.get_rank() in col.tolist())
+    shard_group, replicate_group = subgroups([shard, same], timeout)
+    return DeviceMesh.from_group(shard_group, mesh.device_type), replicate_group
+
+
 def side_group(group, timeout: float):
     """A second group over the ranks of ``group`` so sparse traffic never queues behind DDP's all-reduce
     (collective over the world, see :func:`subgroups`)."""

@@ -28,10 +28,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import choices, comm, fsdp, pipeline, sparse, tensor
+from . import choices, comm, pipeline, sparse, tensor
 from .chain import Chain, Runner, chain_of, recomputed
 from .errors import PlanError
-from .mesh import subgroups
+from .mesh import sharding, subgroups
 from .plan import ParallelPlan, TableChoice
 from .settings import Settings
 from .sparse.rowopt import RowOptimizer
@@ -263,7 +263,7 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, m
             owned = [layer.owns for layer in (chain or chain_of(root)).layers]
         except PlanError:  # no registered chain: the whole model is one unit
             owned = []
-        model = _sharded(model, owned, settings, mesh)
+        model, shards = _sharded(model, owned, plan, settings, mesh)
     elif plan.dp > 1:
         # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
         as_shipped = not plan.ddp_hook or plan.sparse.strategy.ddp_sparse or any(
@@ -272,20 +272,25 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, m
     optimizer = make_optimizer(model.parameters())
     params = [p for p in model.parameters() if p.requires_grad]
     tail = StepTail(params, optimizer, settings.clip, tp=tp, tables=tables,
-                    shard_group=dp_group if plan.dp_shard > 1 else None)
+                    shard_group=shards if plan.dp_shard > 1 else None)
     return Engine(model, tail, plan.micro_batches, settings.lr_at, tables, _autocast(model, settings)), optimizer
 
 
-def _sharded(model: torch.nn.Module, owned: list[tuple[str, ...]], settings: Settings, mesh) -> torch.nn.Module:
-    """FSDP2 over the dp ranks: the modules each of ``owned`` (the chain layers' module paths, those this rank
-    holds) a unit, then the root; under mixed precision the weights are gathered in the compute dtype. Served
-    tables hold no parameters (their rows live on their owners), so nothing of them is sharded."""
+def _sharded(model: torch.nn.Module, owned: list[tuple[str, ...]], plan: ParallelPlan, settings: Settings, mesh):
+    """(FSDP2 over groups of dp_shard dp ranks, the group a rank's shards are among): the modules each of
+    ``owned`` (the chain layers' module paths, those this rank holds) a unit, then the root; under mixed
+    precision the weights are gathered in the compute dtype. Served tables hold no parameters (their rows live on
+    their owners), so nothing of them is sharded. HSDP where dp_shard < dp: see :mod:`tessel.fsdp`."""
     prefix = "root." if isinstance(model, Runner) else ""
     found = dict(model.named_modules())  # a pipeline stage holds only its own layers' modules
     paths = [tuple(prefix + o for o in owns if o and prefix + o in found) for owns in owned]
     replicate_from_first(model, mesh.get_group("dp"))  # the same weights everywhere before each keeps its shard
     gathered = settings.compute_dtype if settings.precision.compute else None  # bf16 weights cross in bf16
-    return fsdp.apply_fsdp(model, mesh["dp"], fsdp.units(model, paths), gathered)
+    from . import fsdp  # torch's FSDP and DTensor take a second to import: only where weights are sharded
+
+    shard_mesh, replicas = sharding(mesh, plan.dp_shard, settings.timeout)
+    model = fsdp.apply_fsdp(model, shard_mesh, fsdp.units(model, paths), gathered, replicas)
+    return model, shard_mesh.get_group()
 
 
 def _autocast(model: torch.nn.Module, settings: Settings):
@@ -331,14 +336,14 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, me
         if ties:
             raise PlanError("parallel.dp_shard with a weight tied across pipeline stages: the stages' copies would "
                             "be summed shard by shard; valid: model.tie_embeddings false, or dp_shard 1")
-        runner = _sharded(runner, [layer.owns for layer in chain.layers[lo:hi]], settings, mesh)
+        runner, shards = _sharded(runner, [layer.owns for layer in chain.layers[lo:hi]], plan, settings, mesh)
     elif plan.dp > 1:
         replicate_from_first(runner, dp_group)
     tied = _tied(root, ties, mesh.get_local_rank("pp"), pp_group, settings.timeout)
     optimizer = make_optimizer(runner.parameters())
     params = [p for p in runner.parameters() if p.requires_grad]
     tail = StepTail(params, optimizer, settings.clip, dp_group=None if sharded else dp_group, tp=tp, tables=tables,
-                    norm_group=pp_group, tied=tied, shard_group=dp_group if sharded else None)
+                    norm_group=pp_group, tied=tied, shard_group=shards if sharded else None)
     micro = batch[0].shape[0] // plan.micro_batches
     index = mesh.get_local_rank("pp")
     stage = pipeline.Stage(runner, index, plan.pp, dist.get_process_group_ranks(pp_group), stages, micro,

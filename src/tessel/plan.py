@@ -140,6 +140,11 @@ class ParallelPlan:
         return ParallelDims(dp=self.dp, pp=self.pp, tp=self.tp, world_size=self.world)
 
     @property
+    def dp_replicate(self) -> int:
+        """Replicas of each weight shard over the dp ranks: dp / dp_shard (1 under FSDP, dp under DDP)."""
+        return self.dp // self.dp_shard if self.dp_shard >= 1 and self.dp % self.dp_shard == 0 else 1
+
+    @property
     def flushed(self) -> bool:
         """Whether a step ends with every micro-batch's gradient applied (single-process equivalent)."""
         return self.pp == 1 or self.schedule.flushed
@@ -225,7 +230,8 @@ class ParallelPlan:
             if self.bounds:
                 parts.append("stages " + " | ".join(f"{lo}-{hi - 1}" for lo, hi in self.bounds))
         if self.dp_shard > 1:
-            parts.append(f"weights sharded over {self.dp_shard} dp ranks (FSDP)")
+            parts.append(f"weights sharded over {self.dp_shard} dp ranks (FSDP)" if self.dp_replicate == 1 else
+                         f"weights sharded over {self.dp_shard} dp ranks, {self.dp_replicate} replicas (HSDP)")
         parts.append(f"{self.micro_batches} micro-batch{'es' if self.micro_batches > 1 else ''}")
         if self.tables:
             parts.append("tables " + ", ".join(t.describe() for t in self.tables))
@@ -322,13 +328,15 @@ def _sparse(plan: ParallelPlan, settings) -> str | None:
 
 
 def _shard(plan: ParallelPlan, settings) -> str | None:
-    """Sharded data parallelism runs over the whole dp group, unpipelined or under tessel's flushed schedules,
-    without tensor parallelism (for now)."""
+    """Sharded data parallelism runs over groups of dp_shard consecutive dp ranks (HSDP: dp / dp_shard replicas
+    of each shard where dp_shard < dp), unpipelined or under tessel's flushed schedules, without tensor
+    parallelism (for now)."""
     if plan.dp_shard == 1:
         return None
-    if plan.dp_shard != plan.dp:
-        return (f"parallel.dp_shard={plan.dp_shard} with dp={plan.dp}: weights are sharded over all dp ranks or none "
-                f"(hybrid sharding is not built yet); valid: 1 or {plan.dp}")
+    if plan.dp_shard < 1 or plan.dp % plan.dp_shard:
+        divisors = ", ".join(str(d) for d in range(1, plan.dp + 1) if plan.dp % d == 0)
+        return (f"parallel.dp_shard={plan.dp_shard} with dp={plan.dp}: the dp ranks split into replicas of "
+                f"dp_shard ranks each, so dp_shard must divide dp; valid: {divisors} (or 0 = dp)")
     if plan.tp > 1:
         return (f"parallel.dp_shard={plan.dp_shard} with tp={plan.tp}: sharded data parallelism does not compose "
                 "with tensor parallelism yet; valid: tp=1, or dp_shard 1")

@@ -39,12 +39,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import choices, sparse
+from . import choices, comm, sparse
+from .chain import chain_of
 from .choices import TableStrategy
 from .data.prepared import PreparedLoader, first_tensor
-from .errors import ConfigError, TesselError
-from .mesh import ParallelDims, build_mesh, init_distributed
-from .parallelize import apply_ddp
+from .errors import ConfigError, PlanError, TesselError
+from .mesh import ParallelDims, build_mesh, init_distributed, sharding
+from .parallelize import apply_ddp, replicate_from_first
 from .plan import ParallelPlan, TableChoice, TablePolicy
 from .prepare_axes import checkpoint_plan, identity_of, prepare_axes
 from .settings import Settings
@@ -71,19 +72,53 @@ def _world(expected: int | None, timeout: float, model: nn.Module):
         raise TesselError(f"prepare expected {expected} ranks but runs on {size}; launch the script with "
                           f"'torchrun --nproc-per-node {expected} script.py' (or drop world=)")
     if size == 1:
-        return None, 0, 1
+        return None, 0, 1, None
     mesh = build_mesh(ParallelDims.resolve(size), timeout=timeout,
                       device=next((p.device.type for p in model.parameters()), "cpu"))
-    return mesh.get_group("dp"), dist.get_rank(), size
+    return mesh.get_group("dp"), dist.get_rank(), size, mesh
+
+
+def _sharded(model: nn.Module, optimizer: torch.optim.Optimizer, plan: ParallelPlan, mesh, mixed: Settings,
+             timeout: float):
+    """(``model`` under FSDP2 over groups of plan.dp_shard ranks, the group a rank's shards are among): its
+    registered chain's layers each a unit (else its blocks: the items of its outermost ModuleLists and
+    Sequentials), then the root; the
+    user's optimizer is given the sharded parameters in place of the whole ones (FSDP makes new ones), and any
+    state it holds already (Adagrad's sums, a resumed loop's moments) cut as the weights are."""
+    try:
+        owned = [layer.owns for layer in chain_of(model).layers]
+    except PlanError:  # not registered: the items of its outermost ModuleLists and Sequentials (its blocks)
+        owned = []
+        for name, m in model.named_modules():
+            inside = any(name.startswith(f"{o[0]}.") for o in owned)
+            if isinstance(m, (nn.ModuleList, nn.Sequential)) and not inside:
+                owned += [(f"{name}.{i}" if name else str(i),) for i in range(len(m))]
+    from . import fsdp  # torch's FSDP and DTensor take a second to import: only where weights are sharded
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    replicate_from_first(model, mesh.get_group("dp"))  # rank 0's weights everywhere before each keeps its shard
+    shard_mesh, replicas = sharding(mesh, plan.dp_shard, timeout)
+    gathered = mixed.compute_dtype if mixed.precision.compute else None
+    fsdp.apply_fsdp(model, shard_mesh, fsdp.units(model, owned), gathered, replicas)
+    now = dict(model.named_parameters())
+    group = shard_mesh.get_group()
+    for grp in optimizer.param_groups:
+        grp["params"] = [now[names[id(p)]] for p in grp["params"]]
+    for old in list(optimizer.state):
+        new = now[names[id(old)]]
+        optimizer.state[new] = {k: fsdp.shard_like(v, new, group) if torch.is_tensor(v) and v.shape == old.shape
+                                else v for k, v in optimizer.state.pop(old).items()}
+    return model, group
 
 
 class PreparedModel(nn.Module):
     """The user's model with its tables served and the rest in DDP; call it as before."""
 
     def __init__(self, module: nn.Module, tables: sparse.SparseTables, loader: PreparedLoader,
-                 autocast=contextlib.nullcontext) -> None:
+                 autocast=contextlib.nullcontext, shards=None) -> None:
         super().__init__()
         self.module, self.tables, self.loader = module, tables, loader
+        self.shards = shards  # sharded (FSDP): the group of the ranks a weight's shards are spread over
         self.autocast = autocast  # () -> the context the forward runs in (mixed precision: autocast to bf16)
         self.reduced: torch.Tensor | None = None  # the rows' squared norm once clipping reduced them
         self.scale = 1.0
@@ -107,9 +142,10 @@ class PreparedModel(nn.Module):
     def checkpoint_parts(self, optimizer) -> dict[str, Any]:
         """What a checkpoint holds and must match: the plain model, the user's optimizer, the tables, the plan."""
         picked = self.tables.choices if self.tables else []
-        plan = ParallelPlan(dp=self.loader.size, tables=tuple(TableChoice.of(c) for c in picked))
+        shard = dist.get_world_size(self.shards) if self.shards is not None else 1
+        plan = ParallelPlan(dp=self.loader.size, tables=tuple(TableChoice.of(c) for c in picked), dp_shard=shard)
         return {"module": _plain(self), "optimizer": optimizer.optimizer if optimizer is not None else None,
-                "tables": self.tables or None, "tp": None,
+                "tables": self.tables or None, "tp": None, "shards": self.shards,
                 "identity": _identity(self), "plan": plan}
 
     def finish_rows(self) -> torch.Tensor:
@@ -168,7 +204,10 @@ def clip_grad_norm_(model: PreparedModel, max_norm: float) -> torch.Tensor:
     if not isinstance(model, PreparedModel):
         raise TesselError("tessel.clip_grad_norm_ takes the model tessel.prepare returned")
     params = list(model.parameters())
-    norm = (local_sq(params) + model.finish_rows()).sqrt().reshape(())  # a scalar, as torch's
+    sq = local_sq(params)
+    if model.shards is not None:  # each rank holds a shard of every gradient: the squares summed over them
+        comm.all_reduce(sq, "meta", group=model.shards)
+    norm = (sq + model.finish_rows()).sqrt().reshape(())  # a scalar, as torch's
     coef = clip_coef(float(norm), max_norm)
     for p in params:
         if p.grad is not None:
@@ -250,9 +289,12 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
     every rank, after the model is built with the same weights everywhere (rank 0's are broadcast anyway)."""
     mixed = Settings(precision=precision)  # the one place a precision's name is resolved (a one-line error)
     if isinstance(plan, ParallelPlan):
+        if plan.dp_shard > 1 and (plan.pp > 1 or plan.tp > 1):
+            raise TesselError(f"plan dp_shard={plan.dp_shard} with pp={plan.pp}, tp={plan.tp}: tessel.prepare shards "
+                              "a data-parallel loop's model (tessel train --dp-shard shards pipeline stages); "
+                              "valid: pp=1 and tp=1 with dp_shard, or dp_shard 1")
         if plan.dp_shard > 1:
-            raise TesselError(f"plan dp_shard={plan.dp_shard}: tessel.prepare does not shard a loop's model yet "
-                              "(tessel train --dp-shard does); valid: dp_shard 1")
+            plan.check(mixed)
         if plan.pp > 1 or plan.tp > 1:
             _join(timeout, model)
             return prepare_axes(model, optimizer, loader, plan, samples=samples, lazy=lazy, max_norm=max_norm,
@@ -261,7 +303,7 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
     if max_norm:
         raise TesselError("max_norm clips inside model.step under pp or tp; in a data-parallel loop call "
                           "tessel.clip_grad_norm_(model, max_norm) between backward and optimizer.step")
-    group, rank, size = _world(world, timeout, model)
+    group, rank, size, mesh = _world(world, timeout, model)
     prepared_loader = PreparedLoader(loader, rank, size)
     plain = skeleton(model)  # the architecture tessel.unwrap gives back, before tables are taken out
     found = sparse.find_tables(model)
@@ -283,9 +325,13 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
         if verbose and rank == 0:
             print(tables.describe())
     hook, bucket = (plan.ddp_hook, plan.bucket_mb) if isinstance(plan, ParallelPlan) else (True, 0.0)
-    module = apply_ddp(model, group, bucket, hook=hook) if size > 1 else model
+    shards = None
+    if isinstance(plan, ParallelPlan) and plan.dp_shard > 1:
+        module, shards = _sharded(model, optimizer, plan, mesh, mixed, timeout)
+    else:
+        module = apply_ddp(model, group, bucket, hook=hook) if size > 1 else model
     device = next((p.device.type for p in model.parameters()), "cpu")
-    prepared = PreparedModel(module, tables, prepared_loader, lambda: mixed.autocast(device))
+    prepared = PreparedModel(module, tables, prepared_loader, lambda: mixed.autocast(device), shards)
     prepared.__dict__["skeleton"] = plain  # not a submodule: its meta tensors are no parameters of the model
     return prepared, PreparedOptimizer(optimizer, prepared, groups[0]), prepared_loader
 

@@ -88,7 +88,7 @@ def _size(n: float) -> str:
 
 
 def short(plan: ParallelPlan) -> str:
-    s = f"dp{plan.dp} pp{plan.pp} tp{plan.tp}"
+    s = f"dp{plan.dp}" + (f" fsdp{plan.dp_shard}" if plan.dp_shard > 1 else "") + f" pp{plan.pp} tp{plan.tp}"
     if plan.tp > 1:
         s += f" {plan.tp_mode.name}" + (f" {'x'.join(map(str, plan.tp_grid))}" if plan.tp_mode.needs_grid else "")
     if plan.pp > 1:

@@ -217,15 +217,23 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     picks, table_bytes, table_s, served = _tables(plan, profile, topo, compute, wire)
     dense = [_stage_params(profile, plan, lo, hi, served) for lo, hi in bounds]
     dp_size, dp_stride = strides["dp"]
-    dp_bytes = [_ring(dp_size, p) * profile.elem for p in dense]
-    dp_s = max(dp_bytes) / topo.group_rate(dp_size, dp_stride) + (dp_size > 1) * 2 * (dp_size - 1) * topo.latency
-    if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
-        backward = 2 / 3 * compute
-        dp_s -= topo.overlap * min(dp_s * (1 - 1 / DDP_BUCKETS), backward)
+    if plan.dp_shard > 1:
+        units = [hi - lo + 1 for lo, hi in bounds]  # each chain layer's modules, then the stage's root
+        sharded = [_sharded_sync(plan, p, n, settings.compute_dtype.itemsize if settings.precision.compute
+                                 else profile.elem, profile.elem, topo, dp_stride) for p, n in zip(dense, units)]
+        dp_channels = {ch: max(c.get(ch, 0.0) for c, _ in sharded) for ch in sharded[0][0]}  # the busiest rank
+        dp_s = max(t for _, t in sharded)
+    else:
+        dp_bytes = [_ring(dp_size, p) * profile.elem for p in dense]
+        dp_channels = {"dp.dense": max(dp_bytes)}
+        dp_s = max(dp_bytes) / topo.group_rate(dp_size, dp_stride) + (dp_size > 1) * 2 * (dp_size - 1) * topo.latency
+        if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
+            backward = 2 / 3 * compute
+            dp_s -= topo.overlap * min(dp_s * (1 - 1 / DDP_BUCKETS), backward)
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
     tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency
-    nbytes = {"dp.dense": max(dp_bytes), "pp": max(pp_elems) * wire}
+    nbytes = {**dp_channels, "pp": max(pp_elems) * wire}
     for ch in sorted({ch for e in tp_elems for ch in e}):
         nbytes[ch] = max(e.get(ch, 0.0) for e in tp_elems) * _width(ch, profile, wire)
     nbytes["tp.grads"] = max(b for b, _ in tp_step)
@@ -235,6 +243,23 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     tp_grads_s = max(s for _, s in tp_step)
     return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s, bubble,
                     {k: v for k, v in nbytes.items() if v}, mem, picks)
+
+
+def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, elem: int, topo: Topology,
+                  stride: int) -> tuple[dict[str, float], float]:
+    """(bytes per channel, seconds) of one step's FSDP traffic on a stage of ``params`` dense elements in ``units``
+    units: every weight gathered from the s ranks of its shard group before each micro-batch's forward and again
+    before its backward (in the compute width), its gradients reduce-scattered once a step (the masters' width),
+    and under HSDP each gradient shard summed over its r replicas (a ring). gloo runs FSDP's calls one at a time,
+    so nothing overlaps the compute."""
+    s, r, m = plan.dp_shard, plan.dp_replicate, plan.micro_batches
+    shard = params / s
+    out = {"dp.gather": 2 * m * (s - 1) * shard * gathered, "dp.scatter": (s - 1) * shard * elem}
+    seconds = sum(out.values()) / topo.group_rate(s, stride) + (2 * m + 1) * units * (s - 1) * topo.latency
+    if r > 1:
+        out["dp.replicate"] = 2 * (r - 1) / r * shard * elem
+        seconds += out["dp.replicate"] / topo.group_rate(r, stride * s) + units * 2 * (r - 1) * topo.latency
+    return out, seconds
 
 
 def _layer_params(profile: Profile, plan: ParallelPlan) -> list[int]:
@@ -263,19 +288,27 @@ def _table_parts(profile: Profile, plan: ParallelPlan, name: str) -> int:
 def _memory(plan: ParallelPlan, settings: Settings, profile: Profile, bounds, samples: float,
             served: set[str], wire: int) -> float:
     """Bytes the fullest rank holds: weights, gradients, optimizer state, weight copies of the asynchronous
-    schedules, and the boundary activations kept for backward (a floor: layer internals are not counted)."""
+    schedules, and the boundary activations kept for backward (a floor: layer internals are not counted).
+    Sharded (FSDP), a rank keeps 1/dp_shard of the weights and their state, one unit gathered whole at a time,
+    and the gradients whole where micro-batches or stages defer the reduce-scatter to the step's last backward."""
     states = settings.state_tensors
     worst = 0.0
     for k, (lo, hi) in enumerate(bounds):
-        params = sum(_layer_params(profile, plan)[lo:hi])
+        layers = _layer_params(profile, plan)[lo:hi]
+        params = sum(layers)
         copies = 0
         if plan.pp > 1 and plan.schedule.weights == "stash":
             copies = plan.pp - k  # one version per micro-batch in flight
         elif plan.pp > 1 and plan.schedule.weights == "predict":
             copies = plan.predict.kept_copies
+        held = params * (2 + states + copies)  # weights, gradients, optimizer state, copies
+        if plan.dp_shard > 1:  # (the asynchronous schedules do not shard)
+            deferred = plan.micro_batches > 1 or plan.pp > 1
+            grads = params if deferred else params / plan.dp_shard + max(layers)
+            held = params * (1 + states) / plan.dp_shard + grads + max(layers)  # + one unit gathered whole
         in_flight = plan.micro_batches if plan.schedule.holds_all_micro else min(plan.micro_batches, plan.pp - k)
         shares = _out_share(profile, plan)
         acts = in_flight * samples * sum(layer.out_per_sample * shares[i] for i, layer in
                                          enumerate(profile.layers[lo:hi], start=lo))
-        worst = max(worst, params * (2 + states + copies) * profile.elem + acts * wire)
+        worst = max(worst, held * profile.elem + acts * wire)
     return worst
