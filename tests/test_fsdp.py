@@ -154,6 +154,25 @@ def test_sharded_run_resumes_bit_identical_and_its_checkpoint_loads_whole(world2
 
 
 
+def test_hsdp_run_resumes_bit_identical_and_its_checkpoint_loads_whole(world4, tmp_path):
+    """``tessel train --nproc 4 --dp-shard 2`` (HSDP: two replicas of a 2-way shard, ps tables): 6 steps == the
+    step-3 checkpoint resumed for 3 more (DCP saves each shard once though two ranks hold it); the checkpoint
+    loads into a plain one-process model; the summary counts the replicas' channel."""
+    args = [*TINY, "--nproc", "4", "--dp-shard", "2", "--optimizer", "adamw", "--steps", "6", "--sparse", "ps"]
+    saved, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args, world4)
+    assert not torch.equal(before["model"]["head.weight"], saved["model"]["head.weight"])
+    summary = json.loads((full / "summary.json").read_text())
+    assert "weights sharded over 2 dp ranks, 2 replicas (HSDP)" in ParallelPlan.from_dict(summary["plan"]).describe()
+    assert {"dp.gather", "dp.scatter", "dp.replicate"} <= set(summary["bytes"])
+    cfg = load_config(None, ["model.dim=16", "model.layers=1", "model.heads=2", "data.vocab_size=200",
+                             "data.seq_len=8"])
+    plain = build(cfg, 200)
+    path = full / "checkpoints" / "step-00000006"
+    checkpoint.load_weights(path, plain, {"model": checkpoint.read_meta(path)["model"]})
+    for n, w in plain.named_parameters():
+        assert torch.equal(w.detach(), saved["model"][n]), n
+
+
 def gather_bytes(precision: str) -> tuple[dict, float]:
     cfg = load_config(None, [*LM, "train.global_batch=8", f"train.precision={precision}", "sparse.strategy=dense",
                              "parallel.dp_shard=0"])

@@ -82,9 +82,10 @@ def _sharded(model: nn.Module, optimizer: torch.optim.Optimizer, plan: ParallelP
              timeout: float):
     """(``model`` under FSDP2 over groups of plan.dp_shard ranks, the group a rank's shards are among): its
     registered chain's layers each a unit (else its blocks: the items of its outermost ModuleLists and
-    Sequentials), then the root; the
-    user's optimizer is given the sharded parameters in place of the whole ones (FSDP makes new ones), and any
-    state it holds already (Adagrad's sums, a resumed loop's moments) cut as the weights are."""
+    Sequentials), then the root; the user's optimizer is given the sharded parameters in place of the whole ones
+    (FSDP makes new ones), and any state it holds already (Adagrad's sums) cut as the weights are."""
+    from . import fsdp  # torch's FSDP and DTensor take a second to import: only where weights are sharded
+
     try:
         owned = [layer.owns for layer in chain_of(model).layers]
     except PlanError:  # not registered: the items of its outermost ModuleLists and Sequentials (its blocks)
@@ -93,8 +94,6 @@ def _sharded(model: nn.Module, optimizer: torch.optim.Optimizer, plan: ParallelP
             inside = any(name.startswith(f"{o[0]}.") for o in owned)
             if isinstance(m, (nn.ModuleList, nn.Sequential)) and not inside:
                 owned += [(f"{name}.{i}" if name else str(i),) for i in range(len(m))]
-    from . import fsdp  # torch's FSDP and DTensor take a second to import: only where weights are sharded
-
     names = {id(p): n for n, p in model.named_parameters()}
     replicate_from_first(model, mesh.get_group("dp"))  # rank 0's weights everywhere before each keeps its shard
     shard_mesh, replicas = sharding(mesh, plan.dp_shard, timeout)
