@@ -126,6 +126,16 @@ def test_fsdp_and_hsdp_on_four_ranks_equal_one_process(world4, shard, extra, sta
         assert held == part * (1 + states) and part < replicated
 
 
+def _loads_whole(path, saved: dict) -> None:
+    """The sharded checkpoint at ``path`` loads into a plain one-process model (TINY's shape) as ``saved``."""
+    cfg = load_config(None, ["model.dim=16", "model.layers=1", "model.heads=2", "data.vocab_size=200",
+                             "data.seq_len=8"])
+    plain = build(cfg, 200)
+    checkpoint.load_weights(path, plain, {"model": checkpoint.read_meta(path)["model"]})
+    for n, w in plain.named_parameters():
+        assert torch.equal(w.detach(), saved["model"][n]), n
+
+
 def test_sharded_run_resumes_bit_identical_and_its_checkpoint_loads_whole(world2, tmp_path):
     """``tessel train --dp-shard 2`` as its workers run it: 6 steps == the step-3 checkpoint resumed for 3 more (DCP
     saves each rank's shards and AdamW's sharded state); the checkpoint loads into a plain one-process model;
@@ -144,14 +154,7 @@ def test_sharded_run_resumes_bit_identical_and_its_checkpoint_loads_whole(world2
     summary = json.loads((full / "summary.json").read_text())
     assert "weights sharded over 2 dp ranks (FSDP)" in ParallelPlan.from_dict(summary["plan"]).describe()
     assert {"dp.gather", "dp.scatter"} <= set(summary["bytes"]) and "dp.dense" not in summary["bytes"]
-    cfg = load_config(None, ["model.dim=16", "model.layers=1", "model.heads=2", "data.vocab_size=200",
-                             "data.seq_len=8"])
-    plain = build(cfg, 200)
-    path = full / "checkpoints" / "step-00000006"
-    checkpoint.load_weights(path, plain, {"model": checkpoint.read_meta(path)["model"]})
-    for n, w in plain.named_parameters():
-        assert torch.equal(w.detach(), saved["model"][n]), n
-
+    _loads_whole(full / "checkpoints" / "step-00000006", saved)
 
 
 def test_hsdp_run_resumes_bit_identical_and_its_checkpoint_loads_whole(world4, tmp_path):
@@ -164,13 +167,7 @@ def test_hsdp_run_resumes_bit_identical_and_its_checkpoint_loads_whole(world4, t
     summary = json.loads((full / "summary.json").read_text())
     assert "weights sharded over 2 dp ranks, 2 replicas (HSDP)" in ParallelPlan.from_dict(summary["plan"]).describe()
     assert {"dp.gather", "dp.scatter", "dp.replicate"} <= set(summary["bytes"])
-    cfg = load_config(None, ["model.dim=16", "model.layers=1", "model.heads=2", "data.vocab_size=200",
-                             "data.seq_len=8"])
-    plain = build(cfg, 200)
-    path = full / "checkpoints" / "step-00000006"
-    checkpoint.load_weights(path, plain, {"model": checkpoint.read_meta(path)["model"]})
-    for n, w in plain.named_parameters():
-        assert torch.equal(w.detach(), saved["model"][n]), n
+    _loads_whole(full / "checkpoints" / "step-00000006", saved)
 
 
 def gather_bytes(precision: str) -> tuple[dict, float]:
