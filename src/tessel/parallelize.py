@@ -263,7 +263,7 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, m
             owned = [layer.owns for layer in (chain or chain_of(root)).layers]
         except PlanError:  # no registered chain: the whole model is one unit
             owned = []
-        model, shards = _sharded(model, owned, plan, settings, mesh)
+        model, shards = shard_model(model, owned, plan, settings, mesh)
     elif plan.dp > 1:
         # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
         as_shipped = not plan.ddp_hook or plan.sparse.strategy.ddp_sparse or any(
@@ -276,7 +276,7 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, m
     return Engine(model, tail, plan.micro_batches, settings.lr_at, tables, _autocast(model, settings)), optimizer
 
 
-def _sharded(model: torch.nn.Module, owned: list[tuple[str, ...]], plan: ParallelPlan, settings: Settings, mesh):
+def shard_model(model: torch.nn.Module, owned: list[tuple[str, ...]], plan: ParallelPlan, settings: Settings, mesh):
     """(FSDP2 over groups of dp_shard dp ranks, the group a rank's shards are among): the modules each of
     ``owned`` (the chain layers' module paths, those this rank holds) a unit, then the root; under mixed
     precision the weights are gathered in the compute dtype. Served tables hold no parameters (their rows live on
@@ -336,7 +336,7 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, me
         if ties:
             raise PlanError("parallel.dp_shard with a weight tied across pipeline stages: the stages' copies would "
                             "be summed shard by shard; valid: model.tie_embeddings false, or dp_shard 1")
-        runner, shards = _sharded(runner, [layer.owns for layer in chain.layers[lo:hi]], plan, settings, mesh)
+        runner, shards = shard_model(runner, [layer.owns for layer in chain.layers[lo:hi]], plan, settings, mesh)
     elif plan.dp > 1:
         replicate_from_first(runner, dp_group)
     tied = _tied(root, ties, mesh.get_local_rank("pp"), pp_group, settings.timeout)

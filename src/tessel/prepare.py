@@ -31,6 +31,7 @@ and made tensor-parallel, and the loop calls ``loss = model.step(x, y)`` instead
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,8 @@ from .chain import chain_of
 from .choices import TableStrategy
 from .data.prepared import PreparedLoader, first_tensor
 from .errors import ConfigError, PlanError, TesselError
-from .mesh import ParallelDims, build_mesh, init_distributed, sharding
-from .parallelize import apply_ddp, replicate_from_first
+from .mesh import ParallelDims, build_mesh, init_distributed
+from .parallelize import apply_ddp, shard_model
 from .plan import ParallelPlan, TableChoice, TablePolicy
 from .prepare_axes import checkpoint_plan, identity_of, prepare_axes
 from .settings import Settings
@@ -95,12 +96,8 @@ def _sharded(model: nn.Module, optimizer: torch.optim.Optimizer, plan: ParallelP
             if isinstance(m, (nn.ModuleList, nn.Sequential)) and not inside:
                 owned += [(f"{name}.{i}" if name else str(i),) for i in range(len(m))]
     names = {id(p): n for n, p in model.named_parameters()}
-    replicate_from_first(model, mesh.get_group("dp"))  # rank 0's weights everywhere before each keeps its shard
-    shard_mesh, replicas = sharding(mesh, plan.dp_shard, timeout)
-    gathered = mixed.compute_dtype if mixed.precision.compute else None
-    fsdp.apply_fsdp(model, shard_mesh, fsdp.units(model, owned), gathered, replicas)
+    model, group = shard_model(model, owned, plan, dataclasses.replace(mixed, timeout=timeout), mesh)
     now = dict(model.named_parameters())
-    group = shard_mesh.get_group()
     for grp in optimizer.param_groups:
         grp["params"] = [now[names[id(p)]] for p in grp["params"]]
     for old in list(optimizer.state):
