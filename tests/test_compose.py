@@ -12,6 +12,7 @@ import copy
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from composed import check_before_workers, planned
 from steps import TorchReference
@@ -47,6 +48,11 @@ LAYOUTS = {  # name -> config keys (world 8)
     "tp8-3d": ["parallel.tp=8", "tensor.mode=3d"],
     "pp2": ["parallel.pp=2"],
     "pp2-dp4-sharded": ["parallel.pp=2", "parallel.dp_shard=0"],  # FSDP over each stage's 4 dp ranks
+    # FSDP over tessel's tensor-parallel blocks: each dp rank keeps a dim-0 chunk of its tp rank's block
+    "dp2-pp2-tp2-1d-sharded": ["parallel.dp=2", "parallel.pp=2", "parallel.tp=2", "tensor.mode=1d",
+                               "parallel.dp_shard=2"],
+    "tp4-3d-dp2-sharded": ["parallel.tp=4", "tensor.mode=3d", "tensor.grid=2x2x1", "parallel.dp_shard=2"],
+    "tp2-1d-dp4-hsdp": ["parallel.tp=2", "tensor.mode=1d", "parallel.dp_shard=2"],  # 2 replicas of 2-way shards
 }
 
 
@@ -77,11 +83,12 @@ def _compose(cfg):
 def _local(par, name, full):
     """This rank's block of a full tensor of the plain model (a sharded weight's: its FSDP shard)."""
     p = dict(par.module.named_parameters())[name]
+    block = par.shards.grid.local(full, p.tp_split) if par.shards is not None else full
     if hasattr(p, "to_local"):  # FSDP's Shard(0): torch.chunk's pieces over the dp ranks, the last ones maybe short
-        chunks = full.chunk(p.device_mesh.size(), dim=0)
-        index = p.device_mesh.get_coordinate()[0]
-        return chunks[index] if index < len(chunks) else full[:0]
-    return par.shards.grid.local(full, p.tp_split) if par.shards is not None else full
+        group = par.engine.tail.shard_group  # (not the DTensor's mesh: a reused world's cached specs hold stale ones)
+        chunks, index = block.chunk(dist.get_world_size(group), dim=0), dist.get_rank(group)
+        return chunks[index] if index < len(chunks) else block[:0]
+    return block
 
 
 def _grads_before_step(optimizer, named):
@@ -114,6 +121,8 @@ def check_parity(model, layout, schedule, optimizer, micro, steps=3):
         for n, g in grads[step].items():
             g = g.to_local() if hasattr(g, "to_local") else g
             torch.testing.assert_close(g, _local(par, n, ref_grads[step][n]), rtol=0, atol=ATOL, msg=f"{n} {step}")
+    if par.plan.dp_shard > 1:  # every dense weight is FSDP's (this rank's chunk), none kept whole
+        assert all(hasattr(p, "to_local") for _, p in mine), [n for n, p in mine if not hasattr(p, "to_local")]
     ref_params = dict(ref.named_parameters())
     shard = (lambda t: t.to_local() if hasattr(t, "to_local") else t)  # noqa: E731
     for n, p in mine:
@@ -129,7 +138,8 @@ COMPOSED = [("pp2-tp4-2d", "gpipe", "sgd"), ("pp2-tp4-3d", "1f1b", "adamw"), ("d
             ("dp2-pp2-tp2-1d", "torch-1f1b", "sgd"), ("pp2-tp4-3d", "torch-interleaved-zb", "adamw"),
             ("pp2-tp4-2d", "torch-zbv", "sgd"),
             # FSDP on each stage: the last micro-batch's backward reduce-scatters the step's gradient sum
-            ("pp2-dp4-sharded", "1f1b", "adamw"), ("pp2-dp4-sharded", "gpipe", "sgd")]
+            ("pp2-dp4-sharded", "1f1b", "adamw"), ("pp2-dp4-sharded", "gpipe", "sgd"),
+            ("dp2-pp2-tp2-1d-sharded", "1f1b", "adamw"), ("dp2-pp2-tp2-1d-sharded", "gpipe", "sgd")]
 
 
 @pytest.mark.parametrize("layout,schedule,optimizer", COMPOSED)
@@ -142,6 +152,13 @@ def test_transformer_composed_matches_single_process(world8, layout, schedule, o
         assert "head.weight" in owned[0 if zbv else -1]
     else:
         assert "blocks.0.attn.q_proj.weight" in owned[0] and "head.weight" in owned[-1]
+
+
+@pytest.mark.parametrize("layout,optimizer", [("tp4-3d-dp2-sharded", "adamw"), ("tp2-1d-dp4-hsdp", "sgd")])
+def test_sharded_tensor_parallel_matches_single_process(world8, layout, optimizer):
+    """FSDP (and HSDP) over tessel's tensor-parallel blocks, unpipelined: 3-D 2x2x1 sharded over 2 dp ranks, 1-D
+    over 2-way shards with 2 replicas; micro-batches defer the reduce-scatter to the last one."""
+    world8.run(check_parity, "transformer_lm", layout, "gpipe", optimizer, 2)
 
 
 @pytest.mark.parametrize("layout", ["tp4-1d-dp2", "tp4-2d-dp2", "tp8-3d", "pp2-tp4-3d", "dp2-pp2-tp2-1d"])
@@ -196,9 +213,9 @@ def test_async_predict_composed_converges(world8):
     assert end < ref_end * 1.1 + 0.05, (predicted, flushed)
 
 
-def check_bytes():
-    """One 1f1b step of dp2 x pp2 x tp2 1-D, 2 micro-batches, one block per stage."""
-    cfg = _cfg("transformer_lm", "dp2-pp2-tp2-1d", "1f1b", "sgd", 2)
+def check_bytes(layout="dp2-pp2-tp2-1d"):
+    """One step of ``layout`` (1f1b where pipelined), 2 micro-batches, one block per stage."""
+    cfg = _cfg("transformer_lm", layout, "1f1b", "sgd", 2)
     par, _, loader, _, mesh = _compose(cfg)
     x, y = loader.next_batch()
     comm.counter.end_step()
@@ -206,12 +223,16 @@ def check_bytes():
     return comm.counter.end_step(), mesh.get_local_rank("pp")
 
 
+def _block_1d_tp2() -> int:
+    """One block's local parameters under 1-D tp=2: norms and out biases whole, the rest halved."""
+    f = 4 * H
+    return 2 * 2 * H + (3 * H * H + 3 * H) // 2 + H * H // 2 + H + (f * H + f) // 2 + H * f // 2 + H
+
+
 def test_composed_bytes_exact(world8):
     m, micro, e = B // 2 // 2 * T, 2, 8  # rows per micro-batch on a dp rank; micro-batches; fp64 bytes
-    f = 4 * H
     ring = lambda n: 2 * (2 - 1) * n * e // 2  # an all-reduce of n elements over 2 ranks, bytes sent
-    # one block's local parameters under 1-D tp=2: norms and out biases whole, the rest halved
-    block = 2 * 2 * H + (3 * H * H + 3 * H) // 2 + H * H // 2 + H + (f * H + f) // 2 + H * f // 2 + H
+    block = _block_1d_tp2()
     params = {0: V // 2 * H + T * H + block, 1: block + 2 * H + V // 2 * H}
     for got, stage in world8.run(check_bytes):
         # stage boundary: each micro-batch's whole (1-D) residual forward, its gradient back
@@ -225,6 +246,20 @@ def test_composed_bytes_exact(world8):
         else:  # head: the input gradient all-reduced; the loss: max and (sum, picked) per row
             assert got["tp.head"]["sent"] == micro * (ring(m * H) + ring(m) + ring(2 * m)), got
             assert "tp.embed" not in got
+
+
+def test_sharded_tensor_parallel_bytes_exact(world8):
+    """HSDP over 1-D tp=2 blocks (tp2 x dp4, 2-way shards, 2 replicas), one step of 2 micro-batches: every unit's
+    block gathered before its forward and again before its backward per micro-batch, (s - 1) / s of it sent by
+    each rank; its gradient reduce-scattered once and the shard all-reduced over the 2 replicas. Every dim 0 here
+    is even, so FSDP pads nothing."""
+    s, r, micro, e = 2, 2, 2, 8
+    block = V // 2 * H + T * H + 2 * _block_1d_tp2() + 2 * H + V // 2 * H  # the whole model's 1-D tp=2 block
+    for got, _ in world8.run(check_bytes, "tp2-1d-dp4-hsdp"):
+        assert got["dp.gather"]["sent"] == 2 * micro * block // s * (s - 1) * e, got
+        assert got["dp.scatter"]["sent"] == block // s * (s - 1) * e, got
+        assert got["dp.replicate"]["sent"] == 2 * (r - 1) * (block // s) * e // r, got
+        assert "dp.dense" not in got
 
 
 def check_save(tmp, layout):
@@ -263,16 +298,21 @@ def test_composed_checkpoint_loads_in_one_process_and_another_layout(world8, tmp
             assert torch.equal(p, grid.local(full[n].detach(), split)), n
 
 
-def test_composed_resume_is_bit_identical(world8, tmp_path):
-    """dp2 x pp2 x tp2 as ``tessel train`` runs it: 6 steps == the step-3 checkpoint resumed for 3 more."""
+@pytest.mark.parametrize("extra", [[], ["--dp-shard", "2", "--model.softmax", "sampled", "--model.num_sampled", "16",
+                                         "--sparse", "ps"]], ids=["replicated", "sharded-ps-sampled"])
+def test_composed_resume_is_bit_identical(world8, tmp_path, extra):
+    """dp2 x pp2 x tp2 as ``tessel train`` runs it: 6 steps == the step-3 checkpoint resumed for 3 more; also with
+    each stage's tensor-parallel blocks sharded over its 2 dp ranks (FSDP), the tables and the sampled softmax
+    served by ps: the checkpoint holds whole blocks, so it is read whole here as from any layout."""
     from test_cli import _resumed_equals_uninterrupted
 
     args = ["--model.dim", "16", "--model.layers", "2", "--model.heads", "2", "--vocab", "64", "--seq-len", "8",
             "--batch", "8", "--metrics.progress", "log", "--dp", "2", "--pp", "2", "--tp", "2", "--tp-mode", "1d",
             "--micro-batches", "2", "--optimizer", "adamw", "--steps", "6", "--pipeline.split", "2,2",
-            "--nproc", "8"]
+            "--nproc", "8", *extra]
     a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args, world8)
-    assert not torch.equal(before["model"]["head.weight"], a["model"]["head.weight"])
+    assert {n for n, w in a["model"].items() if not torch.equal(before["model"][n], w)} == set(a["model"])
+    assert a["model"]["tok_emb.weight"].shape == (64, 16)  # whole, not a rank's block or chunk
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -264,6 +264,8 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, m
         except PlanError:  # no registered chain: the whole model is one unit
             owned = []
         model, shards = shard_model(model, owned, plan, settings, mesh)
+        if tp is not None:
+            tp.sharded(root, shards)
     elif plan.dp > 1:
         # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
         as_shipped = not plan.ddp_hook or plan.sparse.strategy.ddp_sparse or any(
@@ -337,6 +339,8 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, me
             raise PlanError("parallel.dp_shard with a weight tied across pipeline stages: the stages' copies would "
                             "be summed shard by shard; valid: model.tie_embeddings false, or dp_shard 1")
         runner, shards = shard_model(runner, [layer.owns for layer in chain.layers[lo:hi]], plan, settings, mesh)
+        if tp is not None:
+            tp.sharded(root, shards)
     elif plan.dp > 1:
         replicate_from_first(runner, dp_group)
     tied = _tied(root, ties, mesh.get_local_rank("pp"), pp_group, settings.timeout)

@@ -103,14 +103,15 @@ def saved_plan_for(cfg: Config, world: int) -> ParallelPlan:
     return plan
 
 
-def job_of(cfg: Config):
-    """What the planner needs of the config's model and data (built lazily, in the training dtype)."""
+def job_of(cfg: Config, dataset=None):
+    """What the planner needs of the config's model and data (built lazily, in the training dtype); ``dataset``:
+    the run's own, where it has one already."""
     from .data.loader import ShardedLoader
     from .planner.job import Job
     from .train.build import build, build_data
 
     settings = settings_of(cfg)
-    dataset = build_data(cfg)  # now, not inside a meta-device build: its tensors must be real
+    dataset = dataset or build_data(cfg)  # now, not inside a meta-device build: its tensors must be real
     vocab = getattr(dataset, "vocab_size", 0)
 
     def model():

@@ -15,6 +15,7 @@ whose engine steps, whose module and optimizer are checkpointed, and whose summa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -31,6 +32,8 @@ from .mesh import build_mesh, device_type, init_distributed
 from .parallelize import Parallelized, parallelize
 from .plan import ParallelPlan, regrouped, saved_plan
 from .planner import probe
+from .planner.estimate import stage_memory
+from .planner.profile import measure_memory
 from .resolve import job_of, plan_of, saved_plan_for, settings_of, topology_of
 from .settings import Settings
 from .tensor.cost import step_formula
@@ -38,15 +41,17 @@ from .train import checkpoint
 from .train.build import build, build_data, model_identity
 from .train.integrity import set_aside
 from .train.memory import (
+    PeakTensors,
     allocator_bytes,
     anonymous_bytes,
+    held_tensors,
     model_state_bytes,
     peak_memory_bytes,
     release_free,
     resident_bytes,
     table_memory_bytes,
 )
-from .train.metrics import MetricsLogger
+from .train.metrics import MetricsLogger, human_bytes
 from .train.preempt import StopOnSignal
 from .train.resume import Start, find_start, restart_count
 
@@ -141,6 +146,19 @@ def _build(cfg: Config, mesh, plan: ParallelPlan, settings: Settings):
     return parallelize(model, plan, mesh, batches, settings), loader, identity, start
 
 
+def _predicted_memory(cfg: Config, plan: ParallelPlan, dataset) -> list[float] | None:
+    """The planner's peak bytes per rank of each pipeline stage under ``plan``, from the plain model's layers
+    measured at this run's micro-batch (None where a rank holds several stages or the model has no chain)."""
+    if plan.schedule.stages_per_rank > 1 and plan.pp > 1:
+        return None
+    job = job_of(cfg, dataset)
+    samples = max(1, job.settings.global_batch // (plan.dp * plan.micro_batches))
+    try:
+        return stage_memory(plan, job.settings, measure_memory(job, samples))
+    except PlanError:
+        return None
+
+
 def _source_rank(rank: int, plan: ParallelPlan, path: str) -> int:
     """The saving rank at this rank's (pp, tp) place with dp index 0: dp replicas share one RNG stream and data
     position, so a job re-formed with another dp takes its state from there."""
@@ -169,8 +187,11 @@ def _stop(rank: int, step: int, cfg: Config) -> None:
 
 
 def _summary(cfg: Config, par: Parallelized, logger: MetricsLogger, run_bytes: dict, per_step: int,
-             unit: str) -> dict[str, Any]:
-    mine = {"bytes": run_bytes, "peak_mem": peak_memory_bytes(),
+             unit: str, measured: int | None = None, predicted: list[float] | None = None,
+             mesh_stage: int = 0) -> dict[str, Any]:
+    """``measured``: this rank's peak tensor bytes in one step; ``predicted``: the planner's, per stage."""
+    mine = {"bytes": run_bytes, "peak_mem": peak_memory_bytes(), "step_peak": measured,
+            "predicted": predicted[mesh_stage] if predicted else None,
             "act_mem": getattr(par.engine, "activation_bytes", None),
             "table_mem": table_memory_bytes(par.tables, par.dense_tables(), par.optimizer),
             "state_mem": model_state_bytes(par.module.parameters(), par.optimizer), "stats": par.engine.stats()}
@@ -187,6 +208,8 @@ def _summary(cfg: Config, par: Parallelized, logger: MetricsLogger, run_bytes: d
          "activation_mem_per_rank": [r["act_mem"] for r in per_rank],
          "table_mem_per_rank": [r["table_mem"] for r in per_rank],
          "state_mem_per_rank": [r["state_mem"] for r in per_rank],
+         "step_peak_mem_per_rank": [r["step_peak"] for r in per_rank],
+         "predicted_mem_per_rank": [r["predicted"] for r in per_rank],
          **axes})
 
 
@@ -219,8 +242,13 @@ def run(cfg: Config) -> dict[str, Any]:
     mesh = build_mesh(plan.dims, settings.timeout, plan.mesh_axes, cfg.parallel.device)
     dp_group = mesh.get_group("dp")
     par, loader, identity, begin = _build(cfg, mesh, plan, settings)
+    predicted = comm.all_gather_object(_predicted_memory(cfg, par.plan, loader.dataset) if rank == 0 else None,
+                                       "meta")[0]
     if rank == 0:
         print(par.describe(), flush=True)
+        if predicted:
+            print(f"memory per rank predicted: {', '.join(human_bytes(b) for b in predicted)}"
+                  f"{' (stage by stage)' if len(predicted) > 1 else ''}; measured in the run's second step", flush=True)
     meta = {**identity, "plan": par.plan.to_dict(), "run": begin.run}
 
     start = 0
@@ -247,12 +275,17 @@ def run(cfg: Config) -> dict[str, Any]:
     comm.counter.end_step()  # set-up traffic (dp.init) is not part of any step
     stop = StopOnSignal() if cfg.checkpoint.enabled else None
     draw = _draw(loader, engine.reads)
+    measured = None
     for step in range(start, cfg.train.steps):
         t0 = time.perf_counter()
         inputs, targets = draw()
         # scheduled alltoall tables fetch the next batch's rows during this step
         upcoming = loader.peek()[0] if tables and step + 1 < cfg.train.steps else None
-        result = engine.step(inputs, targets, step, upcoming)
+        # the run's second step (the optimizer's state exists by then) counts the tensor bytes alive at its peak
+        with (PeakTensors(held_tensors(par.module, par.optimizer), tables.memory_bytes() if tables else 0)
+              if step == start + 1 else contextlib.nullcontext()) as peak:
+            result = engine.step(inputs, targets, step, upcoming)
+        measured = peak.bytes if peak is not None else measured
         loss = torch.tensor([result.loss], dtype=torch.float64, device=comm.device())
         comm.all_reduce(loss, "meta", group=dp_group)
         dt = time.perf_counter() - t0
@@ -279,6 +312,6 @@ def run(cfg: Config) -> dict[str, Any]:
         stop.close()
 
     engine.drain(cfg.train.steps)  # the final weights hold every mini-batch's update
-    summary = _summary(cfg, par, logger, run_bytes, per_step, unit)
+    summary = _summary(cfg, par, logger, run_bytes, per_step, unit, measured, predicted, mesh.get_local_rank("pp"))
     logger.close(summary)
     return summary

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import PlanError
+from ..train.memory import PeakTensors, SavedBytes
 from .layers import Chain, stage_params
 
 
@@ -37,6 +38,8 @@ class LayerCost:
     out_shape: tuple[int, ...]  # the activation it hands on, without the batch dimension
     out_dtype: str
     out_bytes: int  # per micro-batch
+    saved: int = 0  # bytes autograd keeps for the layer's backward (weights not counted), per micro-batch
+    work: int = 0  # bytes its backward holds at once beyond those and its gradients (the peak's transients)
 
 
 @dataclass
@@ -90,7 +93,15 @@ def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, re
         inp = x.detach().requires_grad_(i > 0 and x.is_floating_point())
         times: list[float] = []
         # the first run warms allocator and kernels up; fast layers get more runs (20 ms of them at least)
-        while len(times) < repeats + 1 or (sum(times[1:]) < 0.02 and len(times) < 50):
+        params = sum(p.numel() * p.element_size() for p in stage_params(model, chain, i, i + 1).values())
+        # the first run, untimed, also counts the layer's memory: what its forward saves, its backward's peak
+        model.zero_grad(set_to_none=True)
+        with PeakTensors() as peak, SavedBytes(model.parameters()) as saved:
+            out = layer.run(model, inp)
+            loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
+            loss.backward()
+        work = max(peak.bytes - peak.entry - saved.bytes - params - out.numel() * out.element_size(), 0)
+        while len(times) < repeats or (sum(times) < 0.02 and len(times) < 50):
             t0 = clock()
             out = layer.run(model, inp)
             loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
@@ -99,9 +110,9 @@ def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, re
                 torch.cuda.synchronize()
             times.append(clock() - t0)
         model.zero_grad(set_to_none=True)
-        params = sum(p.numel() * p.element_size() for p in stage_params(model, chain, i, i + 1).values())
-        costs.append(LayerCost(layer.name, min(times[1:]), params, tuple(out.shape[1:]),
-                               str(out.dtype).removeprefix("torch."), out.numel() * out.element_size()))
+        costs.append(LayerCost(layer.name, min(times, default=0.0), params, tuple(out.shape[1:]),
+                               str(out.dtype).removeprefix("torch."), out.numel() * out.element_size(),
+                               saved.bytes, work))
         x = out.detach()
     return costs
 

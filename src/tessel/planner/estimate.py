@@ -287,28 +287,77 @@ def _table_parts(profile: Profile, plan: ParallelPlan, name: str) -> int:
 
 def _memory(plan: ParallelPlan, settings: Settings, profile: Profile, bounds, samples: float,
             served: set[str], wire: int) -> float:
-    """Bytes the fullest rank holds: weights, gradients, optimizer state, weight copies of the asynchronous
-    schedules, and the boundary activations kept for backward (a floor: layer internals are not counted).
-    Sharded (FSDP), a rank keeps 1/dp_shard of the weights and their state, one unit gathered whole at a time,
-    and the gradients whole where micro-batches or stages defer the reduce-scatter to the step's last backward."""
+    """Bytes the fullest rank holds at its peak (see :func:`stage_memory`)."""
+    return max(_stage_memory(plan, settings, profile, bounds, samples, wire, served))
+
+
+def stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile) -> list[float]:
+    """Per pipeline stage, the bytes one of its ranks holds at its peak under ``plan`` (its bounds, or one
+    stage): what a run prints beside the peak it measures."""
+    bounds = plan.bounds if plan.pp > 1 else ((0, len(profile.layers)),)
+    samples = settings.global_batch / (plan.dp * plan.micro_batches)
+    served = {t.name for t in plan.tables if t.strategy.served}
+    return _stage_memory(plan, settings, profile, bounds, samples, settings.wire_dtype.itemsize, served)
+
+
+def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, bounds, samples: float,
+                  wire: int, served: set[str]) -> list[float]:
+    """Weights, optimizer state and the asynchronous schedules' weight copies, plus the most of the rest at once:
+    the gradients (all of them in the optimizer's step), or, while a layer runs backward, the gradients made so
+    far, the activations autograd keeps (every other micro-batch in flight whole, this one's up to the layer;
+    under recompute only each layer's input, and the layer's whole set while it is recomputed) and the
+    transients its backward holds (all measured per layer). Sharded (FSDP), a rank keeps 1/dp_shard of the
+    weights and their state, one unit gathered whole at a time, and the gradients whole where micro-batches or
+    stages defer the reduce-scatter to the step's last backward. Under tensor parallelism a layer's activations
+    are cut as below. A table served by rows (``served``) is held as 1/dp of its rows and their row state,
+    outside FSDP."""
     states = settings.state_tensors
-    worst = 0.0
+    recompute = getattr(settings, "recompute", None)
+    recompute = recompute is not None and recompute.layers
+    shares, per_layer, out = _out_share(profile, plan), _layer_params(profile, plan), []
+    scale = wire / profile.elem  # activations in the compute width (bf16 under mixed precision)
+    m = plan.micro_batches
     for k, (lo, hi) in enumerate(bounds):
-        layers = _layer_params(profile, plan)[lo:hi]
-        params = sum(layers)
+        tables = _stage_params(profile, plan, lo, hi, set()) - _stage_params(profile, plan, lo, hi, served)
+        grads = [float(n) for n in per_layer[lo:hi]]
+        grads[0] -= tables if lo == 0 else 0.0  # a served table's rows get no dense gradient
+        if lo > 0 and tables:
+            grads[-1] -= tables  # (the sampled softmax's rows, on the last stage)
+        params = sum(grads)  # the dense weights; the served tables' rows are held apart
         copies = 0
         if plan.pp > 1 and plan.schedule.weights == "stash":
             copies = plan.pp - k  # one version per micro-batch in flight
         elif plan.pp > 1 and plan.schedule.weights == "predict":
             copies = plan.predict.kept_copies
-        held = params * (2 + states + copies)  # weights, gradients, optimizer state, copies
+        base = params * (1 + states + copies)
         if plan.dp_shard > 1:  # (the asynchronous schedules do not shard)
-            deferred = plan.micro_batches > 1 or plan.pp > 1
-            grads = params if deferred else params / plan.dp_shard + max(layers)
-            held = params * (1 + states) / plan.dp_shard + grads + max(layers)  # + one unit gathered whole
-        in_flight = plan.micro_batches if plan.schedule.holds_all_micro else min(plan.micro_batches, plan.pp - k)
-        shares = _out_share(profile, plan)
-        acts = in_flight * samples * sum(layer.out_per_sample * shares[i] for i, layer in
-                                         enumerate(profile.layers[lo:hi], start=lo))
-        worst = max(worst, held * profile.elem + acts * wire)
-    return worst
+            base = params * (1 + states) / plan.dp_shard  # (+ the unit gathered whole for a layer's backward)
+            if not (m > 1 or plan.pp > 1):  # reduce-scattered as each unit's backward ends
+                grads = [g / plan.dp_shard for g in grads]
+        base = (base + tables / plan.dp * (1 + states)) * profile.elem  # + a row shard of each served table
+        layers = list(enumerate(profile.layers[lo:hi], start=lo))
+        # 1-D: a layer's internals split with its GEMMs (over tp) though its output is whole; 2-D and 3-D cut
+        # every activation as they cut the output (its block)
+        inner = [1 / plan.tp if plan.tp_mode.name == "1d" else shares[i] for i, _ in layers]
+        saved = [layer.saved_per_sample * scale * samples * inner[j] for j, (_, layer) in enumerate(layers)]
+        inputs = [profile.layers[i - 1].out_per_sample * shares[i - 1] * wire * samples if i > 0 else 0.0
+                  for i, _ in layers]
+        kept = inputs if recompute else saved  # what one micro-batch keeps until its backward
+        in_flight = m if plan.schedule.holds_all_micro else min(m, plan.pp - k)
+        # the end of backward: every gradient, and replicated the copy the data-parallel sum works on (DDP's
+        # hook, a bucket at a time; a stage's step tail, all of them flattened)
+        copy = 0.0 if plan.dp == 1 or plan.dp_shard > 1 else params if plan.pp > 1 else min(
+            params, plan.bucket_mb * 2**20 / profile.elem)
+        peak = (sum(grads) + copy) * profile.elem
+        ddp = plan.pp == 1 and plan.dp > 1 and plan.dp_shard == 1
+        for j, (_, layer) in enumerate(layers):  # layer j's backward: what is alive at once
+            now = sum(kept[:j]) + saved[j]  # this micro-batch's activations up to it (recomputed: its own whole)
+            work = layer.work_per_sample * scale * samples * inner[j]
+            made = sum(grads) if ddp else sum(grads[j:])  # DDP's gradients are views of its buckets, held always
+            gathered = per_layer[lo + j] if plan.dp_shard > 1 else 0.0  # FSDP: this layer's weights whole
+            first = (made + gathered) * profile.elem + (in_flight - 1) * sum(kept) + now + work
+            later = (sum(grads) + gathered) * profile.elem + max(
+                in_flight - (1 if m > in_flight else 2), 0) * sum(kept) + now  # a later micro-batch's
+            peak = max(peak, first, later + work if m > 1 else 0.0)
+        out.append(base + peak)
+    return out

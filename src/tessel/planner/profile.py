@@ -49,6 +49,8 @@ class LayerProfile:
     tables: tuple[str, ...] = ()  # the surveyed tables this layer owns
     linears: tuple = ()  # its tensor-parallel linears: (features in, out, up, channel) (registered per model)
     measured: dict = field(default_factory=dict)  # samples -> seconds, where profiled
+    saved_per_sample: float = 0.0  # bytes autograd keeps for its backward, per sample (weights not counted)
+    work_per_sample: float = 0.0  # bytes its backward holds at once beyond those and its gradients, per sample
 
     def seconds(self, samples: float) -> float:
         """Measured at this size, else on the line through the nearest measured sizes around it."""
@@ -188,8 +190,10 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
                 points = _steady({n: c[i].seconds for n, c in costs.items()})
                 small, large = sizes[0], sizes[-1]
                 per = (points[large] - points[small]) / max(large - small, 1)
+                top = costs[large][i]
                 layers.append(LayerProfile(layer.name, points[small] - per * small, per, params,
-                                           _numel(costs[large][i].out_shape), owns, tuple(linears[i]), points))
+                                           _numel(top.out_shape), owns, tuple(linears[i]), points,
+                                           top.saved / large, top.work / large))
             tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
             opt = _optimizer_cost(model, settings)
             whole = sum(layer.measured[b] for layer in layers) + opt * sum(p.numel() for p in model.parameters())
@@ -200,6 +204,27 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
         torch.set_num_threads(threads)
     elem = next(model.parameters()).element_size()
     return Profile(layers, tables, elem, opt, tokens, time.perf_counter() - t_start, factor, job)
+
+
+def measure_memory(job: Job, samples: int) -> Profile:
+    """Per chain layer, its parameters, output, and the bytes its forward saves and its backward holds at a
+    micro-batch of ``samples`` (no timing): what :func:`tessel.planner.estimate.stage_memory` needs, cheap
+    enough for every run to predict its own peak."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(job.settings.seed)
+        model = job.build()
+        chain = chain_of(model)
+        x, y = job.batch(samples, 1)
+        costs = profile(model, chain, x, y, repeats=0)
+    tables = [TableProfile(i.name, i.rows, i.dim, False) for i in find_tables(model) if i.unsupported is None]
+    layers = []
+    for i, (c, layer) in enumerate(zip(costs, chain.layers)):
+        owns = tuple(t.name for t in tables if any(t.name == o or t.name.startswith(o + ".") for o in layer.owns))
+        layers.append(LayerProfile(c.name, 0.0, 0.0, sum(p.numel() for p in stage_params(model, chain, i, i + 1)
+                                                          .values()), _numel(c.out_shape), owns,
+                                   saved_per_sample=c.saved / samples, work_per_sample=c.work / samples))
+    tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
+    return Profile(layers, tables, next(model.parameters()).element_size(), 0.0, tokens, job=job)
 
 
 def _steady(points: dict[int, float]) -> dict[int, float]:

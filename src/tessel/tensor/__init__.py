@@ -22,6 +22,7 @@ import torch
 from ..chain import Runner, chain_of
 from ..errors import PlanError
 from ..registry import registered, spec_of
+from ..train.memory import local
 from . import model as _registers  # noqa: F401  (registers the reference models' tensor-parallel layers)
 from .grid import Grid, GridSpec, Split
 from .layout import plan_for
@@ -34,6 +35,22 @@ class TensorParallel:
         self.grid = grid
         self.named = [(n, p) for n, p in model.named_parameters() if hasattr(p, "tp_split")]
         self.params = [p for _, p in self.named]
+        self.shard_group = None  # the dp ranks FSDP shares each block out among (None: not sharded)
+        # FSDP's chunk for each whole block :meth:`to_dtensors` made (by its id), to cut it again on load
+        self._chunks: dict[int, torch.Tensor] = {}
+
+    def sharded(self, model: torch.nn.Module, group) -> None:
+        """``model`` (the root this handle was made on) now has FSDP's parameters, each this rank's dim-0 chunk of
+        its tensor-parallel block over the dp ranks of ``group``: they take over the old ones' splits. Sums and
+        norms run on the chunks as they did on the blocks (every tp rank chunks its block alike). Checkpoints
+        hold the blocks, gathered whole over ``group`` (a stage's block, what an unsharded rank holds anyway), so
+        a checkpoint is the same under any dp_shard; DCP places each block in its full tensor as before."""
+        now = dict(model.named_parameters())  # a served table's weight is none of them: it keeps its entry
+        for n, p in self.named:
+            if n in now:
+                now[n].tp_split, now[n].tp_partial = p.tp_split, p.tp_partial
+        self.named = [(n, now.get(n, p)) for n, p in self.named]
+        self.params, self.shard_group = [p for _, p in self.named], group
 
     def reduce_grads(self) -> None:
         """Sum the gradients of pieces replicated over rows-cut axes (biases, norms, positions): one flat
@@ -41,7 +58,7 @@ class TensorParallel:
         by_axes: dict[tuple[str, ...], list[torch.Tensor]] = {}
         for p in self.params:
             if p.tp_partial and p.grad is not None:
-                by_axes.setdefault(p.tp_partial, []).append(p.grad)
+                by_axes.setdefault(p.tp_partial, []).append(local(p.grad))
         for axes, grads in by_axes.items():
             flat = torch.cat([g.reshape(-1) for g in grads])
             self.grid.all_reduce_over(flat, axes, "tp.grads")
@@ -65,7 +82,7 @@ class TensorParallel:
         sq = torch.zeros(1, dtype=torch.float64, device=self.params[0].device)
         for p in self.params:
             if p.grad is not None:
-                sq += p.grad.double().pow(2).sum() / self.grid.replicas(p.tp_split)
+                sq += local(p.grad).double().pow(2).sum() / self.grid.replicas(p.tp_split)
         return self.grid.all_reduce_over(sq, self.grid.names, "tp.grads")[0]
 
     def _splits(self) -> dict[str, Split]:
@@ -80,18 +97,34 @@ class TensorParallel:
             name = key.removeprefix("state.").rsplit(".", 1)[0] if key.startswith("state.") else key
             split = splits.get(name)
             if split is not None and torch.is_tensor(value) and value.dim() > 0:
+                chunk = value if isinstance(value, DTensor) else None
+                if chunk is not None:  # FSDP's chunk of the block: the block whole first (see :meth:`sharded`)
+                    from ..fsdp import whole
+
+                    value = whole(chunk, self.shard_group)
                 shape = list(value.shape)
                 for d, axes in split.dims:
                     shape[d] *= self.grid.block(axes)[1]
                 value = DTensor.from_local(value, mesh, self.grid.placements(split), run_check=False,
                                            shape=torch.Size(shape), stride=torch.empty(shape, device="meta").stride())
+                if chunk is not None:
+                    self._chunks[id(value)] = chunk
             out[key] = value
         return out
 
     def to_local(self, state: dict) -> dict:
+        """``state`` from :meth:`to_dtensors` (DCP has loaded into it in place) as this rank's blocks, and under
+        FSDP as the chunks of them it keeps (cut here, nothing sent)."""
         from torch.distributed.tensor import DTensor
 
-        return {k: v.to_local() if isinstance(v, DTensor) else v for k, v in state.items()}
+        from ..fsdp import shard_like
+
+        out = {}
+        for k, v in state.items():
+            chunk = self._chunks.pop(id(v), None)
+            v = v.to_local() if isinstance(v, DTensor) else v
+            out[k] = shard_like(v, chunk, self.shard_group) if chunk is not None else v
+        return out
 
 
 def apply(root: torch.nn.Module, chain, spec: GridSpec, mesh=None, regather: bool = False):

@@ -14,9 +14,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
 import os
+import weakref
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -169,3 +174,62 @@ def model_state_bytes(params, optimizer) -> int:
         total += sum(local(v).numel() * v.element_size() for v in optimizer.state.get(p, {}).values()
                      if torch.is_tensor(v) and v.dim())
     return total
+
+
+
+class PeakTensors(TorchDispatchMode):
+    """The most bytes of tensor storage alive at once while it is entered: ``held`` (the bytes counted at entry,
+    by default every tensor Python holds) and every storage an operation makes after, until it is freed. This
+    is what a device allocator's peak counts (``torch.cuda.max_memory_allocated``), measured the same way on the
+    CPU, where the resident set mixes in the interpreter, torch's libraries and malloc's free pages. Storages are
+    counted once however many views share them (torch's ``MemTracker`` does the same per module, but refuses a
+    module run more than once per step, as micro-batches run it). A tensor only C++ holds (gloo's own buffers)
+    is not seen.
+
+        with PeakTensors() as peak:
+            engine.step(x, y, step)
+        print(peak.bytes, peak.bytes - peak.entry)   # the peak, and what the step added at its peak
+
+    ``counted``: the tensors whose bytes count at entry (a run's weights, gradients and optimizer state);
+    every other tensor alive then (the dataset, a test's reference model) is known but counts nothing, so an
+    operation on it in place adds nothing either; ``extra``: bytes to count besides (table shards).
+    """
+
+    def __init__(self, counted=None, extra: int = 0) -> None:
+        super().__init__()
+        self._seen = WeakIdKeyDictionary()
+        self.live = extra
+        for t in counted or ():
+            self._add(local(t))
+        for t in gc.get_objects():
+            if issubclass(type(t), torch.Tensor):  # type(), not isinstance: some objects' __class__ warns
+                self._add(t, count=counted is None)
+        self.bytes = self.entry = self.live
+
+    def _add(self, t: torch.Tensor, count: bool = True) -> None:
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_sparse or t.is_meta:
+            return  # a wrapper's (DTensor's) own local tensor is what the operations below it make
+        storage = t.untyped_storage()
+        if storage not in self._seen:
+            self._seen[storage] = n = storage.nbytes() if count else 0
+            if n:
+                self.live += n
+                weakref.finalize(storage, self._free, n)
+
+    def _free(self, n: int) -> None:
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._add(t)
+        self.bytes = max(self.bytes, self.live)
+        return out
+
+
+def held_tensors(module: torch.nn.Module, optimizer) -> list[torch.Tensor]:
+    """What a rank holds between steps for its model: weights, buffers, gradients, the optimizer's state."""
+    params = list(module.parameters())
+    out = [*params, *module.buffers(), *(p.grad for p in params if p.grad is not None)]
+    return out + [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]

@@ -194,6 +194,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  step time       {s['median_step_time'] * 1000:.1f} ms (median)",
         f"  peak memory     {human_bytes(max(s['peak_mem_per_rank']))} (largest rank)" if s.get("peak_mem_per_rank")
         else "",
+        _memory_line(s),
         f"  sparse comm     {s['sparse_comm_per_step'] * 1000:.1f} ms/step, {s['sparse_hidden']:.0%} hidden behind "
         "compute" if s.get("sparse_hidden") is not None else "",
         _pipeline_line(s.get("pipeline")),
@@ -206,6 +207,19 @@ def format_summary(s: dict[str, Any]) -> str:
     if s.get("out"):
         lines.append(f"  metrics, summary and plot in {s['out']}")
     return "\n".join(line for line in lines if line)
+
+
+def _memory_line(s: dict[str, Any]) -> str:
+    """The fullest rank's tensors at their peak, measured in one step, beside the planner's prediction for it."""
+    measured = [m for m in s.get("step_peak_mem_per_rank") or [] if m is not None]
+    if not measured:
+        return ""
+    rank = s["step_peak_mem_per_rank"].index(max(measured))
+    predicted = (s.get("predicted_mem_per_rank") or [None] * (rank + 1))[rank]
+    line = f"  tensors at peak {human_bytes(max(measured))} measured (rank {rank}, one step)"
+    if predicted:
+        line += f", {human_bytes(predicted)} predicted ({(predicted - max(measured)) / max(measured):+.1%})"
+    return line
 
 
 def _pipeline_line(p: dict[str, Any] | None) -> str:
