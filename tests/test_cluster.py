@@ -216,6 +216,23 @@ def test_failure_stops_the_other_hosts_and_cleans_up():
             c.run([["sleep", "30"], ["sleep", "30"]], timeout=0.5)
 
 
+def test_a_host_over_its_memory_limit_fails_as_out_of_memory():
+    """``memory``: each host's processes held to a cgroup limit; a host that allocates past it loses the process to
+    the kernel's OOM killer, and the failure says so (as a plan that does not fit a device fails), whichever
+    host ended first; a host under it runs as before; the memory groups go with the cluster."""
+    grab = [PY, "-c", "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(5)"]
+    small = [PY, "-c", "b = bytearray(8 * 2**20); b[::4096] = b'x' * len(b[::4096])"]
+    with pytest.raises(HostFailed, match=r"host 1 .* ran out of its memory limit \(128 MiB\).*does not fit") as e:
+        with EmulatedCluster(2, prefix=PREFIX, memory=128 * 2**20) as c:
+            assert (cgroups.memory_group(PREFIX, 0) / "memory.limit_in_bytes").read_text().strip() == str(2**27)
+            assert [r.out_of_memory for r in c.run([small, small])] == [False, False]
+            c.run([["sleep", "30"], grab])
+    assert [r.out_of_memory for r in e.value.results] == [False, True]
+    assert leftovers(PREFIX) == [] and not cgroups.memory_group(PREFIX, 0).exists()
+    with pytest.raises(ClusterError, match="at least 64 MiB"):
+        EmulatedCluster(1, prefix=PREFIX, memory=1000)
+
+
 def _ctrl_c_as_on_a_terminal() -> None:
     """In the child: SIGINT handled by default. A suite started in the background of a non-interactive shell
     (``pytest &``) inherits SIGINT ignored, and so would the command under test, which then never sees Ctrl-C."""

@@ -65,3 +65,16 @@ def test_predicted_peak_within_ten_percent_of_measured(world4, layout):
         print(f"{layout} rank {rank}: measured {measured / 2**20:.2f} MiB, predicted {predicted / 2**20:.2f} MiB "
               f"({error:+.1%})")
         assert abs(error) < BOUND.get(layout, 0.10), (layout, rank, measured, predicted)
+
+
+def test_plan_over_the_memory_per_rank_is_refused_before_any_worker_starts(capsys):
+    """``plan.memory_gib`` under the plan's predicted peak: one line naming the need, the limit and what fits
+    instead, exit code 2, from the launching process (the cut of a given split is known before the workers)."""
+    from tessel.cli import main
+
+    tiny = ["--model.dim", "16", "--model.layers", "2", "--model.heads", "2", "--vocab", "200", "--seq-len", "8",
+            "--batch", "8", "--nproc", "2"]
+    assert main(["train", *tiny, "--pp", "2", "--pipeline.split", "2,2", "--plan.memory_gib", "0.0001"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "fullest rank (predicted), over plan.memory_gib=0.0001" in err, err
+    assert "--dp-shard" in err and "recompute" in err

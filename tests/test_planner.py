@@ -133,7 +133,9 @@ def test_candidates_and_feasibility():
                           profile=done.profile)
     assert all(e.plan.dp_shard == e.plan.dp > 1 or e.plan.tp > 1 for e in lean.ranked), lean.table()
     assert any(e.plan.dp_shard > 1 for e in lean.ranked), lean.table()
-    assert sum(p.dp_shard > 1 for p in plans) == sum(p.tp == 1 and p.dp > 1 for p in plans) / 2
+    # every layout with dp > 1 also sharded over its dp ranks, tensor-parallel ones included
+    assert sum(p.dp_shard > 1 for p in plans) == sum(p.dp > 1 for p in plans) / 2
+    assert any(e.plan.dp_shard > 1 and e.plan.tp > 1 for e in done.ranked)
 
 
 def test_flushed_bubble_and_async():

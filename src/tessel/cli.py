@@ -112,13 +112,9 @@ def _memory(text: str | None) -> float:
     """'4GiB', '512MiB', '2.5GB' or a byte count -> GiB (0: unbounded)."""
     if not text:
         return 0.0
-    units = {"gib": 2**30, "gb": 1e9, "mib": 2**20, "mb": 1e6, "kib": 2**10, "kb": 1e3, "b": 1}
-    low = text.strip().lower()
-    unit = next((u for u in units if low.endswith(u)), "b")
-    try:
-        value = float(low[: len(low) - len(unit)] if low.endswith(unit) else low) * units[unit]
-    except ValueError:
-        value = math.nan
+    from .cluster.emulate import parse_size
+
+    value = parse_size(text)
     if not (math.isfinite(value) and value > 0):
         raise ConfigError(f"--memory-per-rank '{text}' is not a size; give e.g. 4GiB, 512MiB or a byte count")
     return value / 2**30

@@ -15,10 +15,12 @@ import torch
 import torch.distributed as dist
 
 from .config import Config
-from .errors import ConfigError
+from .errors import ConfigError, PlanError
 from .parallelize import check_model
 from .plan import ParallelPlan, saved_plan
-from .resolve import plan_of, settings_of
+from .planner.estimate import stage_memory
+from .planner.profile import measure_memory
+from .resolve import job_of, plan_of, settings_of
 from .settings import DTYPES
 from .sparse.cost import env_link_mbit
 from .train import checkpoint
@@ -82,6 +84,32 @@ def _check_memory(cfg: Config, model: torch.nn.Module) -> None:
                       f"{' x '.join(map(str, big.shape))}: make model.* or data.* smaller")
 
 
+def predicted_memory(cfg: Config, plan: ParallelPlan, dataset=None) -> list[float] | None:
+    """The planner's peak bytes per rank of each pipeline stage under ``plan`` (its bounds), from the plain
+    model's layers measured at the run's micro-batch; None where a rank holds several stages or the model has
+    no chain of layers."""
+    if plan.schedule.stages_per_rank > 1 and plan.pp > 1:
+        return None
+    job = job_of(cfg, dataset)
+    samples = max(1, job.settings.global_batch // (plan.dp * plan.micro_batches))
+    try:
+        return stage_memory(plan, job.settings, measure_memory(job, samples))
+    except PlanError:
+        return None
+
+
+def check_fits(plan: ParallelPlan, predicted: list[float] | None, memory_gib: float) -> None:
+    """Refuse ``plan`` in one line where its fullest rank is predicted over ``memory_gib``."""
+    if not predicted or max(predicted) <= memory_gib * 2**30:
+        return
+    shard = f" dp_shard={plan.dp_shard}" if plan.dp_shard > 1 else ""
+    need, limit = max(predicted) / 2**20, memory_gib * 1024
+    raise PlanError(f"plan dp={plan.dp}{shard} pp={plan.pp} tp={plan.tp} needs {need:,.1f} MiB on its fullest rank "
+                    f"(predicted), over plan.memory_gib={memory_gib:g} ({limit:,.0f} MiB); valid: a plan that fits "
+                    "(tessel plan --memory-per-rank lists them), sharding (--dp-shard), recompute "
+                    "(--train.recompute layers), more ranks, or a smaller batch")
+
+
 def preflight(cfg: Config, world_size: int | None = None, plan: ParallelPlan | None = None) -> ParallelPlan:
     """Validate the plan (degrees, batch, schedule, axes), the model's arguments and shapes, data files and
     the checkpoint to start or resume from; returns the plan. ``plan``: the run's (a plan file's or the
@@ -97,8 +125,10 @@ def preflight(cfg: Config, world_size: int | None = None, plan: ParallelPlan | N
         model = build(cfg, vocab)
     _check_memory(cfg, model)
     if dataset is None:
-        build_data(cfg)
+        dataset = build_data(cfg)
     check_model(model, plan, settings)
+    if cfg.plan.memory_gib and (plan.pp == 1 or plan.bounds):  # (a cut made from timings: checked once made)
+        check_fits(plan, predicted_memory(cfg, plan, dataset), cfg.plan.memory_gib)
     identity = model_identity(cfg, vocab, plan)
     if cfg.checkpoint.init_from:
         path = checkpoint.latest(cfg.checkpoint.init_from) or cfg.checkpoint.init_from

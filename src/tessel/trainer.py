@@ -32,8 +32,7 @@ from .mesh import build_mesh, device_type, init_distributed
 from .parallelize import Parallelized, parallelize
 from .plan import ParallelPlan, regrouped, saved_plan
 from .planner import probe
-from .planner.estimate import stage_memory
-from .planner.profile import measure_memory
+from .preflight import check_fits, predicted_memory
 from .resolve import job_of, plan_of, saved_plan_for, settings_of, topology_of
 from .settings import Settings
 from .tensor.cost import step_formula
@@ -146,19 +145,6 @@ def _build(cfg: Config, mesh, plan: ParallelPlan, settings: Settings):
     return parallelize(model, plan, mesh, batches, settings), loader, identity, start
 
 
-def _predicted_memory(cfg: Config, plan: ParallelPlan, dataset) -> list[float] | None:
-    """The planner's peak bytes per rank of each pipeline stage under ``plan``, from the plain model's layers
-    measured at this run's micro-batch (None where a rank holds several stages or the model has no chain)."""
-    if plan.schedule.stages_per_rank > 1 and plan.pp > 1:
-        return None
-    job = job_of(cfg, dataset)
-    samples = max(1, job.settings.global_batch // (plan.dp * plan.micro_batches))
-    try:
-        return stage_memory(plan, job.settings, measure_memory(job, samples))
-    except PlanError:
-        return None
-
-
 def _source_rank(rank: int, plan: ParallelPlan, path: str) -> int:
     """The saving rank at this rank's (pp, tp) place with dp index 0: dp replicas share one RNG stream and data
     position, so a job re-formed with another dp takes its state from there."""
@@ -242,8 +228,10 @@ def run(cfg: Config) -> dict[str, Any]:
     mesh = build_mesh(plan.dims, settings.timeout, plan.mesh_axes, cfg.parallel.device)
     dp_group = mesh.get_group("dp")
     par, loader, identity, begin = _build(cfg, mesh, plan, settings)
-    predicted = comm.all_gather_object(_predicted_memory(cfg, par.plan, loader.dataset) if rank == 0 else None,
+    predicted = comm.all_gather_object(predicted_memory(cfg, par.plan, loader.dataset) if rank == 0 else None,
                                        "meta")[0]
+    if cfg.plan.memory_gib:  # the stage cut is made by now (a cut from timings could not be checked before)
+        check_fits(par.plan, predicted, cfg.plan.memory_gib)
     if rank == 0:
         print(par.describe(), flush=True)
         if predicted:

@@ -79,7 +79,8 @@ def _median_or_none(values: list) -> float | None:
 def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, Any]]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
-        groups[(r["model"], r["strategy"], r["hosts"], r["rate"])].append(r)
+        if not r.get("did_not_fit"):  # a run its hosts' memory limit ended has no step to count
+            groups[(r["model"], r["strategy"], r["hosts"], r["rate"])].append(r)
 
     def med(key, field):
         rs = groups.get(key)

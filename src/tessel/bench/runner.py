@@ -140,8 +140,12 @@ def run_scenario(scn: Scenario, out: Path, repeats: int = 3, prefix: str = "tslb
                         where.mkdir(parents=True, exist_ok=True)
                         for r in e.results:
                             (where / f"host{r.host}.stderr").write_text(r.stderr or "")
-                        log(f"[{done}/{total}] {where.name} FAILED: {str(e).splitlines()[0]} (stderr of each "
-                            f"host in {where})")
+                        oom = any(r.out_of_memory for r in e.results)
+                        if oom:  # the plan does not fit the hosts' memory: a result, not an error
+                            records.append({"model": model, "strategy": strategy, "hosts": hosts, "rate": rate,
+                                            "repeat": repeat, "did_not_fit": True, "memory": emu.memory})
+                        log(f"[{done}/{total}] {where.name} {'DID NOT FIT' if oom else 'FAILED'}: "
+                            f"{str(e).splitlines()[0]} (stderr of each host in {where})")
                         continue
                     summary = json.loads((where / "summary.json").read_text())
                     if pp not in (None, "1") and cut not in cuts and split_of(summary):

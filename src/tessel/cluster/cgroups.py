@@ -1,6 +1,7 @@
 """An emulated host's CPU budget: a cgroup v1 cpu group (CFS quota per period, optional burst) and, when
 pinned, a cpuset group holding it on one core; optionally a second cpu group, the host's *NIC*, with a
-budget of its own for gloo's communication threads. Made by ``EmulatedCluster``, found and removed by prefix.
+budget of its own for gloo's communication threads, and a memory group holding the host to a memory limit.
+Made by ``EmulatedCluster``, found and removed by prefix.
 
 A real network card moves bytes without the host's cores; gloo on an emulated host moves them on the host's
 CPU quota, so traffic overlapped with compute slows the compute it should hide behind. cgroup v1 accepts a
@@ -23,6 +24,7 @@ from ..errors import TesselError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
 CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
+MEMORY_ROOT = Path("/sys/fs/cgroup/memory")
 PERIOD_US = 10_000
 
 
@@ -38,6 +40,34 @@ def cpuset_group(prefix: str, host: int) -> Path:
     return CPUSET_ROOT / "tessel" / f"{prefix}-h{host}"
 
 
+def memory_group(prefix: str, host: int) -> Path:
+    return MEMORY_ROOT / "tessel" / f"{prefix}-h{host}"
+
+
+def make_memory(prefix: str, host: int, limit: int) -> None:
+    """Host ``host``'s memory group: its processes together may hold ``limit`` bytes (and as much swap: none),
+    over which the kernel's OOM killer ends one of them, as a device out of memory would end the job."""
+    group = memory_group(prefix, host)
+    try:
+        group.mkdir(parents=True)
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+        swap = group / "memory.memsw.limit_in_bytes"
+        if swap.exists():
+            swap.write_text(str(limit))
+    except OSError as e:
+        raise CgroupError(f"a memory limit needs the cgroup v1 memory controller at {MEMORY_ROOT}, which failed "
+                          f"here ({e.strerror}); run without a memory limit") from None
+
+
+def oom_kills(prefix: str, host: int) -> int:
+    """Processes of host ``host`` the kernel has killed for its memory limit so far (0 without a memory group)."""
+    try:
+        text = (memory_group(prefix, host) / "memory.oom_control").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in text.splitlines() if line.startswith("oom_kill ")), 0)
+
+
 def nic_group(prefix: str, host: int) -> Path:
     return CGROUP_ROOT / "tessel" / f"{prefix}-h{host}-nic"
 
@@ -48,7 +78,7 @@ GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")  # gloo's transport loop and
 def host_cgroups(prefix: str) -> list[Path]:
     """The hosts' cpu groups, their NIC groups and, where pinned, their cpuset groups."""
     pattern = re.compile(rf"{re.escape(prefix)}-h\d+(-nic)?")
-    parents = [root / "tessel" for root in (CGROUP_ROOT, CPUSET_ROOT) if (root / "tessel").is_dir()]
+    parents = [root / "tessel" for root in (CGROUP_ROOT, CPUSET_ROOT, MEMORY_ROOT) if (root / "tessel").is_dir()]
     return sorted(p for parent in parents for p in parent.iterdir() if p.is_dir() and pattern.fullmatch(p.name))
 
 
@@ -131,6 +161,6 @@ def remove(prefix: str) -> None:
                 group.rmdir()
                 break
             time.sleep(0.02)
-    for root in (CGROUP_ROOT, CPUSET_ROOT):
+    for root in (CGROUP_ROOT, CPUSET_ROOT, MEMORY_ROOT):
         with contextlib.suppress(OSError):
             (root / "tessel").rmdir()  # only succeeds once no other prefix uses it

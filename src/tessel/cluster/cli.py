@@ -14,9 +14,10 @@ builds a temporary cluster for this one command and removes it afterwards (also 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
-from .emulate import EmulatedCluster
+from .emulate import EmulatedCluster, parse_size
 from .housekeeping import ClusterError, leftovers, remove_cluster
 
 
@@ -38,6 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         q.add_argument("--rate", help="rate of every host's link, e.g. 200mbit, 1gbit (default 1gbit)")
         q.add_argument("--delay", help="one-way host-to-host delay, e.g. 5ms (default 0ms; needs netem)")
         q.add_argument("--cpus", type=float, help="CPU budget of each host (default: cores / hosts)")
+        q.add_argument("--memory", help="memory limit of each host, e.g. 2GiB (default none): a host over it loses "
+                                        "a process to the kernel's OOM killer, as a device out of memory fails")
 
     for name, helptext in [("up", "build the hosts and keep them until 'down'"), ("run", "run a command on every host"),
                            ("status", "show the cluster and anything left behind"),
@@ -55,25 +58,37 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _memory(text: str | None) -> int:
+    """``--memory`` in bytes (0: no limit); one line naming what is wrong otherwise."""
+    if text is None:
+        return 0
+    value = parse_size(text)
+    if not (math.isfinite(value) and value >= 64 * 2**20):
+        raise ClusterError(f"--memory '{text}' is not a size of at least 64MiB; give e.g. 2GiB or 768MiB")
+    return int(value)
+
+
 def _describe(c: EmulatedCluster) -> str:
+    memory = f", memory {c.memory / 2**20:,.0f} MiB each" if c.memory else ""
     return (f"cluster {c.prefix}: {c.hosts} hosts {c.addresses[0]}..{c.addresses[-1]}, rate {c.rate}, "
-            f"delay {c.delay}, {c.cpus:g} CPU each")
+            f"delay {c.delay}, {c.cpus:g} CPU each{memory}")
 
 
 def _run(ns: argparse.Namespace) -> int:
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not command:
         raise ClusterError("no command given; write it after '--', e.g. tessel cluster run -- hostname -I")
-    shaping = {"rate": ns.rate, "delay": ns.delay, "cpus": ns.cpus}
+    shaping = {"rate": ns.rate, "delay": ns.delay, "cpus": ns.cpus, "memory": ns.memory}
     if ns.hosts is None:
         if any(v is not None for v in shaping.values()):
-            raise ClusterError("--rate, --delay and --cpus go with --hosts (a temporary cluster) or with "
+            raise ClusterError("--rate, --delay, --cpus and --memory go with --hosts (a temporary cluster) or with "
                                "'tessel cluster up'")
         return _run_on(EmulatedCluster.attach(ns.prefix), command, ns)
     if any(line.startswith("file ") for line in leftovers(ns.prefix)):
         # up() would replace it; someone may be using it.
         raise ClusterError(f"cluster '{ns.prefix}' is up; drop --hosts to run on it, or 'tessel cluster down' first")
-    with EmulatedCluster(ns.hosts, ns.rate or "1gbit", ns.delay or "0ms", ns.cpus, ns.prefix) as c:
+    with EmulatedCluster(ns.hosts, ns.rate or "1gbit", ns.delay or "0ms", ns.cpus, ns.prefix,
+                         memory=_memory(ns.memory)) as c:
         print(_describe(c) + " (temporary)", file=sys.stderr)
         return _run_on(c, command, ns)
 
@@ -84,6 +99,8 @@ def _run_on(c: EmulatedCluster, command: list[str], ns: argparse.Namespace) -> i
     for r in results:
         code = r.returncode
         how = f"exited with code {code}" if code >= 0 else f"was stopped by signal {-code}"
+        if r.out_of_memory:
+            how += f", out of its memory limit ({c.memory / 2**20:,.0f} MiB): the plan does not fit"
         print(f"tessel: host {r.host} ({c.addresses[r.host]}) {how} after {r.seconds:.1f} s", file=sys.stderr)
     return 0 if all(r.returncode == 0 for r in results) else 1
 
@@ -97,7 +114,8 @@ def main(ns: argparse.Namespace) -> int:
     0
     """
     if ns.cluster_verb == "up":
-        c = EmulatedCluster(ns.hosts, ns.rate or "1gbit", ns.delay or "0ms", ns.cpus, ns.prefix).up()
+        c = EmulatedCluster(ns.hosts, ns.rate or "1gbit", ns.delay or "0ms", ns.cpus, ns.prefix,
+                            memory=_memory(ns.memory)).up()
         print(_describe(c))
         return 0
     if ns.cluster_verb == "run":

@@ -66,7 +66,8 @@ class HostFailed(RuntimeError):
 
 @dataclass
 class HostResult:
-    """What one host's command did (the fields of subprocess.CompletedProcess plus host and seconds)."""
+    """What one host's command did (the fields of subprocess.CompletedProcess plus host, seconds and whether it
+    ran out of its memory limit)."""
 
     host: int
     args: list[str]
@@ -74,6 +75,7 @@ class HostResult:
     stdout: str | None
     stderr: str | None
     seconds: float
+    out_of_memory: bool = False  # the kernel killed one of its processes for the host's memory limit
 
 
 def parse_rate(text: str) -> float:
@@ -87,6 +89,21 @@ def parse_rate(text: str) -> float:
         # "mbps" means megabytes/s to tc; accepting it would silently give 8x the intended rate.
         raise ClusterError(f"rate {text!r} is not understood; use {_RATE_FORMS}")
     return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_size(text: str) -> float:
+    """A size in bytes from '4GiB', '512MiB', '2.5GB' or a byte count; NaN where it is none.
+
+    >>> parse_size("512MiB"), parse_size("2GB"), parse_size("lots")
+    (536870912.0, 2000000000.0, nan)
+    """
+    units = {"gib": 2**30, "gb": 1e9, "mib": 2**20, "mb": 1e6, "kib": 2**10, "kb": 1e3, "b": 1}
+    low = text.strip().lower()
+    unit = next((u for u in units if low.endswith(u)), "b")
+    try:
+        return float(low[: len(low) - len(unit)] if low.endswith(unit) else low) * units[unit]
+    except ValueError:
+        return math.nan
 
 
 def parse_delay(text: str) -> float:
@@ -123,6 +140,8 @@ class EmulatedCluster:
     cpuset), so hosts do not migrate between cores. ``nic_cpus`` > 0 gives each host a NIC: gloo's
     communication threads move into a group of their own with that budget (:mod:`.cgroups`), taken from the
     hosts' default budget ((cores - hosts * nic_cpus) / hosts), so traffic no longer competes with compute.
+    ``memory`` > 0 holds each host's processes to that many bytes (a cgroup memory limit, no swap): a host over it
+    loses a process to the kernel's OOM killer, and the failure says it ran out of memory.
 
     >>> with EmulatedCluster(2, "200mbit", prefix="doc") as c:
     ...     [r.stdout for r in c.run([["hostname", "-I"]] * 2)]
@@ -131,7 +150,7 @@ class EmulatedCluster:
 
     def __init__(self, hosts: int, rate: str | None = "1gbit", delay: str = "0ms", cpus: float | None = None,
                  prefix: str = "tsl", period_us: int = PERIOD_US, burst_us: int = 0, pin: bool = False,
-                 nic_cpus: float = 0.0):
+                 nic_cpus: float = 0.0, memory: int = 0):
         if not isinstance(hosts, int) or not 1 <= hosts <= 254:
             raise ClusterError(f"hosts must be an integer from 1 to 254 (one address each in {SUBNET}.0/24), "
                                f"not {hosts!r}")
@@ -157,6 +176,10 @@ class EmulatedCluster:
         if not isinstance(burst_us, int) or not 0 <= burst_us <= quota:
             raise ClusterError(f"burst_us must be an integer from 0 to the quota ({quota} us), not {burst_us!r}")
         self.period_us, self.burst_us, self.pin = period_us, burst_us, bool(pin)
+        if not (isinstance(memory, int) and (memory == 0 or memory >= 64 * 2**20)):
+            raise ClusterError(f"memory must be 0 (no limit) or a host's limit in bytes of at least 64 MiB, not "
+                               f"{memory!r}")
+        self.memory = memory
         self.is_up = False
         self._old_handlers: dict = {}
 
@@ -184,7 +207,7 @@ class EmulatedCluster:
         try:
             s = json.loads(state_file(prefix).read_text())
             c = cls(s["hosts"], s["rate"], s["delay"], s["cpus"], prefix, s.get("period_us", PERIOD_US),
-                    s.get("burst_us", 0), s.get("pin", False), s.get("nic_cpus", 0.0))
+                    s.get("burst_us", 0), s.get("pin", False), s.get("nic_cpus", 0.0), s.get("memory", 0))
         except (OSError, ValueError, KeyError):
             c = None
         if c is None or set(namespaces(prefix)) != {f"{prefix}-sw", *c.host_names}:
@@ -215,7 +238,7 @@ class EmulatedCluster:
         state_file(self.prefix).write_text(json.dumps(
             {"hosts": self.hosts, "rate": self.rate, "delay": self.delay, "cpus": self.cpus,
              "period_us": self.period_us, "burst_us": self.burst_us, "pin": self.pin, "nic_cpus": self.nic_cpus,
-             "owner": os.getpid()}))
+             "memory": self.memory, "owner": os.getpid()}))
 
     def set_rate(self, rate: str | None) -> None:
         """Reshape every link to ``rate`` (None: unshaped) in place, keeping hosts and processes.
@@ -253,6 +276,8 @@ class EmulatedCluster:
                 cgroups.make(self.prefix, i, self.cpus, self.period_us, self.burst_us, self.pin)
                 if self.nic_cpus:
                     cgroups.make_nic(self.prefix, i, self.nic_cpus, self.period_us)
+                if self.memory:
+                    cgroups.make_memory(self.prefix, i, self.memory)
             except CgroupError as e:
                 raise ClusterError(str(e)) from None
 
@@ -342,12 +367,14 @@ class EmulatedCluster:
         # The shell joins the host's cgroups before exec'ing into the namespace, so every descendant is counted.
         script = 'for f in $0; do echo $$ > "$f" || exit 126; done; exec ip netns exec "$@"'
         procs, files, ends, failed, start = [], [], [None] * self.hosts, None, time.monotonic()
+        kills = [cgroups.oom_kills(self.prefix, i) for i in range(self.hosts)]  # the counts only ever grow
         mover = cgroups.ThreadMover(self.prefix, self.hosts) if self.nic_cpus else None
         try:
             for i, cmd in enumerate(commands):
                 out = [tempfile.TemporaryFile() for _ in range(2)] if capture else [None, None]
                 files.append(out)
-                groups = " ".join(str(g / "cgroup.procs") for g in (self.cgroup(i), self.cpuset(i)) if g)
+                memory = cgroups.memory_group(self.prefix, i) if self.memory else None
+                groups = " ".join(str(g / "cgroup.procs") for g in (self.cgroup(i), self.cpuset(i), memory) if g)
                 procs.append(subprocess.Popen(
                     ["sh", "-c", script, groups, self.host_names[i], *cmd],
                     env=env, cwd=cwd, stdout=out[0], stderr=out[1], start_new_session=True))
@@ -372,10 +399,16 @@ class EmulatedCluster:
         for i, (p, out) in enumerate(zip(procs, files)):
             text = [_read_back(f) for f in out]
             results.append(HostResult(i, commands[i], p.returncode, text[0], text[1],
-                                      ends[i] if ends[i] is not None else time.monotonic() - start))
+                                      ends[i] if ends[i] is not None else time.monotonic() - start,
+                                      cgroups.oom_kills(self.prefix, i) > kills[i]))
         if check and failed is not None:
             code = procs[failed].returncode
-            how = (f"did not finish within {timeout:g} s" if ends[failed] is None else
+            oom = next((r.host for r in results if r.out_of_memory), None)
+            if oom is not None:  # the host that ran out is the cause, whichever host ended first
+                failed = oom
+            how = (f"ran out of its memory limit ({self.memory / 2**20:,.0f} MiB): the kernel killed a process, so "
+                   "the plan does not fit" if results[failed].out_of_memory else
+                   f"did not finish within {timeout:g} s" if ends[failed] is None else
                    f"was killed by signal {-code}" if code < 0 else f"exited with code {code}")
             last = (results[failed].stderr or "").strip().splitlines()[-1:]  # e.g. the exception of a traceback
             raise HostFailed(f"host {failed} ({self.host_names[failed]}, {self.addresses[failed]}) {how}; the other "

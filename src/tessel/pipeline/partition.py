@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -83,8 +84,10 @@ class StagePlan:
         return cls([tuple(b) for b in d["bounds"]], costs, d["given"])
 
 
-def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, repeats: int = 5) -> list[LayerCost]:
-    """Time each layer's forward and backward on the micro-batch ``x`` (targets ``y``), one layer at a time."""
+def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, repeats: int = 5,
+            memory: bool = False) -> list[LayerCost]:
+    """Time each layer's forward and backward on the micro-batch ``x`` (targets ``y``), one layer at a time;
+    with ``memory``, also count what its forward saves and its backward holds (the planner's memory column)."""
     costs = []
     clock = time.perf_counter if x.is_cuda else time.thread_time
     for i, layer in enumerate(chain.layers):
@@ -96,11 +99,12 @@ def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, re
         params = sum(p.numel() * p.element_size() for p in stage_params(model, chain, i, i + 1).values())
         # the first run, untimed, also counts the layer's memory: what its forward saves, its backward's peak
         model.zero_grad(set_to_none=True)
-        with PeakTensors() as peak, SavedBytes(model.parameters()) as saved:
+        with (PeakTensors() if memory else contextlib.nullcontext()) as peak, SavedBytes(model.parameters()) as saved:
             out = layer.run(model, inp)
             loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
             loss.backward()
-        work = max(peak.bytes - peak.entry - saved.bytes - params - out.numel() * out.element_size(), 0)
+        made = peak.bytes - peak.entry if memory else 0  # the most the layer's step added at once
+        work = max(made - saved.bytes - params - out.numel() * out.element_size(), 0)
         while len(times) < repeats or (sum(times) < 0.02 and len(times) < 50):
             t0 = clock()
             out = layer.run(model, inp)

@@ -59,8 +59,9 @@ def _grids(tp: int) -> list[tuple[TensorMode, tuple[int, ...]]]:
 def enumerate_plans(base: ParallelPlan, world: int, global_batch: int, allow_async: bool = False
                     ) -> list[ParallelPlan]:
     """Every candidate on ``world`` ranks, each keeping ``base``'s table policy, DDP hook and buckets; with dp > 1
-    and no tensor parallelism also sharded over all dp ranks (FSDP: the one sharded layout the planner prices
-    against the replicated one; :func:`feasible` drops the schedules that cannot shard)."""
+    also sharded over all dp ranks (FSDP, over tessel's tensor-parallel blocks where tp > 1: the one sharded
+    layout the planner prices against the replicated one; :func:`feasible` drops the schedules and tensor modes
+    that cannot shard)."""
     out = []
     for tp in _divisors(world):
         for pp in _divisors(world // tp):
@@ -70,7 +71,7 @@ def enumerate_plans(base: ParallelPlan, world: int, global_batch: int, allow_asy
             for mode, grid in _grids(tp):
                 for schedule, predict in _schedules(pp, allow_async):
                     for m in micro if pp > 1 else micro[:1]:
-                        for shard in (1, dp) if dp > 1 and tp == 1 else (1,):
+                        for shard in (1, dp) if dp > 1 else (1,):
                             out.append(base.with_(dp=dp, pp=pp, tp=tp, tp_mode=mode, tp_grid=grid,
                                                   schedule=schedule, predict=predict, micro_batches=m, bounds=(),
                                                   tables=(), dp_shard=shard))

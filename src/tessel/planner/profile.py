@@ -178,7 +178,7 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
             b = settings.global_batch
             sizes = sorted(set(sizes or (1, b)) | {b})
             x, y = job.batch(b, 1)
-            costs = {n: profile(model, chain, x[:n], y[:n], repeats=3) for n in sizes}
+            costs = {n: profile(model, chain, x[:n], y[:n], repeats=3, memory=n == b) for n in sizes}
             tables = _tables(job, model, dps)
             spec = spec_of(model)
             linears = spec.linears(model) if spec.linears else [[] for _ in chain.layers]
@@ -215,7 +215,7 @@ def measure_memory(job: Job, samples: int) -> Profile:
         model = job.build()
         chain = chain_of(model)
         x, y = job.batch(samples, 1)
-        costs = profile(model, chain, x, y, repeats=0)
+        costs = profile(model, chain, x, y, repeats=0, memory=True)
     tables = [TableProfile(i.name, i.rows, i.dim, False) for i in find_tables(model) if i.unsupported is None]
     layers = []
     for i, (c, layer) in enumerate(zip(costs, chain.layers)):

@@ -199,12 +199,24 @@ class PeakTensors(TorchDispatchMode):
         super().__init__()
         self._seen = WeakIdKeyDictionary()
         self.live = extra
+        gc.collect()  # what is garbage already is not alive
         for t in counted or ():
             self._add(local(t))
         for t in gc.get_objects():
             if issubclass(type(t), torch.Tensor):  # type(), not isinstance: some objects' __class__ warns
                 self._add(t, count=counted is None)
         self.bytes = self.entry = self.live
+
+    def __enter__(self):
+        # the cycle collector would free tensors at moments of its own choosing, moving the peak from run to run
+        self._collecting = gc.isenabled()
+        gc.disable()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._collecting:
+            gc.enable()
+        return super().__exit__(*exc)
 
     def _add(self, t: torch.Tensor, count: bool = True) -> None:
         if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_sparse or t.is_meta:
