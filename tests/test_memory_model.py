@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from composed import planned
+from tessel import comm
 from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.mesh import build_mesh
@@ -53,8 +54,11 @@ def measured_and_predicted(keys: list[str]) -> tuple[int, float]:
         with PeakTensors(held_tensors(par.module, par.optimizer), par.tables.memory_bytes() if par.tables else 0) \
                 as peak:
             par.engine.step(x, y, step)
-    job = job_of(cfg, data)
-    predicted = stage_memory(par.plan, settings, measure_memory(job, 16 // (plan.dp * plan.micro_batches)))
+    predicted = None
+    if dist.get_rank() == 0:  # (as a run does: once, for every stage)
+        profile = measure_memory(job_of(cfg, data), 16 // (plan.dp * plan.micro_batches))
+        predicted = stage_memory(par.plan, settings, profile)
+    predicted = comm.all_gather_object(predicted, "meta")[0]
     return peak.bytes, predicted[mesh.get_local_rank("pp")]
 
 
