@@ -106,7 +106,8 @@ SINGLE = ["parallel.nproc=1", "parallel.pp=1"]
 
 def train(overrides: list[str], out: Path) -> None:
     cmd = [sys.executable, "-m", "tessel", "train", "--metrics.progress", "off", "--metrics.plot", "false",
-           "--metrics.heldout", "false", "--out", str(out)] + [a for o in overrides for a in ("--set", o)]
+           "--metrics.heldout", "false", "--metrics.memory", "false", "--out", str(out)] + [
+               a for o in overrides for a in ("--set", o)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"run failed: {' '.join(cmd)}\n{r.stderr[-2000:]}")

@@ -23,7 +23,8 @@ def run(seed: int, precision: str, extra: list[str], out: Path) -> float:
     """One `tessel train`; its final held-out loss."""
     folder = out / f"{precision}-s{seed}"
     cmd = [sys.executable, "-m", "tessel", "train", "--seed", str(seed), "--train.precision", precision,
-           "--metrics.progress", "log", "--metrics.plot", "false", *extra, "--out", str(folder)]
+           "--metrics.progress", "log", "--metrics.plot", "false", "--metrics.memory", "false", *extra, "--out",
+           str(folder)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return json.loads((folder / "summary.json").read_text())["heldout"]["final"]["loss"]
 

@@ -43,7 +43,7 @@ COLLECTIVES = ["all_reduce", "all_gather_single", "all_to_all_single", "broadcas
 def tessel_train(*args: str, out: Path) -> dict:
     """Run `tessel train` to completion; its summary, or {"error": the last line it printed}."""
     r = subprocess.run([sys.executable, "-m", "tessel", "train", *args, "--out", str(out), "--metrics.progress",
-                        "log", "--metrics.plot", "false", "--checkpoint.enabled", "false"],
+                        "log", "--metrics.plot", "false", "--checkpoint.enabled", "false", "--metrics.memory", "false"],
                        capture_output=True, text=True, timeout=480)
     if r.returncode != 0:
         # the launcher's one line, and above it the worker's own error (its traceback's last lines)

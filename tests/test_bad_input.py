@@ -57,8 +57,8 @@ CASES = [
     case("train --dp 3", "global batch 32 is not divisible by dp=3"),
     case("train --nproc 4 --dp-shard 3", "parallel.dp_shard=3 with dp=4: the dp ranks split into replicas of "
                                          "dp_shard ranks each, so dp_shard must divide dp; valid: 1, 2, 4 (or 0 = dp)"),
-    case("train --nproc 4 --tp 2 --dp-shard 0", "parallel.dp_shard=2 with tp=2: sharded data parallelism does not "
-                                                "compose with tensor parallelism yet; valid: tp=1, or dp_shard 1"),
+    case("train --nproc 4 --pp 2 --micro-batches 2 --dp-shard 0 --plan.memory_gib 0.0001 --pipeline.split 2,2",
+         "plan dp=2 dp_shard=2 pp=2 tp=1 needs"),
     case("train --nproc 4 --pp 2 --micro-batches 2 --pipeline.schedule async --dp-shard 0",
          "parallel.dp_shard=2 with pipeline.schedule async: sharded stages run under tessel's flushed schedules"),
     case("train --dp-shard 0 --sparse torch-sparse --optimizer adagrad", "sparse torch-sparse with "

@@ -18,7 +18,7 @@ from tessel.train import checkpoint
 from trained import train
 
 TINY = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--vocab", "200", "--seq-len", "8",
-        "--batch", "8", "--metrics.progress", "log"]
+        "--batch", "8", "--metrics.progress", "log", "--metrics.memory", "false"]
 
 
 def tessel(*args, cwd, timeout=300, env=None):

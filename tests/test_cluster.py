@@ -68,7 +68,8 @@ for i in range({n}):
 print(time.perf_counter() - t, time.process_time() - p)
 """
 TINY = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--vocab", "200", "--seq-len", "8",
-        "--batch", "8", "--steps", "3", "--metrics.progress", "log"]
+        "--batch", "8", "--steps", "3", "--metrics.progress", "log",
+        "--metrics.memory", "false"]
 
 
 @pytest.fixture(autouse=True)

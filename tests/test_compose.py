@@ -9,6 +9,7 @@ numbers must be the same) and for convergence.
 """
 
 import copy
+import json
 
 import pytest
 import torch
@@ -329,6 +330,10 @@ def test_composed_resume_is_bit_identical(world8, tmp_path, extra):
     a, before, full, _ = _resumed_equals_uninterrupted(tmp_path, args, world8)
     assert {n for n, w in a["model"].items() if not torch.equal(before["model"][n], w)} == set(a["model"])
     assert a["model"]["tok_emb.weight"].shape == (64, 16)  # whole, not a rank's block or chunk
+    # every rank's tensors at their peak in one step, and the plan's prediction for its stage, in the summary
+    summary = json.loads((full / "summary.json").read_text())
+    assert all(m > 0 for m in summary["step_peak_mem_per_rank"]) and len(summary["step_peak_mem_per_rank"]) == 8
+    assert all(p > 0 for p in summary["predicted_mem_per_rank"])
 
 
 @pytest.mark.parametrize("extra,message", [

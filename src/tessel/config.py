@@ -158,6 +158,9 @@ class MetricsConfig:
     plot: bool = True
     tensorboard: bool = False
     heldout: bool = True  # after the run: held-out loss and accuracy of the initial and final weights (one process)
+    # the plan's predicted peak tensor bytes per rank (rank 0 profiles the layers once) and the peak measured in
+    # the second step (a dispatch mode over its operations; the first use in a process imports torch._dynamo, ~2 s)
+    memory: bool = True
 
 
 @dataclass

@@ -330,18 +330,14 @@ def _sparse(plan: ParallelPlan, settings) -> str | None:
 def _shard(plan: ParallelPlan, settings) -> str | None:
     """Sharded data parallelism runs over groups of dp_shard consecutive dp ranks (HSDP: dp / dp_shard replicas
     of each shard where dp_shard < dp), unpipelined or under tessel's flushed schedules, over tessel's own
-    tensor-parallel layers (each rank's tensor-parallel block of a weight is what its dp ranks share out)."""
+    tensor-parallel layers (each rank's tensor-parallel block of a weight is what its dp ranks share out;
+    torch's tensor parallelism runs alone, dp 1, so it never meets sharding)."""
     if plan.dp_shard == 1:
         return None
     if plan.dp_shard < 1 or plan.dp % plan.dp_shard:
         divisors = ", ".join(str(d) for d in range(1, plan.dp + 1) if plan.dp % d == 0)
         return (f"parallel.dp_shard={plan.dp_shard} with dp={plan.dp}: the dp ranks split into replicas of "
                 f"dp_shard ranks each, so dp_shard must divide dp; valid: {divisors} (or 0 = dp)")
-    if plan.tp > 1 and plan.tp_mode.torch_peer:
-        valid = ", ".join(m.name for m in choices.records(TensorMode) if not m.torch_peer)
-        return (f"parallel.dp_shard={plan.dp_shard} with tensor.mode {plan.tp_mode.name}: torch's tensor "
-                "parallelism holds DTensors on its own mesh, which FSDP would need as a 2-D mesh with the dp "
-                f"ranks; valid: tensor.mode {valid}, or dp_shard 1")
     if plan.pp > 1 and (plan.schedule.asynchronous or plan.schedule.torch_peer):
         valid = ", ".join(s.name for s in choices.records(Schedule) if s.flushed and not s.torch_peer)
         return (f"parallel.dp_shard={plan.dp_shard} with pipeline.schedule {plan.schedule.name}: sharded stages run "

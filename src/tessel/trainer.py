@@ -228,8 +228,9 @@ def run(cfg: Config) -> dict[str, Any]:
     mesh = build_mesh(plan.dims, settings.timeout, plan.mesh_axes, cfg.parallel.device)
     dp_group = mesh.get_group("dp")
     par, loader, identity, begin = _build(cfg, mesh, plan, settings)
-    predicted = comm.all_gather_object(predicted_memory(cfg, par.plan, loader.dataset) if rank == 0 else None,
-                                       "meta")[0]
+    wanted = cfg.metrics.memory or cfg.plan.memory_gib
+    predicted = comm.all_gather_object(predicted_memory(cfg, par.plan, loader.dataset) if rank == 0 and wanted
+                                       else None, "meta")[0]
     if cfg.plan.memory_gib:  # the stage cut is made by now (a cut from timings could not be checked before)
         check_fits(par.plan, predicted, cfg.plan.memory_gib)
     if rank == 0:
@@ -271,7 +272,7 @@ def run(cfg: Config) -> dict[str, Any]:
         upcoming = loader.peek()[0] if tables and step + 1 < cfg.train.steps else None
         # the run's second step (the optimizer's state exists by then) counts the tensor bytes alive at its peak
         with (PeakTensors(held_tensors(par.module, par.optimizer), tables.memory_bytes() if tables else 0)
-              if step == start + 1 else contextlib.nullcontext()) as peak:
+              if step == start + 1 and cfg.metrics.memory else contextlib.nullcontext()) as peak:
             result = engine.step(inputs, targets, step, upcoming)
         measured = peak.bytes if peak is not None else measured
         loss = torch.tensor([result.loss], dtype=torch.float64, device=comm.device())

@@ -99,7 +99,9 @@ def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, re
         params = sum(p.numel() * p.element_size() for p in stage_params(model, chain, i, i + 1).values())
         # the first run, untimed, also counts the layer's memory: what its forward saves, its backward's peak
         model.zero_grad(set_to_none=True)
-        with (PeakTensors() if memory else contextlib.nullcontext()) as peak, SavedBytes(model.parameters()) as saved:
+        known = [*model.parameters(), *model.buffers(), inp, y]  # all its operations start from
+        with (PeakTensors(known, scan=False) if memory else contextlib.nullcontext()) as peak, \
+                SavedBytes(model.parameters()) as saved:
             out = layer.run(model, inp)
             loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
             loss.backward()

@@ -192,17 +192,19 @@ class PeakTensors(TorchDispatchMode):
 
     ``counted``: the tensors whose bytes count at entry (a run's weights, gradients and optimizer state);
     every other tensor alive then (the dataset, a test's reference model) is known but counts nothing, so an
-    operation on it in place adds nothing either; ``extra``: bytes to count besides (table shards).
+    operation on it in place adds nothing either; ``extra``: bytes to count besides (table shards). The cycle
+    collector waits while it is entered, so the peak does not move with its timing.
     """
 
-    def __init__(self, counted=None, extra: int = 0) -> None:
+    def __init__(self, counted=None, extra: int = 0, scan: bool = True) -> None:
         super().__init__()
         self._seen = WeakIdKeyDictionary()
         self.live = extra
-        gc.collect()  # what is garbage already is not alive
         for t in counted or ():
             self._add(local(t))
-        for t in gc.get_objects():
+        # ``scan`` False: only ``counted`` is known at entry (a caller that knows every tensor its operations
+        # touch; a walk over every Python object takes a moment a profile of many layers should not pay)
+        for t in gc.get_objects() if scan else ():
             if issubclass(type(t), torch.Tensor):  # type(), not isinstance: some objects' __class__ warns
                 self._add(t, count=counted is None)
         self.bytes = self.entry = self.live
