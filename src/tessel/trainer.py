@@ -145,6 +145,18 @@ def _build(cfg: Config, mesh, plan: ParallelPlan, settings: Settings):
     return parallelize(model, plan, mesh, batches, settings), loader, identity, start
 
 
+def _predicted(cfg: Config, par: Parallelized, dataset) -> list[float] | None:
+    """The plan's predicted peak per rank of each stage (rank 0 profiles the layers once; every rank gets it),
+    where the run reports memory or holds plans to a limit; a plan over ``plan.memory_gib`` is refused here,
+    the stage cut being made by now (a cut from timings could not be checked before the workers)."""
+    wanted = cfg.metrics.memory or cfg.plan.memory_gib
+    mine = predicted_memory(cfg, par.plan, dataset) if dist.get_rank() == 0 and wanted else None
+    predicted = comm.all_gather_object(mine, "meta")[0]
+    if cfg.plan.memory_gib:
+        check_fits(par.plan, predicted, cfg.plan.memory_gib)
+    return predicted
+
+
 def _source_rank(rank: int, plan: ParallelPlan, path: str) -> int:
     """The saving rank at this rank's (pp, tp) place with dp index 0: dp replicas share one RNG stream and data
     position, so a job re-formed with another dp takes its state from there."""
@@ -228,11 +240,7 @@ def run(cfg: Config) -> dict[str, Any]:
     mesh = build_mesh(plan.dims, settings.timeout, plan.mesh_axes, cfg.parallel.device)
     dp_group = mesh.get_group("dp")
     par, loader, identity, begin = _build(cfg, mesh, plan, settings)
-    wanted = cfg.metrics.memory or cfg.plan.memory_gib
-    predicted = comm.all_gather_object(predicted_memory(cfg, par.plan, loader.dataset) if rank == 0 and wanted
-                                       else None, "meta")[0]
-    if cfg.plan.memory_gib:  # the stage cut is made by now (a cut from timings could not be checked before)
-        check_fits(par.plan, predicted, cfg.plan.memory_gib)
+    predicted = _predicted(cfg, par, loader.dataset)
     if rank == 0:
         print(par.describe(), flush=True)
         if predicted:
