@@ -318,12 +318,10 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
     scale = wire / profile.elem  # activations in the compute width (bf16 under mixed precision)
     m = plan.micro_batches
     for k, (lo, hi) in enumerate(bounds):
-        tables = _stage_params(profile, plan, lo, hi, set()) - _stage_params(profile, plan, lo, hi, served)
-        grads = [float(n) for n in per_layer[lo:hi]]
-        grads[0] -= tables if lo == 0 else 0.0  # a served table's rows get no dense gradient
-        if lo > 0 and tables:
-            grads[-1] -= tables  # (the sampled softmax's rows, on the last stage)
-        params = sum(grads)  # the dense weights; the served tables' rows are held apart
+        # each layer's dense weights (a served table's rows get no dense gradient; they are held apart)
+        grads = [_stage_params(profile, plan, i, i + 1, served) for i in range(lo, hi)]
+        params = sum(grads)
+        tables = sum(per_layer[lo:hi]) - params
         copies = 0
         if plan.pp > 1 and plan.schedule.weights == "stash":
             copies = plan.pp - k  # one version per micro-batch in flight
