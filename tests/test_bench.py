@@ -510,3 +510,34 @@ def test_the_pick_is_judged_against_ten_percent_by_its_paired_interval():
     before = plan_check.markdown(rows, "tessel bench plan", ("tessel bench plan --repeats 3", rows[2:]))
     assert "The previous run (`tessel bench plan --repeats 3`): median absolute error" in before
     assert "1 within, of 1 cells." in before
+
+
+def test_memory_search_brackets_the_largest_depth_from_the_hosts_peaks(monkeypatch, tmp_path):
+    """``tessel bench memory``'s search on hosts faked to hold 10 MiB a layer over 300: it extrapolates the two
+    deepest fits' peaks to the limit, stays inside the bracket, and stops only once the deepest fit's next depth
+    failed; a planner that refuses is a failure without a run."""
+    from tessel.bench import fit
+
+    mib = 2**20
+    monkeypatch.setattr(fit, "params_of", lambda layers: layers * 1000)
+    tried = []
+
+    def fake_run(emu, args, where):
+        depth = int(args[args.index("--model.layers") + 1])
+        tried.append(depth)
+        peak = (300 + 10 * depth) * mib
+        return {"fits": peak <= fit.LIMIT, "oom": peak > fit.LIMIT, "host_peak": min(peak, fit.LIMIT),
+                "measured": 10 * depth * mib, "predicted": [10 * depth * mib]}
+
+    monkeypatch.setattr(fit, "_run", fake_run)
+    found = fit.search("fsdp", None, tmp_path, None, lambda msg: None)
+    largest = (fit.LIMIT // mib - 300) // 10  # 14 at 448 MiB
+    assert found["largest"] == largest and found["bracketed"] and found["params"] == largest * 1000
+    assert tried[:2] == [2, 4] and tried[-2:] in ([largest, largest + 1], [largest + 1, largest])
+    assert len(tried) <= 5, tried  # the line through two fits lands on the limit: no walk one depth at a time
+    monkeypatch.setattr(fit, "_plan", lambda layers, budget, where: (None, "no plan fits") if layers > 3
+                        else (tmp_path / "p.json", {"dp": 8}))
+    tried.clear()
+    planned = fit.search("planner", None, tmp_path, 100 * mib, lambda msg: None)
+    assert planned["largest"] == 3 and planned["bracketed"] and tried == [2, 3]
+    assert [r.get("refused") for r in planned["runs"]] == [None, "no plan fits", None]

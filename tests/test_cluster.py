@@ -220,13 +220,17 @@ def test_failure_stops_the_other_hosts_and_cleans_up():
 def test_a_host_over_its_memory_limit_fails_as_out_of_memory():
     """``memory``: each host's processes held to a cgroup limit; a host that allocates past it loses the process to
     the kernel's OOM killer, and the failure says so (as a plan that does not fit a device fails), whichever
-    host ended first; a host under it runs as before; the memory groups go with the cluster."""
+    host ended first; a host under it runs as before and reports its peak; the memory groups go with the
+    cluster."""
     grab = [PY, "-c", "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(5)"]
     small = [PY, "-c", "b = bytearray(8 * 2**20); b[::4096] = b'x' * len(b[::4096])"]
     with pytest.raises(HostFailed, match=r"host 1 .* ran out of its memory limit \(128 MiB\).*does not fit") as e:
         with EmulatedCluster(2, prefix=PREFIX, memory=128 * 2**20) as c:
             assert (cgroups.memory_group(PREFIX, 0) / "memory.limit_in_bytes").read_text().strip() == str(2**27)
-            assert [r.out_of_memory for r in c.run([small, small])] == [False, False]
+            ran = c.run([small, small])
+            assert [r.out_of_memory for r in ran] == [False, False]
+            # each host's own peak in this run: the 8 MiB it touched and an interpreter, under the limit
+            assert all(8 * 2**20 < r.peak_memory < 128 * 2**20 for r in ran), [r.peak_memory for r in ran]
             c.run([["sleep", "30"], grab])
     assert [r.out_of_memory for r in e.value.results] == [False, True]
     assert leftovers(PREFIX) == [] and not cgroups.memory_group(PREFIX, 0).exists()

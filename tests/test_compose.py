@@ -73,14 +73,19 @@ def _cfg(model, layout, schedule, optimizer, micro, extra=()):
                               f"pipeline.split={split}", *extra])
 
 
-def _compose(cfg):
+def _compose(cfg, meta: bool = False):
+    """``meta``: the model tessel parallelizes is built on the meta device (tessel.materialize makes each rank's
+    shards), the reference built whole as always."""
     plan, settings = planned(cfg)
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
     vocab = getattr(data, "vocab_size", 0)
-    torch.manual_seed(1)
+    torch.manual_seed(settings.seed)
     model = build(cfg, vocab).double()
     ref = copy.deepcopy(model)
+    if meta:
+        with torch.device("meta"):
+            model = build(cfg, vocab).double()
     dp_rank = mesh.get_local_rank("dp")
     loader = ShardedLoader(data, B, dp_rank, plan.dp)
     x, y = ShardedLoader(data, B, dp_rank, plan.dp).next_batch()
@@ -106,9 +111,9 @@ def _grads_before_step(optimizer, named):
     return seen
 
 
-def check_parity(model, layout, schedule, optimizer, micro, steps=3):
-    cfg = _cfg(model, layout, schedule, optimizer, micro)
-    par, ref, loader, ref_loader, mesh = _compose(cfg)
+def check_parity(model, layout, schedule, optimizer, micro, steps=3, meta=False, extra=()):
+    cfg = _cfg(model, layout, schedule, optimizer, micro, extra)
+    par, ref, loader, ref_loader, mesh = _compose(cfg, meta)
     ref_engine = TorchReference(ref, cfg.train)
     mine = list(par.module.named_parameters())
     grads = _grads_before_step(par.optimizer, mine)
@@ -170,6 +175,18 @@ def test_sharded_tensor_parallel_matches_single_process(world8, layout, optimize
     """FSDP (and HSDP) over tessel's tensor-parallel blocks, unpipelined: 3-D 2x2x1 sharded over 2 dp ranks, 1-D
     over 2-way shards with 2 replicas; micro-batches defer the reduce-scatter to the last one."""
     world8.run(check_parity, "transformer_lm", layout, "gpipe", optimizer, 2)
+
+
+@pytest.mark.parametrize("layout,schedule,optimizer", [
+    ("pp2-dp4-sharded", "1f1b", "adamw"), ("dp2-pp2-tp2-1d-sharded", "gpipe", "sgd"),
+    ("tp4-3d-dp2-sharded", "gpipe", "adamw"), ("tp2-1d-dp4-hsdp", "gpipe", "sgd"),
+    ("dp2-pp2-tp2-1d", "1f1b", "adamw"), ("pp2-tp4-3d", "1f1b", "adamw")])
+def test_model_built_on_meta_matches_single_process(world8, layout, schedule, optimizer):
+    """A run that builds its model on the meta device and makes only the pieces each rank keeps (tessel.materialize:
+    each weight drawn whole from the model's registered init, one at a time, cut as a checkpoint is loaded) starts
+    from exactly the one-process model built whole and trains as it: FSDP over pipeline stages, over 1-D and 3-D
+    tensor-parallel blocks, HSDP, and replicated stages and blocks."""
+    world8.run(check_parity, "transformer_lm", layout, schedule, optimizer, 2, 3, True, ["sparse.strategy=dense"])
 
 
 @pytest.mark.parametrize("layout", ["tp4-1d-dp2", "tp4-2d-dp2", "tp8-3d", "pp2-tp4-3d", "dp2-pp2-tp2-1d"])

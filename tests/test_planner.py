@@ -136,6 +136,20 @@ def test_candidates_and_feasibility():
     # every layout with dp > 1 also sharded over its dp ranks, tensor-parallel ones included
     assert sum(p.dp_shard > 1 for p in plans) == sum(p.dp > 1 for p in plans) / 2
     assert any(e.plan.dp_shard > 1 and e.plan.tp > 1 for e in done.ranked)
+    # every layout also with each layer recomputed: more compute (a forward again: a third of a layer's), never
+    # more memory than the layout keeping its activations, so never the pick where that one fits too
+    assert sum(p.recompute.layers for p in plans) == len(plans) / 2 and not done.best.plan.recompute.layers
+    keeping = {e.plan: e for e in done.ranked if not e.plan.recompute.layers}
+    pairs = [(e, keeping[e.plan.with_(recompute="none")]) for e in done.ranked
+             if e.plan.recompute.layers and e.plan.with_(recompute="none") in keeping]
+    assert pairs and all(r.compute > k.compute and r.memory < k.memory for r, k in pairs)
+    # under the leanest layout that keeps its activations, what fits recomputes, and a run's plan says so
+    leanest = min(k.memory for k in keeping.values())
+    squeezed = planner.choose(job, planner.Topology(ranks=8, hosts=8, link_mbit=200, memory=leanest - 1),
+                              profile=done.profile)
+    assert squeezed.ranked and all(e.plan.recompute.layers for e in squeezed.ranked), squeezed.table()
+    assert "recompute layers" in squeezed.best.plan.describe()
+    assert ParallelPlan.from_json(squeezed.best.plan.to_json()).recompute.name == "layers"
 
 
 def test_flushed_bubble_and_async():

@@ -165,7 +165,7 @@ def _classifier(m: DenseClassifier) -> Chain:
     return Chain(_sequential(m.net, "net."), F.cross_entropy)
 
 
-register_model(TransformerLM, chain=_transformer)
+register_model(TransformerLM, chain=_transformer, init=TransformerLM.init_parameter)
 register_model(LSTMLM, chain=_lstm)
 register_model(DenseClassifier, chain=_classifier)
 

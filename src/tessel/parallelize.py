@@ -19,6 +19,7 @@ which axes are on. Run it inside a torchrun worker, e.g.::
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from .chain import Chain, Runner, chain_of, recomputed
 from .errors import PlanError
 from .mesh import sharding, subgroups
 from .plan import ParallelPlan, TableChoice
+from .registry import spec_of
 from .settings import Settings
 from .sparse.rowopt import RowOptimizer
 from .train.engine import Engine, StepEngine
@@ -177,11 +179,11 @@ def check_model(model: torch.nn.Module, plan: ParallelPlan, settings: Settings) 
     ``model`` is changed in place."""
     sparse.check_overrides([i.name for i in sparse.find_tables(model)], plan.sparse.overrides)
     if plan.pp == 1 and plan.tp == 1:
-        if settings.recompute.layers:
+        if plan.recompute.layers:
             try:
                 chain_of(model)
             except PlanError as e:
-                raise PlanError(f"train.recompute={settings.recompute.name} recomputes per chain layer: {e}") from None
+                raise PlanError(f"train.recompute={plan.recompute.name} recomputes per chain layer: {e}") from None
         return
     chain = chain_of(model)
     if plan.pp > 1:
@@ -213,7 +215,9 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, batches: list[
     # tables are measured on the whole plain model, the only one every rank can run, the way its chain runs it
     run = (lambda m, b: Runner(m, chain)(*b)) if chain is not None else None
     found = sparse.survey(model, batches[:plan.sparse.sample_batches], run)
-    root, stages, lo, hi, share, device = model, None, 0, None, 1.0, _device(model)
+    root, stages, lo, hi, share, device = model, None, 0, None, 1.0, _device(model, batches)
+    # built on the meta device (tessel.materialize): the model as built, to draw each weight's value from
+    plain = copy.deepcopy(model) if any(p.is_meta for p in model.parameters()) else None
     ties: list[dict[int, str]] = []
     if plan.pp > 1:
         stages = pipeline.cut(model, chain, plan.pieces, _micro(batches[0], plan.micro_batches), plan.bounds)
@@ -243,19 +247,21 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, batches: list[
             mine = comm.all_gather_object([[t.name, t.strategy.name, t.split] for t in plan.tables], "meta",
                                           mesh.get_group("pp"))
             plan = plan.with_(tables=tuple(TableChoice(*t) for stage in mine for t in stage))
-    if settings.recompute.layers:  # after tensor parallelism, before the data-parallel sync (and sharding)
-        chain = recomputed(chain if chain is not None else chain_of(root), root, settings.recompute.keeps_matmuls)
+    if plan.recompute.layers:  # after tensor parallelism, before the data-parallel sync (and sharding)
+        chain = recomputed(chain if chain is not None else chain_of(root), root, plan.recompute.keeps_matmuls)
     if plan.pp > 1:
         engine, optimizer = _stage_engine(root, chain, plan, settings, mesh, stages, lo, hi, handle, device,
-                                          batches[0], tables, make_optimizer, ties)
+                                          batches[0], tables, make_optimizer, ties, plain)
     else:
-        engine, optimizer = _engine(root, chain, plan, settings, mesh, handle, tables, make_optimizer)
+        engine, optimizer = _engine(root, chain, plan, settings, mesh, handle, tables, make_optimizer, device, plain)
     return Parallelized(root, optimizer, engine, plan, settings, tables, shards, stages)
 
 
-def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, mesh, tp, tables, make_optimizer):
+def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, mesh, tp, tables, make_optimizer,
+            device: torch.device, plain: torch.nn.Module | None):
     """One stage holding the whole model: DDP syncs gradients during backward (FSDP gathers each layer's weights
-    for its forward and backward and reduce-scatters its gradients)."""
+    for its forward and backward and reduce-scatters its gradients). ``plain``: the model as built on the meta
+    device, whose weights are made once sharded."""
     dp_group = mesh.get_group("dp")
     model = Runner(root, chain) if chain is not None and not plan.tp_mode.torch_peer else root
     if plan.dp_shard > 1:
@@ -266,16 +272,27 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, m
         model, shards = shard_model(model, owned, plan, settings, mesh)
         if tp is not None:
             tp.sharded(root, shards)
-    elif plan.dp > 1:
-        # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
-        as_shipped = not plan.ddp_hook or plan.sparse.strategy.ddp_sparse or any(
-            c.strategy.ddp_sparse for c in (tables.choices if tables else []))
-        model = apply_ddp(model, dp_group, plan.bucket_mb, hook=not as_shipped)
+        if plain is not None:  # (DTensor and DCP's helpers take a second to import: only here)
+            from .materialize import materialize
+
+            # each rank makes only its shards, before the optimizer holds them
+            materialize(model, root, plain, settings.seed, device, tp)
+    else:
+        if plain is not None:  # this rank's tensor-parallel blocks, before DDP hands them round
+            from .materialize import materialize
+
+            materialize(model, root, plain, settings.seed, device, tp)
+        if plan.dp > 1:
+            # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
+            as_shipped = not plan.ddp_hook or plan.sparse.strategy.ddp_sparse or any(
+                c.strategy.ddp_sparse for c in (tables.choices if tables else []))
+            model = apply_ddp(model, dp_group, plan.bucket_mb, hook=not as_shipped)
     optimizer = make_optimizer(model.parameters())
     params = [p for p in model.parameters() if p.requires_grad]
     tail = StepTail(params, optimizer, settings.clip, tp=tp, tables=tables,
                     shard_group=shards if plan.dp_shard > 1 else None)
-    return Engine(model, tail, plan.micro_batches, settings.lr_at, tables, _autocast(model, settings)), optimizer
+    return Engine(model, tail, plan.micro_batches, settings.lr_at, tables, lambda: settings.autocast(device.type)), \
+        optimizer
 
 
 def shard_model(model: torch.nn.Module, owned: list[tuple[str, ...]], plan: ParallelPlan, settings: Settings, mesh):
@@ -295,16 +312,29 @@ def shard_model(model: torch.nn.Module, owned: list[tuple[str, ...]], plan: Para
     return model, shard_mesh.get_group()
 
 
-def _autocast(model: torch.nn.Module, settings: Settings):
-    """() -> the context a forward runs in: autocast on the model's device type under mixed precision."""
-    device = next((p.device.type for p in model.parameters()), "cpu")
-    return lambda: settings.autocast(device)
+def builds_on_meta(model_on_meta: torch.nn.Module, plan: ParallelPlan, tables: list, init_from: str) -> bool:
+    """Whether a run builds its model on the meta device and makes each rank's pieces only once parallelized
+    (tessel.materialize; ``model_on_meta``: the plain model built there to ask): a rank keeps part of the model
+    (its weights sharded, a pipeline stage, tensor-parallel blocks, tessel's own), its class registers an
+    ``init``, and nothing needs the whole model's values first: a weights-only start (``init_from``) loads into
+    the plain model, a pipeline without a given cut times the layers to cut them, tables served by rows (or
+    decided by measuring them) take their rows from the model, and torch's schedules and tensor parallelism (the
+    peers) are run as torch ships them."""
+    served = bool(tables) and plan.serves_tables and any(s.served or s.decides for s in plan.sparse.given())
+    partial = plan.dp_shard > 1 or plan.pp > 1 or plan.tp > 1
+    peers = (plan.tp > 1 and plan.tp_mode.torch_peer) or (plan.pp > 1 and plan.schedule.torch_peer)
+    return (partial and not peers and spec_of(model_on_meta).init is not None and not init_from
+            and (plan.pp == 1 or bool(plan.bounds)) and not served)
 
 
-def _device(model: torch.nn.Module) -> torch.device:
+def _device(model: torch.nn.Module, batches: list[tuple]) -> torch.device:
     """Where the whole model lives, taken before serving: a stage whose only layer is a served table holds no
-    parameter left to say so (comm.device() would say the backend's device, the CPU under gloo)."""
-    return next((p.device for p in model.parameters()), comm.device())
+    parameter left to say so (comm.device() would say the backend's device, the CPU under gloo). A model built
+    on the meta device is made later where its batches are (tessel.materialize)."""
+    found = next((p.device for p in model.parameters()), comm.device())
+    if found.type == "meta":
+        found = next((t.device for t in (batches[0] if batches else ()) if torch.is_tensor(t)), comm.device())
+    return found
 
 
 def _why_no_ties(plan: ParallelPlan) -> str | None:
@@ -328,9 +358,10 @@ def _tied(root: torch.nn.Module, ties: list[dict[int, str]], index: int, pp_grou
 
 
 def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, mesh, stages, lo: int, hi: int, tp,
-                  device: torch.device, batch: tuple, tables, make_optimizer, ties: list[dict[int, str]]):
+                  device: torch.device, batch: tuple, tables, make_optimizer, ties: list[dict[int, str]],
+                  plain: torch.nn.Module | None):
     """A pipeline stage: the step tail averages its gradients over its dp group, sums tied weights' gradients
-    between the stages that hold them, and sums the norm over pp."""
+    between the stages that hold them, and sums the norm over pp (``plain``: as in :func:`_engine`)."""
     pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp")
     runner = Runner(root, chain, lo, hi)
     sharded = plan.dp_shard > 1
@@ -341,8 +372,18 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, me
         runner, shards = shard_model(runner, [layer.owns for layer in chain.layers[lo:hi]], plan, settings, mesh)
         if tp is not None:
             tp.sharded(root, shards)
-    elif plan.dp > 1:
-        replicate_from_first(runner, dp_group)
+        if plain is not None:  # (DTensor and DCP's helpers take a second to import: only here)
+            from .materialize import materialize
+
+            # each rank makes only its stage's shards, before the optimizer holds them
+            materialize(runner, root, plain, settings.seed, device, tp)
+    else:
+        if plain is not None:  # this rank's stage (its tensor-parallel blocks), before the dp ranks compare it
+            from .materialize import materialize
+
+            materialize(runner, root, plain, settings.seed, device, tp)
+        if plan.dp > 1:
+            replicate_from_first(runner, dp_group)
     tied = _tied(root, ties, mesh.get_local_rank("pp"), pp_group, settings.timeout)
     optimizer = make_optimizer(runner.parameters())
     params = [p for p in runner.parameters() if p.requires_grad]

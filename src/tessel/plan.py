@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import choices
-from .choices import Prediction, Schedule, TableStrategy, TensorMode
+from .choices import Prediction, Recompute, Schedule, TableStrategy, TensorMode
 from .errors import CheckpointError, ConfigError, PlanError
 from .mesh import ParallelDims
 
@@ -120,6 +120,7 @@ class ParallelPlan:
     ddp_hook: bool = True  # DDP's gradients through tessel.comm (counted); False: torch DDP as shipped (the peer)
     bucket_mb: float = 0.0  # DDP's gradient buckets; 0: tessel's (parallelize.auto_bucket_mb)
     dp_shard: int = 1  # dp ranks each weight is sharded over (FSDP2, tessel.fsdp): 1 replicates (DDP), dp shards
+    recompute: Recompute = "none"  # which activations each chain layer keeps for backward (the rest run again)
 
     def __post_init__(self) -> None:
         # names given for choices resolve to their records once, here
@@ -127,6 +128,7 @@ class ParallelPlan:
         set_("tp_mode", choices.tensor_mode(self.tp_mode))
         set_("schedule", choices.schedule(self.schedule))
         set_("predict", choices.prediction(self.predict))
+        set_("recompute", choices.recompute(self.recompute))
         set_("tp_grid", tuple(self.tp_grid))
         set_("bounds", tuple(tuple(b) for b in self.bounds))
         set_("tables", tuple(t if isinstance(t, TableChoice) else TableChoice(*t) for t in self.tables))
@@ -186,6 +188,7 @@ class ParallelPlan:
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d.update(tp_mode=self.tp_mode.name, schedule=self.schedule.name, predict=self.predict.name,
+                 recompute=self.recompute.name,
                  tp_grid=list(self.tp_grid), bounds=[list(b) for b in self.bounds], sparse=self.sparse.to_dict(),
                  tables=[{"name": t.name, "strategy": t.strategy.name, "split": t.split} for t in self.tables])
         return d
@@ -232,6 +235,8 @@ class ParallelPlan:
         if self.dp_shard > 1:
             parts.append(f"weights sharded over {self.dp_shard} dp ranks (FSDP)" if self.dp_replicate == 1 else
                          f"weights sharded over {self.dp_shard} dp ranks, {self.dp_replicate} replicas (HSDP)")
+        if self.recompute.layers:
+            parts.append(f"recompute {self.recompute.name}")
         parts.append(f"{self.micro_batches} micro-batch{'es' if self.micro_batches > 1 else ''}")
         if self.tables:
             parts.append("tables " + ", ".join(t.describe() for t in self.tables))
@@ -353,8 +358,8 @@ def _shard(plan: ParallelPlan, settings) -> str | None:
 def _recompute(plan: ParallelPlan, settings) -> str | None:
     """A recomputed layer must see the weights its first forward saw: the asynchronous schedules' stashed or
     predicted weights exist only during that forward, and torch's tensor-parallel peer runs no chain."""
-    r = getattr(settings, "recompute", None)
-    if r is None or not r.layers:
+    r = plan.recompute
+    if not r.layers:
         return None
     if plan.pp > 1 and plan.schedule.asynchronous:
         flushed = ", ".join(s.name for s in choices.records(Schedule) if s.flushed)

@@ -28,6 +28,10 @@ class ModelSpec:
     # (model, mesh, sequence_parallel) -> the model under torch's own parallelize_module (the peer, tensor mode
     # torch-1d); mesh None: only check that the model can take it
     torch_tensor: Callable | None = None
+    # (model, name, tensor, seed) -> fills ``tensor`` with parameter ``name``'s initial value, exactly as the model
+    # built whole under torch.manual_seed(seed) holds it: what lets a sharded run build the model on the meta
+    # device and make only its own shards (tessel.materialize)
+    init: Callable | None = None
 
 
 _SPECS: dict[type, ModelSpec] = {}
@@ -39,10 +43,12 @@ _LOADED: set[str] = set()
 
 
 def register_model(cls: type, *, chain: Callable | None = None, tensor: Callable | None = None,
-                   linears: Callable | None = None, torch_tensor: Callable | None = None) -> None:
+                   linears: Callable | None = None, torch_tensor: Callable | None = None,
+                   init: Callable | None = None) -> None:
     """Register (or extend) what tessel knows about ``cls``; given fields replace earlier ones."""
     spec = _SPECS.get(cls, ModelSpec())
-    given = (("chain", chain), ("tensor", tensor), ("linears", linears), ("torch_tensor", torch_tensor))
+    given = (("chain", chain), ("tensor", tensor), ("linears", linears), ("torch_tensor", torch_tensor),
+             ("init", init))
     _SPECS[cls] = replace(spec, **{k: v for k, v in given if v is not None})
 
 

@@ -31,7 +31,7 @@ def settings_of(cfg: Config) -> Settings:
     return Settings(optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay,
                     lr_schedule=t.schedule, warmup=t.warmup, min_lr_ratio=t.min_lr_ratio, steps=t.steps, clip=t.clip,
                     dtype=t.dtype, global_batch=t.global_batch, seed=t.seed, timeout=cfg.parallel.timeout,
-                    precision=t.precision, recompute=t.recompute)
+                    precision=t.precision)
 
 
 def policy_of(cfg: Config) -> TablePolicy:
@@ -72,7 +72,7 @@ def plan_of(cfg: Config, world: int) -> ParallelPlan:
                         schedule=cfg.pipeline.schedule, predict=cfg.pipeline.predict, delay_lr=cfg.pipeline.delay_lr,
                         micro_batches=cfg.train.micro_batches, bounds=bounds, sparse=policy_of(cfg),
                         ddp_hook=p.ddp_comm == "tessel", bucket_mb=p.bucket_mb,
-                        dp_shard=dims.dp if p.dp_shard == 0 else p.dp_shard)
+                        dp_shard=dims.dp if p.dp_shard == 0 else p.dp_shard, recompute=cfg.train.recompute)
 
 
 def load_plan(path: str | Path) -> ParallelPlan:
@@ -121,9 +121,11 @@ def job_of(cfg: Config, dataset=None):
         x = ShardedLoader(dataset, global_batch, 0, dp, seed=cfg.train.seed).next_batch()
         return tuple(t.to(settings.torch_dtype) if t.is_floating_point() else t for t in x)
 
-    # what every candidate keeps whatever its degrees: the table policy, the DDP hook and buckets, regather
+    # what every candidate keeps whatever its degrees: the table policy, the DDP hook and buckets, regather (and
+    # recompute as given, each candidate also priced with every layer recomputed)
     base = ParallelPlan(dp=1, regather=cfg.tensor.regather, sparse=policy_of(cfg),
-                        ddp_hook=cfg.parallel.ddp_comm == "tessel", bucket_mb=cfg.parallel.bucket_mb)
+                        ddp_hook=cfg.parallel.ddp_comm == "tessel", bucket_mb=cfg.parallel.bucket_mb,
+                        recompute=cfg.train.recompute)
     return Job(build=model, batch=batch, settings=settings, base=base)
 
 

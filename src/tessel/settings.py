@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .choices import Optimizer, Precision, Recompute, optimizer, precision, recompute
+from .choices import Optimizer, Precision, optimizer, precision
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LR_SCHEDULES = ("cosine", "linear", "constant")
@@ -39,12 +39,10 @@ class Settings:
     seed: int = 0
     timeout: float = 30.0  # seconds any collective may wait
     precision: Precision = field(default_factory=lambda: precision("fp32"))
-    recompute: Recompute = field(default_factory=lambda: recompute("none"))  # activations kept or recomputed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "optimizer", optimizer(self.optimizer))  # a name resolves to its record once
         object.__setattr__(self, "precision", precision(self.precision))
-        object.__setattr__(self, "recompute", recompute(self.recompute))
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -24,12 +24,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import comm, planner
+from . import comm, planner, sparse
 from .config import Config
 from .data import ShardedLoader
 from .errors import CheckpointError, PlanError, Preempted
 from .mesh import build_mesh, device_type, init_distributed
-from .parallelize import Parallelized, parallelize
+from .parallelize import Parallelized, builds_on_meta, parallelize
 from .plan import ParallelPlan, regrouped, saved_plan
 from .planner import probe
 from .preflight import check_fits, predicted_memory
@@ -55,12 +55,12 @@ from .train.preempt import StopOnSignal
 from .train.resume import Start, find_start, restart_count
 
 
-def _first_batches(loader: ShardedLoader, n: int, model: torch.nn.Module) -> list[tuple]:
-    """This rank's first ``n`` batches, read from a copy of the loader so training still starts with them."""
+def _first_batches(loader: ShardedLoader, n: int, device, dtype: torch.dtype) -> list[tuple]:
+    """This rank's first ``n`` batches, read from a copy of the loader so training still starts with them (on the
+    model's device and in its dtype: the survey and the profile run the model on them)."""
     peek = ShardedLoader(loader.dataset, loader.global_batch, loader.dp_rank, loader.dp_size, seed=loader.seed,
                          shuffle=loader.shuffle)
-    first = next(model.parameters())  # the survey and the profile run the model on them, where it is
-    return [tuple(t.to(first.device, first.dtype if t.is_floating_point() else t.dtype) for t in peek.next_batch())
+    return [tuple(t.to(device, dtype if t.is_floating_point() else t.dtype) for t in peek.next_batch())
             for _ in range(n)]
 
 
@@ -133,7 +133,14 @@ def _build(cfg: Config, mesh, plan: ParallelPlan, settings: Settings):
     torch.manual_seed(settings.seed)
     dataset = build_data(cfg)
     vocab = getattr(dataset, "vocab_size", 0)
-    model = build(cfg, vocab).to(device_type(cfg.parallel.device), settings.torch_dtype)
+    device = torch.device(device_type(cfg.parallel.device))
+    with torch.device("meta"):  # shapes only: whether this run makes its weights after parallelizing
+        plain = build(cfg, vocab).to(settings.torch_dtype)
+    if builds_on_meta(plain, plan, sparse.find_tables(plain), cfg.checkpoint.init_from):
+        with torch.device("meta"):
+            model = build(cfg, vocab).to(settings.torch_dtype)
+    else:
+        model = build(cfg, vocab).to(device, settings.torch_dtype)
     identity = model_identity(cfg, vocab, plan)
     start, plan = _resume_point(cfg, plan, settings)
     if cfg.checkpoint.init_from and start.path is None:
@@ -141,7 +148,7 @@ def _build(cfg: Config, mesh, plan: ParallelPlan, settings: Settings):
         source = checkpoint.latest(cfg.checkpoint.init_from) or cfg.checkpoint.init_from  # a run's folder or a step
         checkpoint.load_weights(source, model, identity)
     loader = ShardedLoader(dataset, settings.global_batch, mesh.get_local_rank("dp"), plan.dp, seed=settings.seed)
-    batches = _first_batches(loader, max(1, plan.sparse.sample_batches), model)
+    batches = _first_batches(loader, max(1, plan.sparse.sample_batches), device, settings.torch_dtype)
     return parallelize(model, plan, mesh, batches, settings), loader, identity, start
 
 

@@ -9,6 +9,7 @@
     tessel bench pipeline --models classifier --rates 50mbit --compute-only   # at the balanced link, with efficiency
     tessel bench drift --seconds 120 --doc docs/benchmarks.md   # the spread the machine alone gives a run
     tessel bench soak --steps 5000 --doc docs/benchmarks.md     # does memory stay flat over a long run?
+    tessel bench memory --repeats 2 --doc docs/benchmarks.md   # the largest model each plan trains per host limit
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from . import scenarios
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark strategies side by side on an emulated cluster", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # keep the example commands one per line
-    p.add_argument("scenario", help=f"one of: {', '.join(scenarios.SCENARIOS)}, plan, drift, soak")
+    p.add_argument("scenario", help=f"one of: {', '.join(scenarios.SCENARIOS)}, plan, drift, soak, memory")
     p.add_argument("--hosts", help="comma-separated host counts (default 1,2,4)")
     p.add_argument("--rates", help="comma-separated link rates (default 1gbit,200mbit)")
     p.add_argument("--models", help="comma-separated subset of the scenario's models")
@@ -142,6 +143,10 @@ def main(ns, argv: list[str]) -> int:
         from . import soak
 
         return soak.main(ns, argv, _check_paths)
+    if ns.scenario == "memory":  # the largest model each plan trains under a host memory limit (its own report)
+        from . import fit
+
+        return fit.main(ns, argv, _check_paths)
     scn = scenarios.get(ns.scenario)
     scn.cluster = _cpu(ns)
     scn.unshaped = scn.unshaped or ns.compute_only

@@ -68,6 +68,18 @@ def oom_kills(prefix: str, host: int) -> int:
     return next((int(line.split()[1]) for line in text.splitlines() if line.startswith("oom_kill ")), 0)
 
 
+def peak_memory(prefix: str, host: int, reset: bool = False) -> int:
+    """The most bytes host ``host``'s processes have held at once since the last reset (0 without a memory group);
+    ``reset`` starts the count again from what they hold now."""
+    path = memory_group(prefix, host) / "memory.max_usage_in_bytes"
+    try:
+        if reset:
+            path.write_text("0")
+        return int(path.read_text())
+    except OSError:
+        return 0
+
+
 def nic_group(prefix: str, host: int) -> Path:
     return CGROUP_ROOT / "tessel" / f"{prefix}-h{host}-nic"
 

@@ -76,6 +76,10 @@ class HostResult:
     stderr: str | None
     seconds: float
     out_of_memory: bool = False  # the kernel killed one of its processes for the host's memory limit
+    peak_memory: int = 0  # the most bytes its processes held at once (under a memory limit; else 0)
+
+
+MALLOC_RETURN = 128 * 2**10  # under a memory limit, C heap blocks this size or larger go back to the system at free
 
 
 def parse_rate(text: str) -> float:
@@ -141,7 +145,11 @@ class EmulatedCluster:
     communication threads move into a group of their own with that budget (:mod:`.cgroups`), taken from the
     hosts' default budget ((cores - hosts * nic_cpus) / hosts), so traffic no longer competes with compute.
     ``memory`` > 0 holds each host's processes to that many bytes (a cgroup memory limit, no swap): a host over it
-    loses a process to the kernel's OOM killer, and the failure says it ran out of memory.
+    loses a process to the kernel's OOM killer, and the failure says it ran out of memory. Its processes' C heap
+    then hands every block of 128 KiB or more back to the system when it is freed (glibc's mmap and trim
+    thresholds fixed there), as a device's memory is free again when a tensor is: glibc's own rule would keep
+    freed blocks (FSDP's gathered units, a bucket) cached and count them against the limit as if alive.
+    ``HostResult.peak_memory`` is the most a host's processes held at once in one run.
 
     >>> with EmulatedCluster(2, "200mbit", prefix="doc") as c:
     ...     [r.stdout for r in c.run([["hostname", "-I"]] * 2)]
@@ -364,10 +372,15 @@ class EmulatedCluster:
         if self.rate_bits:  # what tessel's cost model (--sparse auto) takes as the link rate
             env.setdefault("TESSEL_LINK_MBIT", f"{self.rate_bits / 1e6:g}")
         env.setdefault("TESSEL_HOST_CPUS", f"{self.cpus:g}")  # the planner's compute speed per host (--plan auto)
+        if self.memory:  # freed tensors leave the host's count, as on a device (see the class's note)
+            env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MALLOC_RETURN))
+            env.setdefault("MALLOC_TRIM_THRESHOLD_", str(MALLOC_RETURN))
         # The shell joins the host's cgroups before exec'ing into the namespace, so every descendant is counted.
         script = 'for f in $0; do echo $$ > "$f" || exit 126; done; exec ip netns exec "$@"'
         procs, files, ends, failed, start = [], [], [None] * self.hosts, None, time.monotonic()
         kills = [cgroups.oom_kills(self.prefix, i) for i in range(self.hosts)]  # the counts only ever grow
+        for i in range(self.hosts if self.memory else 0):  # each run's own peak, not the cluster's
+            cgroups.peak_memory(self.prefix, i, reset=True)
         mover = cgroups.ThreadMover(self.prefix, self.hosts) if self.nic_cpus else None
         try:
             for i, cmd in enumerate(commands):
@@ -400,7 +413,8 @@ class EmulatedCluster:
             text = [_read_back(f) for f in out]
             results.append(HostResult(i, commands[i], p.returncode, text[0], text[1],
                                       ends[i] if ends[i] is not None else time.monotonic() - start,
-                                      cgroups.oom_kills(self.prefix, i) > kills[i]))
+                                      cgroups.oom_kills(self.prefix, i) > kills[i],
+                                      cgroups.peak_memory(self.prefix, i)))
         if check and failed is not None:
             code = procs[failed].returncode
             oom = next((r.host for r in results if r.out_of_memory), None)

@@ -16,6 +16,7 @@ Example::
 """
 
 import math
+import zlib
 
 import torch
 import torch.nn.functional as F
@@ -97,6 +98,7 @@ class TransformerLM(nn.Module):
         if tie_embeddings and softmax == "sampled":
             raise ConfigError("tie_embeddings is true but softmax is 'sampled'; tying needs softmax 'full'")
         self.softmax = softmax
+        rng = torch.get_rng_state()  # building draws nothing from the global generator (see init_parameter)
 
         self.tok_emb = nn.Embedding(vocab_size, dim)
         self.pos_emb = nn.Embedding(seq_len, dim)
@@ -108,22 +110,33 @@ class TransformerLM(nn.Module):
         else:
             self.head = nn.Linear(dim, vocab_size, bias=False)
 
-        self.apply(self._init_weights)
-        for block in self.blocks:
-            # GPT-2: scale projections into the residual stream so its variance does not grow with depth
-            for proj in (block.attn.out_proj, block.mlp.fc_out):
-                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * layers))
-        if softmax == "sampled":
-            self.head.reset_parameters()  # its bias table must start at zero, not N(0, 0.02)
         if tie_embeddings:
             self.head.weight = self.tok_emb.weight
+        seed = torch.initial_seed()  # the caller's torch.manual_seed
+        for name, p in self.named_parameters():
+            self.init_parameter(name, p, seed)
+        torch.set_rng_state(rng)
 
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+    @torch.no_grad()
+    def init_parameter(self, name: str, t: torch.Tensor, seed: int) -> None:
+        """Fill ``t`` (the shape of parameter ``name``) with its initial value, drawn from a generator of its own
+        seeded by ``seed`` and the name: a rank that builds the model on the meta device and keeps only a shard of
+        each weight makes every weight exactly as the whole model does, one at a time. GPT-2's rule: weights
+        N(0, 0.02), the projections into the residual stream N(0, 0.02 / sqrt(2 layers)) so its variance does not
+        grow with depth, biases (and a sampled softmax's bias table) zero, LayerNorm scales one."""
+        if t.is_meta:  # built on the meta device: values are made later, where each shard is kept
+            return
+        path, _, leaf = name.rpartition(".")
+        module = self.get_submodule(path)
+        if leaf == "bias" or path.endswith("bias") or (isinstance(module, nn.LayerNorm) and leaf == "weight"):
+            t.fill_(1.0 if isinstance(module, nn.LayerNorm) and leaf == "weight" else 0.0)
+            return
+        if name == "head.weight" and self.head.weight is self.tok_emb.weight:
+            name = "tok_emb.weight"  # tied: one weight, one value
+        std = 0.02 / math.sqrt(2 * len(self.blocks)) if path.endswith(("attn.out_proj", "mlp.fc_out")) else 0.02
+        g = torch.Generator().manual_seed((seed * 2654435761 + zlib.crc32(name.encode())) % 2**63)
+        # drawn in fp32 whatever t's dtype, so a model built and then cast (.double()) holds what one made in place
+        t.copy_(torch.empty(t.shape, dtype=torch.float32).normal_(0.0, std, generator=g))
 
     def embed(self, inputs: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) -> block input (B, T, dim)."""

@@ -55,7 +55,7 @@ class StagePlan:
     def imbalance(self) -> float:
         """Slowest stage over the mean stage: 1.0 is perfect balance."""
         t = self.stage_seconds()
-        return max(t) / (sum(t) / len(t))
+        return max(t) / (sum(t) / len(t)) if sum(t) else 1.0  # (untimed: a model on the meta device)
 
     def boundary(self, stage: int) -> tuple[tuple[int, ...], torch.dtype]:
         """Shape (without the batch dimension) and dtype of what ``stage`` sends to the next stage."""
@@ -65,7 +65,8 @@ class StagePlan:
     def describe(self) -> str:
         t = self.stage_seconds()
         how = "given split" if self.given else "balanced by profile (min-max dynamic program)"
-        rows = [f"pipeline plan: {len(self.bounds)} stages, {how}; slowest stage {self.imbalance():.2f}x the mean",
+        timed = f"slowest stage {self.imbalance():.2f}x the mean" if sum(t) else "not timed (built on the meta device)"
+        rows = [f"pipeline plan: {len(self.bounds)} stages, {how}; {timed}",
                 f"  {'stage':>5}  {'layers':<28} {'fwd+bwd ms':>10} {'params MB':>9} {'sends KB':>8}"]
         for s, (lo, hi) in enumerate(self.bounds):
             names = self.costs[lo].name + (f" .. {self.costs[hi - 1].name}" if hi - lo > 1 else "")
@@ -84,43 +85,86 @@ class StagePlan:
         return cls([tuple(b) for b in d["bounds"]], costs, d["given"])
 
 
+@contextlib.contextmanager
+def _made(model: nn.Module, chain: Chain, i: int):
+    """Layer ``i``'s weights given storage while it runs (random values: only their sizes count), back on the meta
+    device after: a model built there is measured one layer at a time, never held whole."""
+    swapped = []
+    for name, p in stage_params(model, chain, i, i + 1).items():
+        if p.is_meta:
+            path, _, leaf = name.rpartition(".")
+            owner = model.get_submodule(path)
+            owner._parameters[leaf] = nn.Parameter(torch.randn(p.shape, dtype=p.dtype) * 0.02, p.requires_grad)
+            swapped.append((owner, leaf, p))
+    try:
+        yield
+    finally:
+        for owner, leaf, p in swapped:
+            owner._parameters[leaf] = p
+
+
 def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, repeats: int = 5,
             memory: bool = False) -> list[LayerCost]:
     """Time each layer's forward and backward on the micro-batch ``x`` (targets ``y``), one layer at a time;
-    with ``memory``, also count what its forward saves and its backward holds (the planner's memory column)."""
+    with ``memory``, also count what its forward saves and its backward holds (the planner's memory column).
+    A model on the meta device is run for its shapes only, or with ``memory`` one layer made real at a time."""
     costs = []
     clock = time.perf_counter if x.is_cuda else time.thread_time
-    for i, layer in enumerate(chain.layers):
-        last = i + 1 == len(chain.layers)
-        # the first layer's input is data: no gradient is computed for it in training either
-        inp = x.detach().requires_grad_(i > 0 and x.is_floating_point())
-        times: list[float] = []
-        # the first run warms allocator and kernels up; fast layers get more runs (20 ms of them at least)
-        params = sum(p.numel() * p.element_size() for p in stage_params(model, chain, i, i + 1).values())
-        # the first run, untimed, also counts the layer's memory: what its forward saves, its backward's peak
-        model.zero_grad(set_to_none=True)
-        known = [*model.parameters(), *model.buffers(), inp, y]  # all its operations start from
-        with (PeakTensors(known, scan=False) if memory else contextlib.nullcontext()) as peak, \
-                SavedBytes(model.parameters()) as saved:
-            out = layer.run(model, inp)
-            loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
-            loss.backward()
-        made = peak.bytes - peak.entry if memory else 0  # the most the layer's step added at once
-        work = max(made - saved.bytes - params - out.numel() * out.element_size(), 0)
-        while len(times) < repeats or (sum(times) < 0.02 and len(times) < 50):
-            t0 = clock()
-            out = layer.run(model, inp)
-            loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
-            loss.backward()
-            if out.is_cuda:
-                torch.cuda.synchronize()
-            times.append(clock() - t0)
-        model.zero_grad(set_to_none=True)
-        costs.append(LayerCost(layer.name, min(times, default=0.0), params, tuple(out.shape[1:]),
-                               str(out.dtype).removeprefix("torch."), out.numel() * out.element_size(),
-                               saved.bytes, work))
-        x = out.detach()
-    return costs
+    on_meta = any(p.is_meta for p in model.parameters())
+    for module in model.modules() if on_meta else ():  # buffers are small: made whole (zeros: only sizes count)
+        for name, b in module._buffers.items():
+            if b is not None and b.is_meta:
+                module._buffers[name] = torch.zeros(b.shape, dtype=b.dtype)
+    for i in range(len(chain.layers)):
+        with _made(model, chain, i) if on_meta and memory else contextlib.nullcontext():
+            costs.append(_layer(model, chain, i, x, y, repeats, memory, on_meta and not memory, clock))
+        x = costs[-1].out
+    return [c.cost for c in costs]
+
+
+@dataclass
+class _Run:
+    cost: LayerCost
+    out: torch.Tensor  # the layer's output: the next layer's input
+
+
+def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Tensor, repeats: int, memory: bool,
+           shapes_only: bool, clock) -> _Run:
+    """Layer ``i`` of ``chain`` profiled on its input ``x`` (see :func:`profile`)."""
+    layer = chain.layers[i]
+    last = i + 1 == len(chain.layers)
+    # the first layer's input is data: no gradient is computed for it in training either
+    inp = x.detach().requires_grad_(i > 0 and x.is_floating_point())
+    times: list[float] = []
+    # the first run warms allocator and kernels up; fast layers get more runs (20 ms of them at least)
+    params = sum(p.numel() * p.element_size() for p in stage_params(model, chain, i, i + 1).values())
+    if shapes_only:  # a model built on the meta device (tessel.materialize): its shapes, nothing to time
+        with torch.no_grad():
+            out = layer.run(model, inp.to("meta"))
+        return _Run(LayerCost(layer.name, 0.0, params, tuple(out.shape[1:]), str(out.dtype).removeprefix("torch."),
+                              out.numel() * out.element_size()), out)
+    # the first run, untimed, also counts the layer's memory: what its forward saves, its backward's peak
+    model.zero_grad(set_to_none=True)
+    known = [*model.parameters(), *model.buffers(), inp, y]  # all its operations start from
+    with (PeakTensors(known, scan=False) if memory else contextlib.nullcontext()) as peak, \
+            SavedBytes(model.parameters()) as saved:
+        out = layer.run(model, inp)
+        loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
+        loss.backward()
+    made = peak.bytes - peak.entry if memory else 0  # the most the layer's step added at once
+    work = max(made - saved.bytes - params - out.numel() * out.element_size(), 0)
+    while len(times) < repeats or (sum(times) < 0.02 and len(times) < 50):
+        t0 = clock()
+        out = layer.run(model, inp)
+        loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
+        loss.backward()
+        if out.is_cuda:
+            torch.cuda.synchronize()
+        times.append(clock() - t0)
+    model.zero_grad(set_to_none=True)
+    return _Run(LayerCost(layer.name, min(times, default=0.0), params, tuple(out.shape[1:]),
+                          str(out.dtype).removeprefix("torch."), out.numel() * out.element_size(),
+                          saved.bytes, work), out.detach())
 
 
 def balance(seconds: list[float], stages: int) -> list[tuple[int, int]]:

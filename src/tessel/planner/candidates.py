@@ -61,7 +61,13 @@ def enumerate_plans(base: ParallelPlan, world: int, global_batch: int, allow_asy
     """Every candidate on ``world`` ranks, each keeping ``base``'s table policy, DDP hook and buckets; with dp > 1
     also sharded over all dp ranks (FSDP, over tessel's tensor-parallel blocks where tp > 1: the one sharded
     layout the planner prices against the replicated one; :func:`feasible` drops the schedules and tensor modes
-    that cannot shard)."""
+    that cannot shard); each also with every layer recomputed where ``base`` keeps all activations (compute
+    traded for memory: chosen only where it fits and the others do not, or is faster)."""
+    keeps = [base.recompute] + ([choices.recompute("layers")] if not base.recompute.layers else [])
+    return [p.with_(recompute=r) for p in _layouts(base, world, global_batch, allow_async) for r in keeps]
+
+
+def _layouts(base: ParallelPlan, world: int, global_batch: int, allow_async: bool) -> list[ParallelPlan]:
     out = []
     for tp in _divisors(world):
         for pp in _divisors(world // tp):

@@ -93,7 +93,7 @@ def short(plan: ParallelPlan) -> str:
         s += f" {plan.tp_mode.name}" + (f" {'x'.join(map(str, plan.tp_grid))}" if plan.tp_mode.needs_grid else "")
     if plan.pp > 1:
         s += f" {plan.schedule.name}" + (f" {plan.predict.name}" if plan.schedule.weights == "predict" else "")
-    return s + f" m{plan.micro_batches}"
+    return s + f" m{plan.micro_batches}" + (f" recompute-{plan.recompute.name}" if plan.recompute.layers else "")
 
 
 def _axes(plan: ParallelPlan) -> int:

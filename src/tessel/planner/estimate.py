@@ -182,7 +182,9 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     samples = b / (plan.dp * m)  # per micro-batch on a dp rank
     rows = samples * profile.tokens_per_sample
     # the layers' profile times the measured ratio of a real step to it (autograd glue, loss, norm, clip)
-    per_layer = [layer.seconds(samples) * profile.step_factor / topo.speed / plan.tp for layer in profile.layers]
+    # (under recompute each layer's forward runs again in its backward)
+    per_layer = [layer.seconds(samples) * profile.step_factor * (1 + plan.recompute.again) / topo.speed / plan.tp
+                 for layer in profile.layers]
     bounds = plan.bounds or tuple(balance(per_layer, plan.pieces)) if plan.pp > 1 else ((0, len(per_layer)),)
     if plan.pp > 1 and not plan.bounds:
         plan = plan.with_(bounds=tuple(tuple(x) for x in bounds))
@@ -312,8 +314,7 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
     are cut as below. A table served by rows (``served``) is held as 1/dp of its rows and their row state,
     outside FSDP."""
     states = settings.state_tensors
-    recompute = getattr(settings, "recompute", None)
-    recompute = recompute is not None and recompute.layers
+    recompute = plan.recompute.layers
     shares, per_layer, out = _out_share(profile, plan), _layer_params(profile, plan), []
     scale = wire / profile.elem  # activations in the compute width (bf16 under mixed precision)
     m = plan.micro_batches

@@ -212,7 +212,8 @@ def measure_memory(job: Job, samples: int) -> Profile:
     enough for every run to predict its own peak."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(job.settings.seed)
-        model = job.build()
+        with torch.device("meta"):  # made one layer at a time as it is measured: never the whole model at once
+            model = job.build()
         chain = chain_of(model)
         x, y = job.batch(samples, 1)
         costs = profile(model, chain, x, y, repeats=0, memory=True)

@@ -49,7 +49,9 @@ def survey(model: nn.Module, batches: list, run=None) -> Survey:
     ``run(model, batch)``: by default ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple). Run it on the
     whole plain model, before a pipeline cut or tensor parallelism change it."""
     infos = find_tables(model)
-    return Survey(infos, 3 * measure(model, infos, batches, run) if infos else 0.0)
+    # a model built on the meta device (tessel.materialize) has no values to run: its tables are all dense
+    measurable = infos and not any(p.is_meta for p in model.parameters())
+    return Survey(infos, 3 * measure(model, infos, batches, run) if measurable else 0.0)
 
 
 def _target(model: nn.Module, info: TableInfo) -> tuple[nn.Module | None, TableInfo, nn.Module | None]:

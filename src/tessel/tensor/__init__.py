@@ -45,12 +45,18 @@ class TensorParallel:
         norms run on the chunks as they did on the blocks (every tp rank chunks its block alike). Checkpoints
         hold the blocks, gathered whole over ``group`` (a stage's block, what an unsharded rank holds anyway), so
         a checkpoint is the same under any dp_shard; DCP places each block in its full tensor as before."""
+        self.rebind(model)
+        self.shard_group = group
+
+    def rebind(self, model: torch.nn.Module) -> None:
+        """``model``'s parameters (new objects of the same names: FSDP's, or made from the meta device) take over
+        the old ones' splits."""
         now = dict(model.named_parameters())  # a served table's weight is none of them: it keeps its entry
         for n, p in self.named:
             if n in now:
                 now[n].tp_split, now[n].tp_partial = p.tp_split, p.tp_partial
         self.named = [(n, now.get(n, p)) for n, p in self.named]
-        self.params, self.shard_group = [p for _, p in self.named], group
+        self.params = [p for _, p in self.named]
 
     def reduce_grads(self) -> None:
         """Sum the gradients of pieces replicated over rows-cut axes (biases, norms, positions): one flat

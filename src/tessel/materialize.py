@@ -1,0 +1,53 @@
+"""Weights made where they are kept: a sharded run never holds its model whole.
+
+Built as usual, every rank would first hold the whole model (4 bytes a weight in fp32) before FSDP cut it to
+1/dp_shard, so the largest model a sharded run could train would be bounded by one rank holding it all. As in
+torchtitan, a sharded run instead builds the model on the meta device (shapes, no storage), parallelizes it
+there (stages, tensor-parallel blocks, FSDP's shards), and only then makes each rank's own pieces
+(:func:`materialize`). Their values are the whole model's: the model's registered ``init``
+(:class:`tessel.registry.ModelSpec`) draws each weight from a generator of its own, so a weight is made whole,
+one at a time, and cut to this rank's piece the way a checkpoint is loaded into any layout (FSDP's chunk of
+dim 0, the tensor-parallel block). A run built this way is the run built whole, exactly (tests/test_compose.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from .registry import spec_of
+
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+@torch.no_grad()
+def materialize(outer: torch.nn.Module, module: torch.nn.Module, plain: torch.nn.Module, seed: int, device,
+                shards=None) -> None:
+    """Give ``outer`` (FSDP's root over this rank's share of a model built on the meta device) real storage on
+    ``device``, and each weight of ``module`` (that share: the plain model's names, pruned to a stage,
+    tensor-parallel blocks and FSDP shards in it) its piece of the value ``plain``'s class draws for it under
+    ``seed`` (``plain``: the model as built, on the meta device); ``shards``: the tensor-parallel handle that
+    places blocks in full tensors (checkpoints use the same)."""
+    init = spec_of(plain).init
+    # to_empty makes new parameter objects (FSDP's keeps them, but not the attributes tessel tags them with: a
+    # tensor-parallel split, which pieces are partial sums): the tags go back by name, the handle takes the new ones
+    tags = {n: dict(vars(p)) for n, p in outer.named_parameters()}
+    outer.to_empty(device=device)
+    for n, p in outer.named_parameters():
+        for k, v in tags.get(n, {}).items():
+            if not hasattr(p, k):
+                setattr(p, k, v)
+    if shards is not None:
+        shards.rebind(module)
+    state = get_model_state_dict(module, options=_OPTIONS)
+    full_view = shards.to_dtensors(state) if shards is not None else state
+    for name, value in full_view.items():
+        whole = torch.empty(value.shape, dtype=value.dtype)  # one weight whole at a time, on the host
+        init(plain, name, whole, seed)
+        if isinstance(value, DTensor):  # this rank's piece, cut here (src_data_rank None: every rank has it)
+            piece = distribute_tensor(whole, value.device_mesh, value.placements, src_data_rank=None).to_local()
+            value.to_local().copy_(piece)
+        else:
+            value.copy_(whole)
+    set_model_state_dict(module, shards.to_local(full_view) if shards is not None else full_view, options=_OPTIONS)
