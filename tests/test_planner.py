@@ -143,7 +143,8 @@ def test_candidates_and_feasibility():
     pairs = [(e, keeping[e.plan.with_(recompute="none")]) for e in done.ranked
              if e.plan.recompute.layers and e.plan.with_(recompute="none") in keeping]
     assert pairs and all(r.compute > k.compute and r.memory <= k.memory for r, k in pairs)
-    assert sum(r.memory < k.memory for r, k in pairs) > len(pairs) / 2  # (a peak at the step's end holds no activations)
+    # (in most: a stage whose peak is at the step's end holds no activations then)
+    assert sum(r.memory < k.memory for r, k in pairs) > len(pairs) / 2
     # under the leanest layout that keeps its activations, what fits recomputes, and a run's plan says so
     leanest = min(k.memory for k in keeping.values())
     squeezed = planner.choose(job, planner.Topology(ranks=8, hosts=8, link_mbit=200, memory=leanest - 1),
