@@ -1,9 +1,9 @@
-"""Weights made where they are kept: a sharded run never holds its model whole.
+"""Weights made where they are kept: a rank that keeps part of the model never holds it whole.
 
-Built as usual, every rank would first hold the whole model (4 bytes a weight in fp32) before FSDP cut it to
-1/dp_shard, so the largest model a sharded run could train would be bounded by one rank holding it all. As in
-torchtitan, a sharded run instead builds the model on the meta device (shapes, no storage), parallelizes it
-there (stages, tensor-parallel blocks, FSDP's shards), and only then makes each rank's own pieces
+Built as usual, every rank would first hold the whole model (4 bytes a weight in fp32) before FSDP, the pipeline
+cut or tensor parallelism took its share, so the largest model a run could train would be bounded by one rank
+holding it all. As in torchtitan, such a run instead builds the model on the meta device (shapes, no storage),
+parallelizes it there (stages, tensor-parallel blocks, FSDP's shards), and only then makes each rank's own pieces
 (:func:`materialize`). Their values are the whole model's: the model's registered ``init``
 (:class:`tessel.registry.ModelSpec`) draws each weight from a generator of its own, so a weight is made whole,
 one at a time, and cut to this rank's piece the way a checkpoint is loaded into any layout (FSDP's chunk of

@@ -272,27 +272,29 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, m
         model, shards = shard_model(model, owned, plan, settings, mesh)
         if tp is not None:
             tp.sharded(root, shards)
-        if plain is not None:  # (DTensor and DCP's helpers take a second to import: only here)
-            from .materialize import materialize
-
-            # each rank makes only its shards, before the optimizer holds them
-            materialize(model, root, plain, settings.seed, device, tp)
-    else:
-        if plain is not None:  # this rank's tensor-parallel blocks, before DDP hands them round
-            from .materialize import materialize
-
-            materialize(model, root, plain, settings.seed, device, tp)
-        if plan.dp > 1:
-            # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
-            as_shipped = not plan.ddp_hook or plan.sparse.strategy.ddp_sparse or any(
-                c.strategy.ddp_sparse for c in (tables.choices if tables else []))
-            model = apply_ddp(model, dp_group, plan.bucket_mb, hook=not as_shipped)
+    _make(model, root, plain, settings, device, tp)
+    if plan.dp_shard == 1 and plan.dp > 1:
+        # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
+        as_shipped = not plan.ddp_hook or plan.sparse.strategy.ddp_sparse or any(
+            c.strategy.ddp_sparse for c in (tables.choices if tables else []))
+        model = apply_ddp(model, dp_group, plan.bucket_mb, hook=not as_shipped)
     optimizer = make_optimizer(model.parameters())
     params = [p for p in model.parameters() if p.requires_grad]
     tail = StepTail(params, optimizer, settings.clip, tp=tp, tables=tables,
                     shard_group=shards if plan.dp_shard > 1 else None)
     return Engine(model, tail, plan.micro_batches, settings.lr_at, tables, lambda: settings.autocast(device.type)), \
         optimizer
+
+
+def _make(outer: torch.nn.Module, root: torch.nn.Module, plain: torch.nn.Module | None, settings: Settings,
+          device: torch.device, tp) -> None:
+    """Where the model was built on the meta device (``plain``: it as built), this rank's pieces made now: after
+    sharding and tensor parallelism, before the optimizer, DDP or the dp ranks' comparison see them."""
+    if plain is None:
+        return
+    from .materialize import materialize  # (DTensor and DCP's helpers take a second to import: only here)
+
+    materialize(outer, root, plain, settings.seed, device, tp)
 
 
 def shard_model(model: torch.nn.Module, owned: list[tuple[str, ...]], plan: ParallelPlan, settings: Settings, mesh):
@@ -372,18 +374,9 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, me
         runner, shards = shard_model(runner, [layer.owns for layer in chain.layers[lo:hi]], plan, settings, mesh)
         if tp is not None:
             tp.sharded(root, shards)
-        if plain is not None:  # (DTensor and DCP's helpers take a second to import: only here)
-            from .materialize import materialize
-
-            # each rank makes only its stage's shards, before the optimizer holds them
-            materialize(runner, root, plain, settings.seed, device, tp)
-    else:
-        if plain is not None:  # this rank's stage (its tensor-parallel blocks), before the dp ranks compare it
-            from .materialize import materialize
-
-            materialize(runner, root, plain, settings.seed, device, tp)
-        if plan.dp > 1:
-            replicate_from_first(runner, dp_group)
+    _make(runner, root, plain, settings, device, tp)
+    if not sharded and plan.dp > 1:
+        replicate_from_first(runner, dp_group)
     tied = _tied(root, ties, mesh.get_local_rank("pp"), pp_group, settings.timeout)
     optimizer = make_optimizer(runner.parameters())
     params = [p for p in runner.parameters() if p.requires_grad]
