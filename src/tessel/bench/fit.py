@@ -233,8 +233,12 @@ def report(found: list[dict], timed: list[dict], depth: int, budget: int, argv: 
             by.setdefault(r["strategy"], []).append(r["step_time"])
     if by:
         best = min(statistics.median(v) for v in by.values())
+        rounds = max(len(v) for v in by.values())
         lines += [f"Step time at {depth} layers (the largest depth every plan trains; {TIME_STEPS} steps a run, median "
-                  "of the steps after 3 warm-up, then the median over rounds run in alternating order):", "",
+                  f"of the steps after 3 warm-up, then the median over {rounds} rounds run in alternating order, the "
+                  "same depth, data and steps for every plan"
+                  + ("; fewer than 5 rounds: no interval is given and no ratio here is evidence" if rounds < 5 else "")
+                  + "):", "",
                   "| plan | ms/step (median) | rounds (ms) | vs best |", "|---|---|---|---|"]
         for name, v in by.items():
             pick = next((_pick(r.get("pick")) for r in timed if r["strategy"] == name and r.get("pick")), "")
