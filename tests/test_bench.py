@@ -541,3 +541,10 @@ def test_memory_search_brackets_the_largest_depth_from_the_hosts_peaks(monkeypat
     planned = fit.search("planner", None, tmp_path, 100 * mib, lambda msg: None)
     assert planned["largest"] == 3 and planned["bracketed"] and tried == [2, 3]
     assert [r.get("refused") for r in planned["runs"]] == [None, "no plan fits", None]
+    # a pick that fails below the line its peaks draw (it changed with the depth): halfway into the bracket
+    monkeypatch.setattr(fit, "_plan", lambda layers, budget, where: (tmp_path / "p.json", {"dp": 8}))
+    monkeypatch.setattr(fit, "_run", lambda emu, args, where: tried.append(d := int(
+        args[args.index("--model.layers") + 1])) or {"fits": d <= 30, "oom": d > 30, "host_peak": (300 + 4 * d) * mib})
+    tried.clear()
+    planned = fit.search("planner", None, tmp_path, 100 * mib, lambda msg: None)
+    assert planned["largest"] == 30 and planned["bracketed"] and tried == [2, 4, 37, 20, 28, 32, 30, 31], tried

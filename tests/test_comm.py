@@ -173,3 +173,21 @@ def test_guard_tells_a_peers_failure_from_this_ranks_own_error():
     with pytest.raises(CommError, match="timed out: a peer rank is dead or stuck"):
         with comm.guard("all_reduce", "dp.dense"):
             raise RuntimeError("Wait timeout after 5000 ms")
+
+
+def test_dry_group_gives_shapes_and_moves_nothing():
+    """A Dry group (the planner's stand-in for a grid axis) needs no process group: each collective gives the
+    shape a real one would, from this rank's data, and counts no byte."""
+    comm.counter.reset()
+    g = comm.Dry(4)
+    x = torch.arange(6.0).reshape(2, 3)
+    out = torch.empty(8, 3)
+    comm.all_gather_into(out, x, "tp", group=g)
+    assert torch.equal(out, x.repeat(4, 1))
+    part = torch.empty(2, 3)
+    comm.reduce_scatter(part, out, "tp", group=g)
+    assert torch.equal(part, 4 * x)  # four copies of this rank's block summed
+    y = x.clone()
+    work = comm.all_reduce(y, "tp", group=g, async_op=True)
+    work.wait()
+    assert torch.equal(y, x) and comm.group_size(g) == 4 and comm.counter.total() == {}

@@ -35,10 +35,17 @@ LAYOUTS = {  # name -> config keys, on 4 ranks
                          "sparse.strategy=dense"],
     "tp2-1d-fsdp2": ["parallel.tp=2", "tensor.mode=1d", "parallel.dp_shard=0", "sparse.strategy=dense"],
 }
-
-# misses of the 10% goal, bounded where they stand so a change for the worse still fails: under 1-D tensor
-# parallelism the vocabulary-parallel loss holds more than the head's measured transients over tp (-11.7%)
-BOUND = {"tp2-1d-fsdp2": 0.15}
+# at width 256 the blocks outweigh the head, and what tensor parallelism leaves whole or gathers shows: a 1-D
+# layer's norms and residual (whole on every rank), a 3-D layer's gathered weight blocks (kept for backward)
+# and FSDP's unit gradients and their reduce-scatter copy (predicted 13-32% short before they were counted)
+WIDE = ["model.dim=256", "model.layers=4", "model.heads=8", "data.vocab_size=512"]
+LAYOUTS |= {
+    "w256-fsdp4": [*WIDE, "parallel.dp_shard=0", "sparse.strategy=dense"],
+    "w256-tp4-1d": [*WIDE, "parallel.tp=4", "tensor.mode=1d", "sparse.strategy=dense"],
+    "w256-tp4-3d-2x1x2": [*WIDE, "parallel.tp=4", "tensor.mode=3d", "tensor.grid=2x1x2", "sparse.strategy=dense"],
+    "w256-pp2-tp2-1d-m4": [*WIDE, "parallel.pp=2", "parallel.tp=2", "tensor.mode=1d", "train.micro_batches=4",
+                           "sparse.strategy=dense"],
+}
 
 
 def measured_and_predicted(keys: list[str]) -> tuple[int, float]:
@@ -68,7 +75,7 @@ def test_predicted_peak_within_ten_percent_of_measured(world4, layout):
         error = (predicted - measured) / measured
         print(f"{layout} rank {rank}: measured {measured / 2**20:.2f} MiB, predicted {predicted / 2**20:.2f} MiB "
               f"({error:+.1%})")
-        assert abs(error) < BOUND.get(layout, 0.10), (layout, rank, measured, predicted)
+        assert abs(error) < 0.10, (layout, rank, measured, predicted)
 
 
 def test_plan_over_the_memory_per_rank_is_refused_before_any_worker_starts(capsys):
@@ -82,3 +89,21 @@ def test_plan_over_the_memory_per_rank_is_refused_before_any_worker_starts(capsy
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "fullest rank (predicted), over plan.memory_gib=0.0001" in err, err
     assert "--dp-shard" in err and "recompute" in err
+
+
+def test_memory_only_profile_measures_each_kind_of_layer_once():
+    """A memory-only profile (no timing) measures a kind of layer once and gives its numbers to the equal layers
+    after it; each layer measured on its own gives the same numbers."""
+    from tessel.chain import chain_of
+    from tessel.pipeline.partition import profile
+
+    cfg = load_config(None, [*LM, "model.layers=3"])
+    job = job_of(cfg)
+    with torch.device("meta"):
+        model = job.build()
+    x, y = job.batch(4, 1)
+    chain = chain_of(model)
+    once = profile(model, chain, x, y, repeats=0, memory=True)
+    each = profile(model, chain, x, y, repeats=1, memory=True)
+    assert [(c.name, c.saved, c.work) for c in once] == [(c.name, c.saved, c.work) for c in each]
+    assert len({(c.saved, c.work) for c in once[1:-1]}) == 1 and once[1].saved > 0

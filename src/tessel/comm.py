@@ -80,8 +80,33 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+class Dry:
+    """A group of ``size`` ranks that exists in this process only: every collective on it gives a result of the
+    right shape, filled from this rank's own data, and moves and counts nothing. The planner runs
+    tensor-parallel layers on it to measure what one rank of the grid holds (its activations, gathered blocks)
+    before any worker starts, as torchtitan's memory estimate runs on torch's fake backend."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"Dry({self.size})"
+
+
 def _size(group) -> int:
-    return dist.get_world_size(group)
+    return group.size if isinstance(group, Dry) else dist.get_world_size(group)
+
+
+def group_size(group) -> int:
+    """Ranks in ``group`` (None: the default group; a :class:`Dry` one: its stated size)."""
+    return _size(group)
+
+
+def _dry(what: str, channel: str, async_op: bool, fill=None):
+    """A collective on a :class:`Dry` group: the local stand-in ``fill`` (if any), nothing sent or counted."""
+    if fill is not None:
+        fill()
+    return _Work(None, what, channel) if async_op else None
 
 
 def device(group=None) -> torch.device:
@@ -182,6 +207,8 @@ def _all_reduce_half(tensor: torch.Tensor, channel: str, group) -> None:
 def all_reduce(tensor: torch.Tensor, channel: str, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
     """In-place all_reduce of ``tensor`` over ``group`` (a half-width sum: see :func:`_all_reduce_half`)."""
     p = _size(group)
+    if isinstance(group, Dry):  # the sum of p copies of this rank's values is not needed: shapes are
+        return _dry("all_reduce", channel, async_op)
     if tensor.dtype in HALF and op == dist.ReduceOp.SUM and p > 1 and not async_op:
         return _all_reduce_half(tensor, channel, group)
     moved = 2 * (p - 1) * _nbytes(tensor) // p
@@ -196,6 +223,9 @@ def all_gather_into(output: torch.Tensor, tensor: torch.Tensor, channel: str, gr
     p = _size(group)
     if output.numel() != p * tensor.numel():
         raise ValueError(f"all_gather output has {output.numel()} elements, expected {p} x {tensor.numel()}")
+    if isinstance(group, Dry):
+        return _dry("all_gather", channel, async_op,
+                    lambda: output.view(p, -1).copy_(tensor.reshape(1, -1).expand(p, -1)))
     moved = (p - 1) * _nbytes(tensor)
     counter.add(channel, moved, moved)
     (out, on), back = _wire(group, output, tensor)
@@ -232,6 +262,10 @@ def all_to_all(
     async_op: bool = False,
 ):
     """Uneven all_to_all along dim 0: ``input_splits[j]`` rows go to rank j, ``output_splits[j]`` come from j."""
+    if isinstance(group, Dry):  # (what a reduce-scatter sums: p copies of this rank's terms)
+        same = output.numel() == tensor.numel()
+        return _dry("all_to_all", channel, async_op,
+                    lambda: output.copy_(tensor.view_as(output)) if same else output.zero_())
     p, me = _size(group), dist.get_rank(group)
     row_in = _nbytes(tensor) // max(tensor.shape[0], 1) if tensor.dim() else 0
     row_out = _nbytes(output) // max(output.shape[0], 1) if output.dim() else 0

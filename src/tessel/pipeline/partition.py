@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -115,11 +116,27 @@ def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, re
         for name, b in module._buffers.items():
             if b is not None and b.is_meta:
                 module._buffers[name] = torch.zeros(b.shape, dtype=b.dtype)
+    runs: dict = {}  # memory only: a layer like one already measured (same modules, shapes, input) holds the same
     for i in range(len(chain.layers)):
-        with _made(model, chain, i) if on_meta and memory else contextlib.nullcontext():
-            costs.append(_layer(model, chain, i, x, y, repeats, memory, on_meta and not memory, clock))
+        key = _signature(model, chain, i, x) if repeats == 0 else None
+        if key is not None and key in runs:
+            costs.append(_Run(dataclasses.replace(runs[key].cost, name=chain.layers[i].name), runs[key].out))
+        else:
+            with _made(model, chain, i) if on_meta and memory else contextlib.nullcontext():
+                costs.append(_layer(model, chain, i, x, y, repeats, memory, on_meta and not memory, clock))
+            runs[key] = costs[-1]
         x = costs[-1].out
     return [c.cost for c in costs]
+
+
+def _signature(model: nn.Module, chain: Chain, i: int, x: torch.Tensor) -> tuple:
+    """What a layer's memory depends on: its modules' kinds and parameter shapes, its input's, and whether the
+    loss follows it (a model of many equal blocks is measured once per kind of block)."""
+    if i + 1 == len(chain.layers):
+        return ("loss",)
+    mods = tuple((type(m).__name__, tuple((n, tuple(p.shape), p.dtype) for n, p in m.named_parameters()))
+                 for o in chain.layers[i].owns for m in model.get_submodule(o).modules())
+    return mods, tuple(x.shape), x.dtype
 
 
 @dataclass
@@ -153,7 +170,7 @@ def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Ten
         loss.backward()
     made = peak.bytes - peak.entry if memory else 0  # the most the layer's step added at once
     work = max(made - saved.bytes - params - out.numel() * out.element_size(), 0)
-    while len(times) < repeats or (sum(times) < 0.02 and len(times) < 50):
+    while repeats and (len(times) < repeats or (sum(times) < 0.02 and len(times) < 50)):  # (0: memory only)
         t0 = clock()
         out = layer.run(model, inp)
         loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()

@@ -302,6 +302,21 @@ def stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile) -> li
     return _stage_memory(plan, settings, profile, bounds, samples, settings.wire_dtype.itemsize, served)
 
 
+def _activations(plan: ParallelPlan, profile: Profile, layers, shares: list[float], samples: float
+                 ) -> tuple[list[float], list[float]]:
+    """Per layer of ``layers`` ((index, LayerProfile)), the bytes one rank's forward saves and its backward holds
+    beyond them at ``samples`` a micro-batch: under tensor parallelism as its layers hold them (measured on
+    stand-in groups: a 1-D layer's norms and residual stay whole, a 3-D one keeps its gathered blocks), else
+    the plain layer's (or, where the layers' memory was not measured, cut as the output is cut)."""
+    dry = profile.tp_memory(plan.tp_mode.name, tuple(plan.tp_grid), plan.regather) if plan.tp > 1 else None
+    if dry is not None:
+        pairs = [dry[i].at(samples) for i, _ in layers]
+        return [max(a, 0.0) for a, _ in pairs], [max(b, 0.0) for _, b in pairs]
+    inner = [1.0 if plan.tp == 1 else shares[i] for i, _ in layers]
+    return ([layer.saved_per_sample * samples * inner[j] for j, (_, layer) in enumerate(layers)],
+            [layer.work_per_sample * samples * inner[j] for j, (_, layer) in enumerate(layers)])
+
+
 def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, bounds, samples: float,
                   wire: int, served: set[str]) -> list[float]:
     """Weights, optimizer state and the asynchronous schedules' weight copies, plus the most of the rest at once:
@@ -320,7 +335,7 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
     m = plan.micro_batches
     for k, (lo, hi) in enumerate(bounds):
         # each layer's dense weights (a served table's rows get no dense gradient; they are held apart)
-        grads = [_stage_params(profile, plan, i, i + 1, served) for i in range(lo, hi)]
+        grads = whole = [_stage_params(profile, plan, i, i + 1, served) for i in range(lo, hi)]
         params = sum(grads)
         tables = sum(per_layer[lo:hi]) - params
         copies = 0
@@ -335,10 +350,7 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
                 grads = [g / plan.dp_shard for g in grads]
         base = (base + tables / plan.dp * (1 + states)) * profile.elem  # + a row shard of each served table
         layers = list(enumerate(profile.layers[lo:hi], start=lo))
-        # 1-D: a layer's internals split with its GEMMs (over tp) though its output is whole; 2-D and 3-D cut
-        # every activation as they cut the output (its block)
-        inner = [1 / plan.tp if plan.tp_mode.name == "1d" else shares[i] for i, _ in layers]
-        saved = [layer.saved_per_sample * scale * samples * inner[j] for j, (_, layer) in enumerate(layers)]
+        saved, works = _activations(plan, profile, layers, shares, samples * scale)
         inputs = [profile.layers[i - 1].out_per_sample * shares[i - 1] * wire * samples if i > 0 else 0.0
                   for i, _ in layers]
         kept = inputs if recompute else saved  # what one micro-batch keeps until its backward
@@ -349,12 +361,17 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
             params, plan.bucket_mb * 2**20 / profile.elem)
         peak = (sum(grads) + copy) * profile.elem
         ddp = plan.pp == 1 and plan.dp > 1 and plan.dp_shard == 1
-        for j, (_, layer) in enumerate(layers):  # layer j's backward: what is alive at once
+        for j in range(len(layers)):  # layer j's backward: what is alive at once
             now = sum(kept[:j]) + saved[j]  # this micro-batch's activations up to it (recomputed: its own whole)
-            work = layer.work_per_sample * scale * samples * inner[j]
+            work = works[j]
             made = sum(grads) if ddp else sum(grads[j:])  # DDP's gradients are views of its buckets, held always
             gathered = per_layer[lo + j] if plan.dp_shard > 1 else 0.0  # FSDP: this layer's weights whole
             first = (made + gathered) * profile.elem + (in_flight - 1) * sum(kept) + now + work
+            if plan.dp_shard > 1 and grads is not whole:  # and as its backward ends: its gradients whole, their
+                # copy the reduce-scatter sends and one layer's weights whole (this one's, or the next one's that
+                # FSDP2 gathers ahead), while the earlier layers' activations wait (the peak measured under FSDP)
+                scatter = (sum(grads[j + 1:]) + 2 * whole[j] + per_layer[lo + j]) * profile.elem
+                first = max(first, scatter + (in_flight - 1) * sum(kept) + sum(kept[:j]))
             later = (sum(grads) + gathered) * profile.elem + max(
                 in_flight - (1 if m > in_flight else 2), 0) * sum(kept) + now  # a later micro-batch's
             peak = max(peak, first, later + work if m > 1 else 0.0)

@@ -84,6 +84,7 @@ class Profile:
     seconds: float = 0.0  # how long measuring took
     step_factor: float = 1.0  # a real single-process training step's CPU time over the layers' and optimizer's sum
     job: Job | None = None  # what was measured (its model is rebuilt on the meta device for shard sizes)
+    memory_samples: int = 0  # the micro-batch its layers' memory was measured at (0: not measured)
     _shards: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -102,6 +103,18 @@ class Profile:
 
     def tp_layers(self, mode: str, grid: tuple[int, ...]) -> TensorShards:
         return self._shard(mode, grid)
+
+    def tp_memory(self, mode: str, grid: tuple[int, ...], regather: bool) -> list[TensorMemory] | None:
+        """Per chain layer, what one rank's forward saves and its backward holds under tensor parallelism (mode,
+        grid, regather), measured by running the tensor-parallel layers on groups that stand in for the grid's
+        (:class:`tessel.comm.Dry`): replicated norms and residuals whole, gathered blocks kept for backward,
+        each as the run holds it. None where the layers' memory was not measured (or torch's peer cuts them)."""
+        if not self.memory_samples or self.job is None or tensor.GridSpec(mode, tuple(grid)).mode.torch_peer:
+            return None
+        key = ("memory", mode, tuple(grid), regather)
+        if key not in self._shards:
+            self._shards[key] = _dry_memory(self.job, mode, tuple(grid), regather)
+        return self._shards[key]
 
     def _shard(self, mode: str, grid: tuple[int, ...]) -> TensorShards:
         key = (mode, tuple(grid))
@@ -134,6 +147,35 @@ class Profile:
                 out.table_parts[t.name] = math.prod(handle.grid.size(a) for a in axes)
             self._shards[key] = out
         return self._shards[key]
+
+
+@dataclass
+class TensorMemory:
+    """One rank's activation memory for a chain layer under tensor parallelism: bytes at ``samples`` per
+    micro-batch, as a line (gathered weight blocks a layer keeps do not grow with the micro-batch)."""
+
+    saved: tuple[float, float]  # (bytes fixed, per sample) its forward keeps for its backward
+    work: tuple[float, float]  # (bytes fixed, per sample) its backward holds at once beyond those
+
+    def at(self, samples: float) -> tuple[float, float]:
+        return self.saved[0] + self.saved[1] * samples, self.work[0] + self.work[1] * samples
+
+
+def _dry_memory(job: Job, mode: str, grid: tuple[int, ...], regather: bool) -> list[TensorMemory]:
+    """:meth:`Profile.tp_memory`: the layers run at two micro-batch sizes every row split divides."""
+    n = math.prod(grid)
+    runs = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(job.settings.seed)
+        for samples in (n, 2 * n):
+            with torch.device("meta"):  # each layer made real in turn as it runs (partition.profile)
+                model = job.build()
+            chain, _ = tensor.apply(model, chain_of(model), tensor.GridSpec(mode, grid), regather=regather,
+                                    dry=True)
+            x, y = job.batch(samples, 1)
+            runs.append(profile(model, chain, x, y, repeats=0, memory=True))
+    return [TensorMemory((2 * a.saved - b.saved, (b.saved - a.saved) / n), (2 * a.work - b.work, (b.work - a.work) / n))
+            for a, b in zip(*runs)]
 
 
 @dataclass
@@ -203,7 +245,7 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
     finally:
         torch.set_num_threads(threads)
     elem = next(model.parameters()).element_size()
-    return Profile(layers, tables, elem, opt, tokens, time.perf_counter() - t_start, factor, job)
+    return Profile(layers, tables, elem, opt, tokens, time.perf_counter() - t_start, factor, job, b)
 
 
 def measure_memory(job: Job, samples: int) -> Profile:
@@ -225,7 +267,8 @@ def measure_memory(job: Job, samples: int) -> Profile:
                                                           .values()), _numel(c.out_shape), owns,
                                    saved_per_sample=c.saved / samples, work_per_sample=c.work / samples))
     tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
-    return Profile(layers, tables, next(model.parameters()).element_size(), 0.0, tokens, job=job)
+    return Profile(layers, tables, next(model.parameters()).element_size(), 0.0, tokens, job=job,
+                   memory_samples=samples)
 
 
 def _steady(points: dict[int, float]) -> dict[int, float]:

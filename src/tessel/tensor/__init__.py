@@ -133,16 +133,17 @@ class TensorParallel:
         return out
 
 
-def apply(root: torch.nn.Module, chain, spec: GridSpec, mesh=None, regather: bool = False):
+def apply(root: torch.nn.Module, chain, spec: GridSpec, mesh=None, regather: bool = False, dry: bool = False):
     """Tensor-parallel layers on the modules ``root`` holds (a whole model or one pipeline stage), in place.
 
     Returns (the chain that runs them, the :class:`TensorParallel` handle). ``mesh=None``: the grid as rank 0
-    sees it without groups, to check shapes on a meta-device model before any worker starts."""
+    sees it without groups, to check shapes on a meta-device model before any worker starts; with ``dry``, on
+    groups that only stand in for the grid's (:class:`tessel.comm.Dry`), to run the layers as rank 0 would."""
     fn = spec_of(root).tensor
     if fn is None:
         raise PlanError(f"no tensor-parallel layers are registered for {type(root).__name__} (registered: "
                         f"{', '.join(n for n in registered())}); use tp=1")
-    grid = Grid(spec, mesh)
+    grid = Grid(spec, mesh, dry)
     chain = fn(root, chain, grid, plan_for(spec.mode), regather)
     plain = [n for n, p in root.named_parameters() if not hasattr(p, "tp_split")]
     if plain:

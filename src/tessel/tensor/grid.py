@@ -105,12 +105,15 @@ class Split:
 class Grid:
     """The grid as one rank sees it: its coordinate and group on every axis (from the mesh, never made here)."""
 
-    def __init__(self, spec: GridSpec, mesh=None) -> None:
-        """``mesh=None``: the grid as rank 0 sees it, with no groups (to check shapes before workers start)."""
+    def __init__(self, spec: GridSpec, mesh=None, dry: bool = False) -> None:
+        """``mesh=None``: the grid as rank 0 sees it, with no groups (to check shapes before workers start), or
+        with ``dry`` groups that exist in this process only (:class:`tessel.comm.Dry`: to run its layers)."""
+        from ..comm import Dry
+
         self.spec, self.mesh = spec, mesh
         self.names = tuple(name for name, _ in spec.axes)
         self.sizes = dict(spec.axes)
-        self.groups = {n: mesh.get_group(n) if mesh else None for n in self.names}
+        self.groups = {n: mesh.get_group(n) if mesh else Dry(self.sizes[n]) if dry else None for n in self.names}
         self.coords = {n: mesh.get_local_rank(n) if mesh else 0 for n in self.names}
         # backward reads the weights as they are then, not as the forward used them (tessel.tensor.ops.matmul):
         # set by the composer for the asynchronous schedules whose backward reads newer weights

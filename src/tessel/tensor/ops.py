@@ -46,7 +46,7 @@ def current() -> str:
 
 
 def _size(group) -> int:
-    return 1 if group is None else torch.distributed.get_world_size(group)
+    return 1 if group is None else comm.group_size(group)
 
 
 def wire(t: torch.Tensor) -> torch.Tensor:
