@@ -30,6 +30,7 @@ LAYOUTS = {  # name -> config keys, on 4 ranks
     "fsdp4": ["parallel.dp_shard=0", "sparse.strategy=dense"],
     "hsdp2x2-ps": ["parallel.dp_shard=2", "sparse.strategy=ps", "train.optimizer=adagrad"],
     "fsdp4-recompute": ["parallel.dp_shard=0", "train.recompute=layers", "sparse.strategy=dense"],
+    "ddp4-selective": ["train.recompute=selective", "sparse.strategy=dense"],
     "pp2-fsdp2-1f1b-m2": ["parallel.pp=2", "parallel.dp_shard=0", "train.micro_batches=2", "sparse.strategy=dense"],
     "pp2-dp2-gpipe-m4": ["parallel.pp=2", "pipeline.schedule=gpipe", "train.micro_batches=4",
                          "sparse.strategy=dense"],

@@ -9,6 +9,7 @@ table, the norms, the gradient sums) exactly.
 
 import json
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -127,14 +128,17 @@ def test_candidates_and_feasibility():
                            profile=done.profile)
     assert all(e.memory <= done.best.memory - 1 for e in tight.ranked) and tight.over_memory
     # under every replicated plan's need but tensor parallelism's (which cuts the weights too), what fits is sharded
-    # over all dp ranks or tensor-parallel, and sharded plans are among it
+    # (FSDP or HSDP) or tensor-parallel, and sharded plans are among it
     replicated = min(e.memory for e in done.ranked if e.plan.dp_shard == 1 and e.plan.tp == 1)
     lean = planner.choose(job, planner.Topology(ranks=8, hosts=8, link_mbit=200, memory=replicated - 1),
                           profile=done.profile)
-    assert all(e.plan.dp_shard == e.plan.dp > 1 or e.plan.tp > 1 for e in lean.ranked), lean.table()
+    assert all(e.plan.dp_shard > 1 or e.plan.tp > 1 for e in lean.ranked), lean.table()
     assert any(e.plan.dp_shard > 1 for e in lean.ranked), lean.table()
-    # every layout with dp > 1 also sharded over its dp ranks, tensor-parallel ones included
-    assert sum(p.dp_shard > 1 for p in plans) == sum(p.dp > 1 for p in plans) / 2
+    # every layout with dp > 1 also sharded over each divisor of dp (HSDP between 1 and dp), tensor-parallel ones
+    # included
+    variants = Counter(p.with_(dp_shard=1) for p in plans)
+    assert all(variants[p.with_(dp_shard=1)] == sum(p.dp % s == 0 for s in range(1, p.dp + 1)) for p in plans)
+    assert any(1 < p.dp_shard < p.dp for p in plans) and any(p.dp_shard == p.dp > 1 for p in plans)
     assert any(e.plan.dp_shard > 1 and e.plan.tp > 1 for e in done.ranked)
     # every layout also with each layer recomputed: more compute (a forward again: a third of a layer's), never
     # more memory than the layout keeping its activations, so never the pick where that one fits too

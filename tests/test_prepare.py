@@ -182,7 +182,7 @@ def test_bad_input_is_one_line_each():
         (lambda: tessel.prepare(Plain(), torch.optim.SGD(Plain().parameters(), lr=1), _batches(), world=4),
          "prepare expected 4 ranks but runs on 1"),
         (lambda: tessel.prepare(Plain(), torch.optim.SGD(Plain().parameters(), lr=1), _batches(),
-                                plan=ParallelPlan(dp=1, pp=2, dp_shard=2)), "tessel.prepare shards a data-parallel"),
+                                plan=ParallelPlan(dp=1, pp=2, dp_shard=2)), "dp_shard must divide dp"),
     ]
     for fn, text in cases:
         with pytest.raises(TesselError) as e:

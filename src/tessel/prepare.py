@@ -141,7 +141,7 @@ class PreparedModel(nn.Module):
         shard = dist.get_world_size(self.shards) if self.shards is not None else 1
         plan = ParallelPlan(dp=self.loader.size, tables=tuple(TableChoice.of(c) for c in picked), dp_shard=shard)
         return {"module": _plain(self), "optimizer": optimizer.optimizer if optimizer is not None else None,
-                "tables": self.tables or None, "tp": None, "shards": self.shards,
+                "tables": self.tables or None, "tp": None,
                 "identity": _identity(self), "plan": plan}
 
     def finish_rows(self) -> torch.Tensor:
@@ -285,10 +285,6 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
     every rank, after the model is built with the same weights everywhere (rank 0's are broadcast anyway)."""
     mixed = Settings(precision=precision)  # the one place a precision's name is resolved (a one-line error)
     if isinstance(plan, ParallelPlan):
-        if plan.dp_shard > 1 and (plan.pp > 1 or plan.tp > 1):
-            raise TesselError(f"plan dp_shard={plan.dp_shard} with pp={plan.pp}, tp={plan.tp}: tessel.prepare shards "
-                              "a data-parallel loop's model (tessel train --dp-shard shards pipeline stages); "
-                              "valid: pp=1 and tp=1 with dp_shard, or dp_shard 1")
         if plan.dp_shard > 1:
             plan.check(mixed)
         if plan.pp > 1 or plan.tp > 1:

@@ -36,15 +36,20 @@ def skeleton(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _local(module: nn.Module, tables, tp, shards=None) -> dict[str, torch.Tensor]:
-    """This rank's tensors under their plain names, served tables whole over dp, tensor-parallel shards whole, and
-    weights FSDP shards over the group ``shards`` whole."""
-    if shards is not None:  # FSDP shards every weight of the model (its root is a unit)
-        from . import fsdp
+def _unsharded(p: torch.Tensor) -> torch.Tensor:
+    """A weight whole over data parallelism: FSDP's shard (a DTensor cut on dim 0 over its 1-D mesh, the ranks
+    ``dp_shard`` spans, beside pipeline stages and tensor-parallel blocks alike) gathered, else itself."""
+    if not hasattr(p, "device_mesh"):
+        return p.detach()
+    from . import fsdp  # torch's FSDP and DTensor take a second to import: only where weights are sharded
 
-        out = {n: fsdp.whole(p.detach(), shards) for n, p in module.named_parameters()}
-    else:
-        out = {n: p.detach() for n, p in module.named_parameters()}
+    return fsdp.whole(p.detach(), p.device_mesh.get_group())
+
+
+def _local(module: nn.Module, tables, tp) -> dict[str, torch.Tensor]:
+    """This rank's tensors under their plain names, served tables whole over dp, FSDP's shards and then
+    tensor-parallel blocks whole."""
+    out = {n: _unsharded(p) for n, p in module.named_parameters()}
     out.update({n: b.detach() for n, b in module.named_buffers()})
     for name, t in (tables.tables.items() if tables else ()):
         out[f"{name}.weight"] = full_table(t)  # a collective over the table's dp group
@@ -60,7 +65,7 @@ def full_state(model) -> dict[str, torch.Tensor]:
     """Every parameter and buffer of the plain model, whole, under its plain name, on every rank (collective: every
     rank calls it). ``model``: what ``tessel.prepare`` returned."""
     parts = model.checkpoint_parts(None)
-    mine = _local(parts["module"], parts["tables"], parts["tp"], parts.get("shards"))
+    mine = _local(parts["module"], parts["tables"], parts["tp"])
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return mine
     # pipeline stages hold different names: each tensor comes from the lowest rank that has it

@@ -42,6 +42,8 @@ class LayerCost:
     out_bytes: int  # per micro-batch
     saved: int = 0  # bytes autograd keeps for the layer's backward (weights not counted), per micro-batch
     work: int = 0  # bytes its backward holds at once beyond those and its gradients (the peak's transients)
+    kept: int = 0  # bytes alive after its forward beyond its input, weights and output, however kept (autograd's
+    #                saved tensors, or what a recompute keeps: a selective one its matrix products' outputs)
 
 
 @dataclass
@@ -166,6 +168,7 @@ def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Ten
     with (PeakTensors(known, scan=False) if memory else contextlib.nullcontext()) as peak, \
             SavedBytes(model.parameters()) as saved:
         out = layer.run(model, inp)
+        kept = peak.live - peak.entry - out.numel() * out.element_size() if memory else 0
         loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
         loss.backward()
     made = peak.bytes - peak.entry if memory else 0  # the most the layer's step added at once
@@ -181,7 +184,7 @@ def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Ten
     model.zero_grad(set_to_none=True)
     return _Run(LayerCost(layer.name, min(times, default=0.0), params, tuple(out.shape[1:]),
                           str(out.dtype).removeprefix("torch."), out.numel() * out.element_size(),
-                          saved.bytes, work), out.detach())
+                          saved.bytes, work, max(kept, 0)), out.detach())
 
 
 def balance(seconds: list[float], stages: int) -> list[tuple[int, int]]:

@@ -59,10 +59,10 @@ def _grids(tp: int) -> list[tuple[TensorMode, tuple[int, ...]]]:
 def enumerate_plans(base: ParallelPlan, world: int, global_batch: int, allow_async: bool = False
                     ) -> list[ParallelPlan]:
     """Every candidate on ``world`` ranks, each keeping ``base``'s table policy, DDP hook and buckets; with dp > 1
-    also sharded over all dp ranks (FSDP, over tessel's tensor-parallel blocks where tp > 1: the one sharded
-    layout the planner prices against the replicated one; :func:`feasible` drops the schedules and tensor modes
-    that cannot shard); each also with every layer recomputed where ``base`` keeps all activations (compute
-    traded for memory: chosen only where it fits and the others do not, or is faster)."""
+    also sharded over every divisor s of dp (s = dp: FSDP; 1 < s < dp: HSDP, shards over s ranks replicated
+    dp / s times; over tessel's tensor-parallel blocks where tp > 1; :func:`feasible` drops the schedules and
+    tensor modes that cannot shard); each also with every layer recomputed where ``base`` keeps all activations
+    (compute traded for memory: chosen only where it fits and the others do not, or is faster)."""
     keeps = [base.recompute] + ([choices.recompute("layers")] if not base.recompute.layers else [])
     return [p.with_(recompute=r) for p in _layouts(base, world, global_batch, allow_async) for r in keeps]
 
@@ -77,7 +77,7 @@ def _layouts(base: ParallelPlan, world: int, global_batch: int, allow_async: boo
             for mode, grid in _grids(tp):
                 for schedule, predict in _schedules(pp, allow_async):
                     for m in micro if pp > 1 else micro[:1]:
-                        for shard in (1, dp) if dp > 1 else (1,):
+                        for shard in _divisors(dp):  # 1: replicated; dp: FSDP; between: HSDP
                             out.append(base.with_(dp=dp, pp=pp, tp=tp, tp_mode=mode, tp_grid=grid,
                                                   schedule=schedule, predict=predict, micro_batches=m, bounds=(),
                                                   tables=(), dp_shard=shard))

@@ -354,6 +354,11 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
         inputs = [profile.layers[i - 1].out_per_sample * shares[i - 1] * wire * samples if i > 0 else 0.0
                   for i, _ in layers]
         kept = inputs if recompute else saved  # what one micro-batch keeps until its backward
+        if plan.recompute.keeps_matmuls:  # and a selective recompute its matrix products' outputs (measured on the
+            # plain layer; under tensor parallelism cut as the layer's whole saved set is)
+            plain = [layer.saved_per_sample * samples * scale for _, layer in layers]
+            kept = [k + layer.selective_per_sample * samples * scale * (s / p if p else 1.0)
+                    for k, (_, layer), s, p in zip(inputs, layers, saved, plain)]
         in_flight = m if plan.schedule.holds_all_micro else min(m, plan.pp - k)
         # the end of backward: every gradient, and replicated the copy the data-parallel sum works on (DDP's
         # hook, a bucket at a time; a stage's step tail, all of them flattened)

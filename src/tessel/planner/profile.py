@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import tensor
-from ..chain import Runner, chain_of
+from ..chain import Runner, chain_of, recomputed
 from ..pipeline.layers import stage_params
 from ..pipeline.partition import profile
 from ..registry import spec_of
@@ -51,6 +51,7 @@ class LayerProfile:
     measured: dict = field(default_factory=dict)  # samples -> seconds, where profiled
     saved_per_sample: float = 0.0  # bytes autograd keeps for its backward, per sample (weights not counted)
     work_per_sample: float = 0.0  # bytes its backward holds at once beyond those and its gradients, per sample
+    selective_per_sample: float = 0.0  # bytes a selective recompute keeps (its matrix products' outputs), per sample
 
     def seconds(self, samples: float) -> float:
         """Measured at this size, else on the line through the nearest measured sizes around it."""
@@ -221,6 +222,7 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
             sizes = sorted(set(sizes or (1, b)) | {b})
             x, y = job.batch(b, 1)
             costs = {n: profile(model, chain, x[:n], y[:n], repeats=3, memory=n == b) for n in sizes}
+            selective = _selective(model, chain, x, y)
             tables = _tables(job, model, dps)
             spec = spec_of(model)
             linears = spec.linears(model) if spec.linears else [[] for _ in chain.layers]
@@ -235,7 +237,7 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
                 top = costs[large][i]
                 layers.append(LayerProfile(layer.name, points[small] - per * small, per, params,
                                            _numel(top.out_shape), owns, tuple(linears[i]), points,
-                                           top.saved / large, top.work / large))
+                                           top.saved / large, top.work / large, selective[i] / large))
             tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
             opt = _optimizer_cost(model, settings)
             whole = sum(layer.measured[b] for layer in layers) + opt * sum(p.numel() for p in model.parameters())
@@ -259,16 +261,24 @@ def measure_memory(job: Job, samples: int) -> Profile:
         chain = chain_of(model)
         x, y = job.batch(samples, 1)
         costs = profile(model, chain, x, y, repeats=0, memory=True)
+        selective = _selective(model, chain, x, y)
     tables = [TableProfile(i.name, i.rows, i.dim, False) for i in find_tables(model) if i.unsupported is None]
     layers = []
     for i, (c, layer) in enumerate(zip(costs, chain.layers)):
         owns = tuple(t.name for t in tables if any(t.name == o or t.name.startswith(o + ".") for o in layer.owns))
         layers.append(LayerProfile(c.name, 0.0, 0.0, sum(p.numel() for p in stage_params(model, chain, i, i + 1)
                                                           .values()), _numel(c.out_shape), owns,
-                                   saved_per_sample=c.saved / samples, work_per_sample=c.work / samples))
+                                   saved_per_sample=c.saved / samples, work_per_sample=c.work / samples,
+                                   selective_per_sample=selective[i] / samples))
     tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
     return Profile(layers, tables, next(model.parameters()).element_size(), 0.0, tokens, job=job,
                    memory_samples=samples)
+
+
+def _selective(model, chain, x, y) -> list[int]:
+    """Per chain layer, the bytes its forward keeps under selective recompute (no timing)."""
+    return [c.kept for c in profile(model, recomputed(chain, model, keep_matmuls=True), x, y, repeats=0,
+                                    memory=True)]
 
 
 def _steady(points: dict[int, float]) -> dict[int, float]:
