@@ -547,4 +547,12 @@ def test_memory_search_brackets_the_largest_depth_from_the_hosts_peaks(monkeypat
         args[args.index("--model.layers") + 1])) or {"fits": d <= 30, "oom": d > 30, "host_peak": (300 + 4 * d) * mib})
     tried.clear()
     planned = fit.search("planner", None, tmp_path, 100 * mib, lambda msg: None)
-    assert planned["largest"] == 30 and planned["bracketed"] and tried == [2, 4, 37, 20, 28, 32, 30, 31], tried
+    assert planned["largest"] == 30 and planned["bracketed"] and tried == [2, 4, 32, 18, 25, 28, 30, 31], tried
+    # and one whose peak fell as the depth grew (a leaner pick) doubles rather than extrapolate a line
+    peaks = {2: 430, 4: 420}
+    monkeypatch.setattr(fit, "_run", lambda emu, args, where: tried.append(d := int(
+        args[args.index("--model.layers") + 1])) or {"fits": d <= 12, "oom": d > 12,
+                                                      "host_peak": peaks.get(d, 440) * mib})
+    tried.clear()
+    planned = fit.search("planner", None, tmp_path, 100 * mib, lambda msg: None)
+    assert tried[:3] == [2, 4, 8] and planned["largest"] == 12 and planned["bracketed"], tried

@@ -102,18 +102,19 @@ def _run(emu, args: list[str], where: Path) -> dict:
 
 def _next(fits: dict[int, dict], fails: set[int], limit: int) -> int | None:
     """The next depth to try, or None once the deepest fit's next depth failed: the secant through the two deepest
-    fits' host peaks to the limit (doubling up while nothing has failed), or, where that lands on or past a depth
-    that failed, halfway into the bracket (the planner's pick changes with the depth, so its peaks are no line)."""
+    fits' host peaks to the limit (doubling up while nothing has failed, or where the peaks did not grow), or,
+    where that lands on or past a depth that failed, halfway into the bracket (the planner's pick changes with the
+    depth, so its peaks are no line)."""
     lo = max(fits, default=0)
     hi = min((f for f in fails if f > lo), default=None)
     if hi == lo + 1 or (hi is not None and hi <= 1):
         return None
     deep = sorted(fits)[-2:]
+    guess = 2 * lo if lo else (hi // 2 if hi else 2)
     if len(deep) == 2:
         (a, b), (pa, pb) = deep, (fits[deep[0]]["host_peak"], fits[deep[1]]["host_peak"])
-        guess = b + int((limit - pb) / max((pb - pa) / (b - a), 1.0))
-    else:
-        guess = 2 * lo if lo else (hi // 2 if hi else 2)
+        if pb > pa:  # (a peak that did not grow, as a planner's new pick can give, draws no line: double)
+            guess = min(b + int((limit - pb) / ((pb - pa) / (b - a))), 8 * b)  # (a line nearly flat: 8x at most)
     if hi is not None and guess >= hi:
         guess = (lo + hi) // 2
     top = hi - 1 if hi is not None else max(guess, lo + 1)
