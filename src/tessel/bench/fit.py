@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from .stats import paired_ratio
+
 LIMIT = 448 * 2**20  # each host's memory: about 70 MiB for tensors beside the ~380 MiB a worker and its agent hold
 HOSTS, RATE = 8, "1gbit"
 WIDTH = ["--model", "transformer_lm", "--model.dim", "256", "--model.heads", "8", "--data.vocab_size", "512",
@@ -231,23 +233,29 @@ def report(found: list[dict], timed: list[dict], depth: int, budget: int, argv: 
     within = sum(abs(e) <= 0.10 for *_, e in errs)
     lines += ["", f"Memory prediction on every run that trained: {within} of {len(errs)} within 10% of the measured "
               "tensor peak" + (f"; worst {worst[2]:+.1%} ({worst[0]} at {worst[1]} layers)." if worst else "."), ""]
-    by = {}
+    by, rounds_of = {}, {}
     for r in timed:
         if r.get("fits"):
             by.setdefault(r["strategy"], []).append(r["step_time"])
+            rounds_of.setdefault(r["strategy"], {})[r["repeat"]] = r["step_time"]
     if by:
         best = min(statistics.median(v) for v in by.values())
+        fastest = min(by, key=lambda n: statistics.median(by[n]))
         rounds = max(len(v) for v in by.values())
         lines += [f"Step time at {depth} layers (the largest depth every plan trains; {TIME_STEPS} steps a run, median "
                   f"of the steps after 3 warm-up, then the median over {rounds} rounds run in alternating order, the "
                   "same depth, data and steps for every plan"
                   + ("; fewer than 5 rounds: no interval is given and no ratio here is evidence" if rounds < 5 else "")
                   + "):", "",
-                  "| plan | ms/step (median) | rounds (ms) | vs best |", "|---|---|---|---|"]
+                  f"| plan | ms/step (median) | rounds (ms) | vs best | over {fastest}, paired by round (95% "
+                  "interval) |",
+                  "|---|---|---|---|---|"]
         for name, v in by.items():
             pick = next((_pick(r.get("pick")) for r in timed if r["strategy"] == name and r.get("pick")), "")
+            ratio = paired_ratio(rounds_of[name], rounds_of[fastest]) if name != fastest else None
             lines.append(f"| {name}{f' ({pick})' if pick else ''} | {statistics.median(v) * 1000:.0f} | "
-                         f"{', '.join(f'{x * 1000:.0f}' for x in v)} | {statistics.median(v) / best:.2f}x |")
+                         f"{', '.join(f'{x * 1000:.0f}' for x in v)} | {statistics.median(v) / best:.2f}x | "
+                         f"{ratio.text() + ' ' + ratio.verdict() if ratio else '-'} |")
     return "\n".join(lines) + "\n"
 
 
