@@ -54,7 +54,8 @@ def measured_and_predicted(keys: list[str]) -> tuple[int, float]:
     plan, settings = planned(cfg)
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
-    loader = ShardedLoader(data, 16, mesh.get_local_rank("dp"), plan.dp)
+    batch = cfg.train.global_batch
+    loader = ShardedLoader(data, batch, mesh.get_local_rank("dp"), plan.dp)
     torch.manual_seed(1)
     par = parallelize(build(cfg, data.vocab_size), plan, mesh, [loader.peek()], settings)
     for step in range(2):
@@ -64,7 +65,7 @@ def measured_and_predicted(keys: list[str]) -> tuple[int, float]:
             par.engine.step(x, y, step)
     predicted = None
     if dist.get_rank() == 0:  # (as a run does: once, for every stage)
-        profile = measure_memory(job_of(cfg, data), 16 // (plan.dp * plan.micro_batches))
+        profile = measure_memory(job_of(cfg, data), batch // (plan.dp * plan.micro_batches))
         predicted = stage_memory(par.plan, settings, profile)
     predicted = comm.all_gather_object(predicted, "meta")[0]
     return peak.bytes, predicted[mesh.get_local_rank("pp")]

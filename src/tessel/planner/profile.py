@@ -114,7 +114,7 @@ class Profile:
             return None
         key = ("memory", mode, tuple(grid), regather)
         if key not in self._shards:
-            self._shards[key] = _dry_memory(self.job, mode, tuple(grid), regather)
+            self._shards[key] = _dry_memory(self.job, mode, tuple(grid), regather, self.memory_samples)
         return self._shards[key]
 
     def _shard(self, mode: str, grid: tuple[int, ...]) -> TensorShards:
@@ -162,21 +162,27 @@ class TensorMemory:
         return self.saved[0] + self.saved[1] * samples, self.work[0] + self.work[1] * samples
 
 
-def _dry_memory(job: Job, mode: str, grid: tuple[int, ...], regather: bool) -> list[TensorMemory]:
-    """:meth:`Profile.tp_memory`: the layers run at two micro-batch sizes every row split divides."""
-    n = math.prod(grid)
+def _dry_memory(job: Job, mode: str, grid: tuple[int, ...], regather: bool, samples: int) -> list[TensorMemory]:
+    """:meth:`Profile.tp_memory`: the layers run at ``samples`` (the plain layers' micro-batch) and half of it, each
+    made a multiple every row split divides: a line through two points far apart, since a layer's peak mixes
+    constants (a weight's gradient) with what grows with the micro-batch (the logits and their softmax)."""
+    unit = math.prod(grid)
+    hi = -(-samples // unit) * unit
+    lo = -(-(samples // 2) // unit) * unit
+    lo, hi = (lo, hi) if lo < hi else (hi, hi + unit)
     runs = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(job.settings.seed)
-        for samples in (n, 2 * n):
+        for n in (lo, hi):
             with torch.device("meta"):  # each layer made real in turn as it runs (partition.profile)
                 model = job.build()
             chain, _ = tensor.apply(model, chain_of(model), tensor.GridSpec(mode, grid), regather=regather,
                                     dry=True)
-            x, y = job.batch(samples, 1)
+            x, y = job.batch(n, 1)
             runs.append(profile(model, chain, x, y, repeats=0, memory=True))
-    return [TensorMemory((2 * a.saved - b.saved, (b.saved - a.saved) / n), (2 * a.work - b.work, (b.work - a.work) / n))
-            for a, b in zip(*runs)]
+    span = hi - lo
+    return [TensorMemory((a.saved - (b.saved - a.saved) * lo / span, (b.saved - a.saved) / span),
+                         (a.work - (b.work - a.work) * lo / span, (b.work - a.work) / span)) for a, b in zip(*runs)]
 
 
 @dataclass
