@@ -141,7 +141,7 @@ class PreparedModel(nn.Module):
         shard = dist.get_world_size(self.shards) if self.shards is not None else 1
         plan = ParallelPlan(dp=self.loader.size, tables=tuple(TableChoice.of(c) for c in picked), dp_shard=shard)
         return {"module": _plain(self), "optimizer": optimizer.optimizer if optimizer is not None else None,
-                "tables": self.tables or None, "tp": None,
+                "tables": self.tables or None, "tp": None, "shards": self.shards,
                 "identity": _identity(self), "plan": plan}
 
     def finish_rows(self) -> torch.Tensor:

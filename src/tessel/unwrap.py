@@ -36,20 +36,21 @@ def skeleton(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _unsharded(p: torch.Tensor) -> torch.Tensor:
-    """A weight whole over data parallelism: FSDP's shard (a DTensor cut on dim 0 over its 1-D mesh, the ranks
-    ``dp_shard`` spans, beside pipeline stages and tensor-parallel blocks alike) gathered, else itself."""
+def _unsharded(p: torch.Tensor, shards=None) -> torch.Tensor:
+    """A weight whole over data parallelism: FSDP's shard (a DTensor cut on dim 0 over ``shards``, the group
+    ``dp_shard`` spans, or where the caller names none, its own 1-D mesh's group: beside pipeline stages and
+    tensor-parallel blocks) gathered, else itself."""
     if not hasattr(p, "device_mesh"):
         return p.detach()
     from . import fsdp  # torch's FSDP and DTensor take a second to import: only where weights are sharded
 
-    return fsdp.whole(p.detach(), p.device_mesh.get_group())
+    return fsdp.whole(p.detach(), shards if shards is not None else p.device_mesh.get_group())
 
 
-def _local(module: nn.Module, tables, tp) -> dict[str, torch.Tensor]:
-    """This rank's tensors under their plain names, served tables whole over dp, FSDP's shards and then
-    tensor-parallel blocks whole."""
-    out = {n: _unsharded(p) for n, p in module.named_parameters()}
+def _local(module: nn.Module, tables, tp, shards=None) -> dict[str, torch.Tensor]:
+    """This rank's tensors under their plain names, served tables whole over dp, FSDP's shards (over ``shards``
+    where given) and then tensor-parallel blocks whole."""
+    out = {n: _unsharded(p, shards) for n, p in module.named_parameters()}
     out.update({n: b.detach() for n, b in module.named_buffers()})
     for name, t in (tables.tables.items() if tables else ()):
         out[f"{name}.weight"] = full_table(t)  # a collective over the table's dp group
@@ -65,7 +66,7 @@ def full_state(model) -> dict[str, torch.Tensor]:
     """Every parameter and buffer of the plain model, whole, under its plain name, on every rank (collective: every
     rank calls it). ``model``: what ``tessel.prepare`` returned."""
     parts = model.checkpoint_parts(None)
-    mine = _local(parts["module"], parts["tables"], parts["tp"])
+    mine = _local(parts["module"], parts["tables"], parts["tp"], parts.get("shards"))
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return mine
     # pipeline stages hold different names: each tensor comes from the lowest rank that has it
