@@ -170,19 +170,17 @@ def _dry_memory(job: Job, mode: str, grid: tuple[int, ...], regather: bool, samp
     hi = -(-samples // unit) * unit
     lo = -(-(samples // 2) // unit) * unit
     lo, hi = (lo, hi) if lo < hi else (hi, hi + unit)
-    runs = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(job.settings.seed)
-        for n in (lo, hi):
-            with torch.device("meta"):  # each layer made real in turn as it runs (partition.profile)
-                model = job.build()
-            chain, _ = tensor.apply(model, chain_of(model), tensor.GridSpec(mode, grid), regather=regather,
-                                    dry=True)
-            x, y = job.batch(n, 1)
-            runs.append(profile(model, chain, x, y, repeats=0, memory=True))
-    span = hi - lo
-    return [TensorMemory((a.saved - (b.saved - a.saved) * lo / span, (b.saved - a.saved) / span),
-                         (a.work - (b.work - a.work) * lo / span, (b.work - a.work) / span)) for a, b in zip(*runs)]
+        with torch.device("meta"):  # each layer made real in turn as it runs (partition.profile), at both sizes
+            model = job.build()
+        chain, _ = tensor.apply(model, chain_of(model), tensor.GridSpec(mode, grid), regather=regather, dry=True)
+        runs = [profile(model, chain, *job.batch(n, 1), repeats=0, memory=True) for n in (lo, hi)]
+
+    def line(a: float, b: float) -> tuple[float, float]:  # (bytes at no sample, per sample) through both sizes
+        return a - (b - a) * lo / (hi - lo), (b - a) / (hi - lo)
+
+    return [TensorMemory(line(a.saved, b.saved), line(a.work, b.work)) for a, b in zip(*runs)]
 
 
 @dataclass
