@@ -25,7 +25,8 @@ if _why:
     pytest.skip(f"emulated cluster not possible: {_why}", allow_module_level=True)
 
 ARGS = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--vocab", "200", "--seq-len", "8",
-        "--batch", "12", "--metrics.progress", "log", "--metrics.memory", "false", "--train.dtype", "float64",
+        "--batch", "12", "--metrics.progress", "log", "--metrics.memory", "false", "--metrics.plot", "false",
+        "--metrics.heldout", "false", "--train.dtype", "float64",
         "--steps", "60",
         "--ckpt-every", "5", "--timeout", "5"]
 

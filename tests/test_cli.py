@@ -17,8 +17,10 @@ from tessel.cli import main
 from tessel.train import checkpoint
 from trained import train
 
+# the plot and the held-out evaluation (a second or two of a launch each) are on where a test looks at them
 TINY = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--vocab", "200", "--seq-len", "8",
-        "--batch", "8", "--metrics.progress", "log", "--metrics.memory", "false"]
+        "--batch", "8", "--metrics.progress", "log", "--metrics.memory", "false", "--metrics.plot", "false",
+        "--metrics.heldout", "false"]
 
 
 def tessel(*args, cwd, timeout=300, env=None):
@@ -270,7 +272,8 @@ def test_train_on_text_files(tmp_path):
         (corpus / f"part{i}.txt").write_text(" ".join(words[(j * 7 + i) % len(words)] for j in range(3000)))
     out = tmp_path / "run"
     r = tessel("train", *TINY, "--model", "lstm_lm", "--model.hidden", "32", "--model.softmax", "full", "--steps", "30",
-               "--lr", "0.02", "--train.warmup", "0", "--data", str(corpus / "*.txt"),
+               "--lr", "0.02", "--train.warmup", "0", "--data", str(corpus / "*.txt"), "--metrics.plot", "true",
+               "--metrics.heldout", "true",
                "--data.cache_dir", str(tmp_path / "cache"), "--out", str(out), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary.json").read_text())

@@ -69,7 +69,7 @@ print(time.perf_counter() - t, time.process_time() - p)
 """
 TINY = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--vocab", "200", "--seq-len", "8",
         "--batch", "8", "--steps", "3", "--metrics.progress", "log",
-        "--metrics.memory", "false"]
+        "--metrics.memory", "false", "--metrics.plot", "false", "--metrics.heldout", "false"]
 
 
 @pytest.fixture(autouse=True)

@@ -69,7 +69,10 @@ def _drop_groups(dist) -> None:
 
 class World:
     def __init__(self, size: int) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context("forkserver")
+        # forked from a server that imported these once: a spawned rank spent ~3 s of CPU importing them, and a
+        # world of 8 on 2 cores ~15 s before its first task
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "tessel.trainer", "tessel.cli"])
         self.size = size
         self.tasks = [ctx.Queue() for _ in range(size)]
         self.results = ctx.Queue()
@@ -105,6 +108,8 @@ class World:
             if p.is_alive() and not self.broken:
                 q.put(None)
         for p in self.procs:
+            if self.broken:  # its ranks may wait in a collective for a peer that left: nothing to wait for
+                p.kill()
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()

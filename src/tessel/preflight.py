@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from .config import Config
 from .errors import ConfigError, PlanError
+from .meta import on_meta
 from .parallelize import check_model
 from .plan import ParallelPlan, saved_plan
 from .planner.estimate import stage_memory
@@ -121,7 +122,7 @@ def preflight(cfg: Config, world_size: int | None = None, plan: ParallelPlan | N
     # in_features means) is made only after the memory check.
     dataset = None if cfg.data_source == "gaussian" else build_data(cfg)
     vocab = getattr(dataset, "vocab_size", 0)
-    with torch.device("meta"):  # checks the model's arguments without allocating its weights
+    with on_meta():  # checks the model's arguments without allocating its weights
         model = build(cfg, vocab)
     _check_memory(cfg, model)
     if dataset is None:

@@ -29,6 +29,7 @@ from .config import Config
 from .data import ShardedLoader
 from .errors import CheckpointError, PlanError, Preempted
 from .mesh import build_mesh, device_type, init_distributed
+from .meta import on_meta
 from .parallelize import Parallelized, builds_on_meta, parallelize
 from .plan import ParallelPlan, regrouped, saved_plan
 from .planner import probe
@@ -134,10 +135,10 @@ def _build(cfg: Config, mesh, plan: ParallelPlan, settings: Settings):
     dataset = build_data(cfg)
     vocab = getattr(dataset, "vocab_size", 0)
     device = torch.device(device_type(cfg.parallel.device))
-    with torch.device("meta"):  # shapes only: whether this run makes its weights after parallelizing
+    with on_meta():  # shapes only: whether this run makes its weights after parallelizing
         plain = build(cfg, vocab).to(settings.torch_dtype)
     if builds_on_meta(plain, plan, sparse.find_tables(plain), cfg.checkpoint.init_from):
-        with torch.device("meta"):
+        with on_meta():
             model = build(cfg, vocab).to(settings.torch_dtype)
     else:
         model = build(cfg, vocab).to(device, settings.torch_dtype)

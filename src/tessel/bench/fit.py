@@ -48,11 +48,10 @@ MAX_RUNS = 8  # per plan: the search stops there and says so
 
 def params_of(layers: int) -> int:
     """Parameters of the benchmark's model at ``layers`` blocks (counted on the meta device)."""
-    import torch
-
+    from ..meta import on_meta
     from ..models.transformer_lm import TransformerLM
 
-    with torch.device("meta"):
+    with on_meta():
         m = TransformerLM(512, 32, dim=256, layers=layers, heads=8)
     return sum(p.numel() for p in m.parameters())
 

@@ -15,6 +15,7 @@ from torch import nn
 from ..chain import chain_of
 from ..config import load_config
 from ..data.loader import ShardedLoader
+from ..meta import on_meta
 from ..models.sampled_softmax import SampledSoftmax
 from ..pipeline.layers import stage_params
 from ..plan import ParallelPlan, TablePolicy
@@ -53,7 +54,7 @@ def analytic(cfg, flops: float, samples_for_tables: tuple[int, ...] = (1,), elem
     ``elem``: bytes per element on the wire; ``per_elem``: optimizer seconds per parameter element."""
     data = build_data(cfg)
     vocab = getattr(data, "vocab_size", 0)
-    with torch.device("meta"):
+    with on_meta():
         model = build(cfg, vocab)
     chain = chain_of(model)
     seq = cfg.data.seq_len

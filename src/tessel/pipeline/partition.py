@@ -165,7 +165,7 @@ def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Ten
     # the first run, untimed, also counts the layer's memory: what its forward saves, its backward's peak
     model.zero_grad(set_to_none=True)
     known = [*model.parameters(), *model.buffers(), inp, y]  # all its operations start from
-    with (PeakTensors(known, scan=False) if memory else contextlib.nullcontext()) as peak, \
+    with (PeakTensors(known) if memory else contextlib.nullcontext()) as peak, \
             SavedBytes(model.parameters()) as saved:
         out = layer.run(model, inp)
         kept = peak.live - peak.entry - out.numel() * out.element_size() if memory else 0

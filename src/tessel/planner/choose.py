@@ -7,9 +7,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from ..errors import PlanError
+from ..meta import on_meta
 from ..plan import ParallelPlan
 from .candidates import enumerate_plans, feasible
 from .estimate import Estimate, estimate
@@ -116,7 +115,7 @@ def choose(job: Job, topo: Topology, allow_async: bool = False, profile: Profile
     plans = enumerate_plans(job.base, topo.ranks, settings.global_batch, allow_async)
 
     def meta_model():
-        with torch.device("meta"):
+        with on_meta():
             return job.build()
 
     ok, dropped, seen = [], [], {}

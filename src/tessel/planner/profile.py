@@ -27,6 +27,7 @@ import torch
 
 from .. import tensor
 from ..chain import Runner, chain_of, recomputed
+from ..meta import on_meta
 from ..pipeline.layers import stage_params
 from ..pipeline.partition import profile
 from ..registry import spec_of
@@ -120,7 +121,7 @@ class Profile:
     def _shard(self, mode: str, grid: tuple[int, ...]) -> TensorShards:
         key = (mode, tuple(grid))
         if key not in self._shards:
-            with torch.device("meta"):
+            with on_meta():
                 model = self.job.build()
             chain = chain_of(model)
             tp_chain, handle = tensor.apply(model, chain, tensor.GridSpec(mode, tuple(grid)))
@@ -172,7 +173,7 @@ def _dry_memory(job: Job, mode: str, grid: tuple[int, ...], regather: bool, samp
     lo, hi = (lo, hi) if lo < hi else (hi, hi + unit)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(job.settings.seed)
-        with torch.device("meta"):  # each layer made real in turn as it runs (partition.profile), at both sizes
+        with on_meta():  # each layer made real in turn as it runs (partition.profile), at both sizes
             model = job.build()
         chain, _ = tensor.apply(model, chain_of(model), tensor.GridSpec(mode, grid), regather=regather, dry=True)
         runs = [profile(model, chain, *job.batch(n, 1), repeats=0, memory=True) for n in (lo, hi)]
@@ -260,7 +261,7 @@ def measure_memory(job: Job, samples: int) -> Profile:
     enough for every run to predict its own peak."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(job.settings.seed)
-        with torch.device("meta"):  # made one layer at a time as it is measured: never the whole model at once
+        with on_meta():  # made one layer at a time as it is measured: never the whole model at once
             model = job.build()
         chain = chain_of(model)
         x, y = job.batch(samples, 1)

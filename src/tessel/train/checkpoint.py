@@ -232,11 +232,24 @@ def load_weights(path: str | Path, model, expected_meta: dict[str, Any] | None, 
         load_weights("runs/3d/checkpoints/step-00000020", plain_model, identity)   # into one process
     """
     path, meta = inspect(path, expected_meta, weights_only=True)
+    if tp is None and _plain(model):
+        state = {"model": model.state_dict()}
+        _read(path, state)
+        model.load_state_dict(state["model"])
+        return int(meta["step"])
     msd = get_model_state_dict(model, options=_OPTIONS)
     state = {"model": tp.to_dtensors(msd) if tp is not None else msd}
     _read(path, state)
     set_model_state_dict(model, tp.to_local(state["model"]) if tp is not None else state["model"], options=_OPTIONS)
     return int(meta["step"])
+
+
+def _plain(model: torch.nn.Module) -> bool:
+    """A model of plain parameters, not wrapped (one process's, as the launcher's held-out evaluation builds):
+    its own state dict is the one DCP keys. torch's ``get_model_state_dict``, which FSDP's, DTensor's and
+    wrapped modules need, imports torch._dynamo on its first call: a second on every launch's last lap."""
+    return (all(type(p) is torch.nn.Parameter for p in model.parameters())
+            and not hasattr(model, "module") and not hasattr(model, "_orig_mod"))
 
 
 def _root_cause(e: BaseException) -> str:

@@ -177,6 +177,12 @@ def model_state_bytes(params, optimizer) -> int:
 
 
 
+def _plain(t) -> bool:
+    """A tensor with a storage of its own to count (a wrapper's, DTensor's, local tensor is what the operations
+    below it make)."""
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and not t.is_sparse and not t.is_meta
+
+
 class PeakTensors(TorchDispatchMode):
     """The most bytes of tensor storage alive at once while it is entered: ``held`` (the bytes counted at entry,
     by default every tensor Python holds) and every storage an operation makes after, until it is freed. This
@@ -191,22 +197,22 @@ class PeakTensors(TorchDispatchMode):
         print(peak.bytes, peak.bytes - peak.entry)   # the peak, and what the step added at its peak
 
     ``counted``: the tensors whose bytes count at entry (a run's weights, gradients and optimizer state);
-    every other tensor alive then (the dataset, a test's reference model) is known but counts nothing, so an
-    operation on it in place adds nothing either; ``extra``: bytes to count besides (table shards). The cycle
-    collector waits while it is entered, so the peak does not move with its timing.
+    every other tensor alive then (the dataset, a test's reference model) counts nothing: an operation's output
+    that shares an input's storage (a view, an in-place or ``out=`` result) is not new, so an operation on such
+    a tensor adds nothing. Without ``counted``, every tensor Python holds at entry counts (found by a walk over
+    every object, which a long-lived process pays in seconds). ``extra``: bytes to count besides (table
+    shards). The cycle collector waits while it is entered, so the peak does not move with its timing.
     """
 
-    def __init__(self, counted=None, extra: int = 0, scan: bool = True) -> None:
+    def __init__(self, counted=None, extra: int = 0) -> None:
         super().__init__()
         self._seen = WeakIdKeyDictionary()
         self.live = extra
         for t in counted or ():
             self._add(local(t))
-        # ``scan`` False: only ``counted`` is known at entry (a caller that knows every tensor its operations
-        # touch; a walk over every Python object takes a moment a profile of many layers should not pay)
-        for t in gc.get_objects() if scan else ():
+        for t in gc.get_objects() if counted is None else ():
             if issubclass(type(t), torch.Tensor):  # type(), not isinstance: some objects' __class__ warns
-                self._add(t, count=counted is None)
+                self._add(t)
         self.bytes = self.entry = self.live
 
     def __enter__(self):
@@ -221,8 +227,8 @@ class PeakTensors(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def _add(self, t: torch.Tensor, count: bool = True) -> None:
-        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_sparse or t.is_meta:
-            return  # a wrapper's (DTensor's) own local tensor is what the operations below it make
+        if not _plain(t):
+            return
         storage = t.untyped_storage()
         if storage not in self._seen:
             self._seen[storage] = n = storage.nbytes() if count else 0
@@ -234,10 +240,12 @@ class PeakTensors(TorchDispatchMode):
         self.live -= n
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if _plain(t)}
         for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self._add(t)
+            if _plain(t):  # a storage an input brought in is known; one the operation made counts
+                self._add(t, count=id(t.untyped_storage()) not in inputs)
         self.bytes = max(self.bytes, self.live)
         return out
 
