@@ -24,7 +24,6 @@ from .planner.profile import measure_memory
 from .resolve import job_of, plan_of, settings_of
 from .settings import DTYPES
 from .sparse.cost import env_link_mbit
-from .train import checkpoint
 from .train.build import build, build_data, model_identity
 from .train.resume import find_start
 
@@ -131,6 +130,10 @@ def preflight(cfg: Config, world_size: int | None = None, plan: ParallelPlan | N
     if cfg.plan.memory_gib and (plan.pp == 1 or plan.bounds):  # (a cut made from timings: checked once made)
         check_fits(plan, predicted_memory(cfg, plan, dataset), cfg.plan.memory_gib)
     identity = model_identity(cfg, vocab, plan)
+    if cfg.checkpoint.init_from or cfg.checkpoint.resume:
+        # here, not at the top: torch's checkpoint package takes a second to import, on the launcher's path before
+        # any worker starts, and only a run that reads a checkpoint needs it
+        from .train import checkpoint
     if cfg.checkpoint.init_from:
         path = checkpoint.latest(cfg.checkpoint.init_from) or cfg.checkpoint.init_from
         checkpoint.inspect(path, identity, weights_only=True)
