@@ -10,6 +10,7 @@ figures (faults survived, steps recomputed, seconds to recover) are printed: ``p
 """
 
 import json
+import re
 
 import pytest
 import torch
@@ -51,7 +52,9 @@ def test_killed_stalled_and_lost_host_run_ends_as_uninterrupted(world3, tmp_path
     assert results[2].returncode == -9  # the lost host
     # a fault between a step's record and its checkpoint's save loses that step too, hence <= 5
     assert all(r["recover_s"] is not None and 0 <= r["recomputed"] <= 5 for r in report), report
-    assert "restart 3: continuing from step" in logs and "world 2" in logs, logs[-3000:]
+    # the number is the agent's own count, which depends on how the agents' restarts interleave (seen once: a run
+    # that recovered from all three faults and ended on 2 hosts printed no "restart 3"); the re-formed run is asserted
+    assert re.search(r"restart \d: continuing from step", logs) and "world 2" in logs, logs[-3000:]
     # 12 samples: 4 per rank on 3 hosts, 6 on 2, read as 2 micro-batches of 3
     assert "dp 3 -> 2 with the global batch kept: 2 micro-batches per rank" in logs, logs[-3000:]
 
