@@ -1,7 +1,8 @@
-"""Run functions on a persistent N-rank gloo world: spawned once, reused by many tests.
+"""Run functions on a persistent N-rank gloo world: started once, reused by many tests.
 
-Spawning a world costs seconds on 2 cores, so each size is started once per session and every test
-sends it a function to run on all ranks. A function that fails on any rank breaks the world (peers
+Starting a world costs seconds on 2 cores (its ranks fork from a server that imported torch and tessel once;
+each forms the gloo group), so each size is started once per session and every test sends it a function to run
+on all ranks. A function that fails on any rank breaks the world (peers
 may be stuck in a collective); the next ``run`` starts a fresh one.
 
     world = World(2)
