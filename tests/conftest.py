@@ -7,7 +7,7 @@ from world import World
 
 
 def pytest_configure(config):
-    # Every launched worker imports tessel. Where bytecode is not written (PYTHONDONTWRITEBYTECODE, as on CI), each
+    # Every launched worker imports tessel. Where bytecode is not written (PYTHONDONTWRITEBYTECODE, set here), each
     # would compile its source again: about a second of CPU a process, and a launch starts several.
     compileall.compile_dir(importlib.util.find_spec("tessel").submodule_search_locations[0], quiet=1)
 
