@@ -22,7 +22,8 @@ fitting on a finite corpus) also ends the search. Every schedule then trains for
 Runs per task, seed and micro-batch count: ``single`` (one process, once per seed), ``1f1b`` (flushed;
 must equal ``single`` at one micro-batch), ``async`` (stale), ``async-stash`` (PipeDream),
 ``async-predict-v1`` (SpecTrain; ``--variants v1,v2,opt`` adds the others, ``opt:1200`` with PipeMare's LR
-rescheduling over 1200 steps; ``--baselines 1f1b`` leaves out ``async`` and ``async-stash``). The final
+rescheduling over 1200 steps, ``nag`` the Nesterov method: ``async-nag``, with ``single-nag`` its optimizer
+flushed; ``--baselines 1f1b`` leaves out ``async`` and ``async-stash``). The final
 weights, loaded from the run's checkpoint into one process, are evaluated on samples no run trained on.
 Reported: held-out loss and accuracy (mean ± std over seeds, every seed's value), each schedule's gap to
 ``1f1b``, and paired tests over seeds (t-test on the per-seed relative loss gap, its mean and 95% interval).
@@ -84,24 +85,32 @@ def text_corpus(out: Path) -> tuple[Path, Path]:
 BASELINES = ("1f1b", "async", "async-stash")  # the pipelines without prediction, in the tables' order
 
 
-def predict_name(variant: str) -> str:
-    """``v1`` -> async-predict-v1; ``opt:1200`` (a variant with PipeMare's LR rescheduling over 1200 steps) ->
-    async-predict-opt-delay1200."""
+SINGLE = ["parallel.nproc=1", "parallel.pp=1"]
+# the Nesterov method (Ajanthan et al., ICML 2025) as its authors' code runs it: PipeDream's weight stashing and
+# torch's NAdam with decoupled weight decay at beta1 0.99; ``single-nag`` is the same optimizer flushed, one process
+NAG = ["train.optimizer=nadamw", "train.beta1=0.99"]
+
+
+def predict_names(variant: str) -> list[str]:
+    """``v1`` -> [async-predict-v1]; ``opt:1200`` (a variant with PipeMare's LR rescheduling over 1200 steps) ->
+    [async-predict-opt-delay1200]; ``nag`` -> [single-nag, async-nag] (the optimizer flushed, then stale)."""
+    if variant == "nag":
+        return ["single-nag", "async-nag"]
     name, _, delay = variant.partition(":")
-    return f"async-predict-{name}" + (f"-delay{delay}" if delay else "")
+    return [f"async-predict-{name}" + (f"-delay{delay}" if delay else "")]
 
 
 def schedules(variants: list[str], micro: int, split: str, baselines=BASELINES) -> dict[str, list[str]]:
     pp = ["parallel.nproc=4", "parallel.pp=4", f"train.micro_batches={micro}", f"pipeline.split={split}"]
     out = {b: [*pp, f"pipeline.schedule={b}"] for b in BASELINES if b in baselines}
     for v in variants:
+        if v == "nag":
+            out.update({"single-nag": [*SINGLE, *NAG], "async-nag": [*pp, "pipeline.schedule=async-stash", *NAG]})
+            continue
         name, _, delay = v.partition(":")
-        out[predict_name(v)] = [*pp, "pipeline.schedule=async-predict", f"pipeline.predict={name}",
-                                *([f"pipeline.delay_lr={delay}"] if delay else [])]
+        out[predict_names(v)[0]] = [*pp, "pipeline.schedule=async-predict", f"pipeline.predict={name}",
+                                    *([f"pipeline.delay_lr={delay}"] if delay else [])]
     return out
-
-
-SINGLE = ["parallel.nproc=1", "parallel.pp=1"]
 
 
 def train(overrides: list[str], out: Path) -> None:
@@ -297,7 +306,7 @@ def main() -> None:
             at = ("" if not a.lrs else ", each at its best LR of " + a.lrs + " ("
                   + ", ".join(f"{n} {lr}" for n, lr in lrs.items()) + ")")
             report += [f"**{task}**, {steps} steps, {micro} micro-batch(es) per step, cut {split}{at}, held-out", "",
-                       *table(rows, list(runs), [predict_name(v) for v in variants]), ""]
+                       *table(rows, list(runs), [n for v in variants for n in predict_names(v)]), ""]
             res["single"] = rows["single"]
             (out / "results.json").write_text(json.dumps(results, indent=1))
     md = "\n".join(["Budget search and LR choice:", "", *[f"- {line}" for line in log], "", *report])

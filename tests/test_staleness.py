@@ -19,6 +19,9 @@ from tessel.parallelize import parallelize
 from tessel.train.build import build, build_data
 
 LR, WARMUP, STEPS, STAGES = 0.05, 4, 6, 3
+B1, WD = 0.99, 0.01  # the Nesterov method's NAdamW (its authors' beta1), with decoupled decay to see it applied
+OPTIMIZERS = {"sgd": ["train.optimizer=sgd", "train.momentum=0.9"],
+              "nadamw": ["train.optimizer=nadamw", f"train.beta1={B1}", f"train.weight_decay={WD}"]}
 
 
 def lr_of(j: int) -> float:
@@ -40,16 +43,17 @@ class Recorder:
         return getattr(self.tail, name)
 
 
-def _engine(schedule: str, variant: str, micro: int, stages: int = STAGES, precision: str = "fp32", delay: int = 0):
+def _engine(schedule: str, variant: str, micro: int, stages: int = STAGES, precision: str = "fp32", delay: int = 0,
+            opt: str = "sgd"):
     """The pipeline engine of this rank's stage of an MLP with one Linear per stage (``stages - 1`` hidden layers
-    and the head), SGD with momentum under a warm-up schedule, fp64 (bf16-mixed: fp32 masters); and the loader of
-    its batches."""
+    and the head), SGD with momentum (or ``opt``) under a warm-up schedule, fp64 (bf16-mixed: fp32 masters); and
+    the loader of its batches."""
     dtype = "float32" if precision == "bf16-mixed" else "float64"
     cfg = load_config(None, ["model.name=classifier", "model.in_features=12", "model.hidden=16",
                              f"model.layers={stages - 1}", "model.classes=3", f"train.dtype={dtype}",
                              f"train.precision={precision}",
-                             "train.global_batch=4", f"train.micro_batches={micro}", "train.optimizer=sgd",
-                             "train.momentum=0.9", f"train.lr={LR}", f"train.warmup={WARMUP}",
+                             "train.global_batch=4", f"train.micro_batches={micro}", *OPTIMIZERS[opt],
+                             f"train.lr={LR}", f"train.warmup={WARMUP}",
                              "train.schedule=constant", "train.clip=0", f"train.steps={STEPS}", f"parallel.pp={stages}",
                              f"pipeline.schedule={schedule}", f"pipeline.predict={variant}",
                              f"pipeline.delay_lr={delay}",
@@ -184,7 +188,24 @@ def _seen(schedule: str, variant: str, stages: int, m: int):
     return rule
 
 
-def emulate(schedule: str, variant: str, m: int, weights, batches, bf16: bool = False, delay: int = 0):
+def _nadamw(w: torch.Tensor, b: torch.Tensor):
+    """torch's NAdam with AdamW's decoupled decay on copies of one stage's (weight, bias): each call applies one
+    update with the given gradients at the given LR and returns the weights after it."""
+    params = [w.clone().requires_grad_(), b.clone().requires_grad_()]
+    opt = torch.optim.NAdam(params, lr=LR, betas=(B1, 0.999), weight_decay=WD, decoupled_weight_decay=True,
+                            foreach=False)
+
+    def update(grads, lr):
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt.param_groups[0]["lr"] = lr
+        opt.step()
+        return tuple(p.detach().clone() for p in params)
+    return update
+
+
+def emulate(schedule: str, variant: str, m: int, weights, batches, bf16: bool = False, delay: int = 0,
+            opt: str = "sgd"):
     """One process replaying what an asynchronous 1F1B computes on an MLP with one Linear per stage (ReLU after
     all but the last), micro-batch by micro-batch, with the weights ``_seen`` names: the gradient of a weight
     uses the forward's activations, the gradient sent back multiplies by the backward's weights, and update j
@@ -193,8 +214,11 @@ def emulate(schedule: str, variant: str, m: int, weights, batches, bf16: bool = 
     ``delay`` > 0: PipeMare's rescheduling, stage k's update j at lr_of(j) * tau_k^-(1 - min(j / delay, 1)), tau_k
     = 1 + ceil((stages - k - 1) / m), in its updates and its predictions. Returns each micro-batch's loss and the
     final weights per stage. ``bf16``: every product under autocast (bf16 inputs and outputs, so activations and
-    their gradients cross stages rounded), the softmax, gradients and updates in fp32, as bf16-mixed does."""
+    their gradients cross stages rounded), the softmax, gradients and updates in fp32, as bf16-mixed does.
+    ``opt="nadamw"``: each stage's update is torch's NAdam (decoupled decay) instead; it has no momentum buffer
+    here, so only the schedules that predict nothing (async, async-stash) take it."""
     stages = len(weights)
+    nadamw = [_nadamw(w, b) for w, b in weights] if opt == "nadamw" else None
     hist = [[(w.clone(), b.clone())] for w, b in weights]  # per stage, its weights after 0, 1, 2, ... updates
     bufs = [[None] for _ in weights]  # per stage, its momentum buffer after each update (none before the first)
 
@@ -230,6 +254,10 @@ def emulate(schedule: str, variant: str, m: int, weights, batches, bf16: bool = 
                     dz = (dz @ bwd[k][0]) * (zs[k - 1] > 0)
         if (i + 1) % m == 0:  # the mini-batch's last backward: every stage applies update i // m
             for k in range(stages):
+                if nadamw:
+                    hist[k].append(nadamw[k](grads[k], lr(k, i // m)))
+                    bufs[k].append(None)
+                    continue
                 buf = grads[k] if bufs[k][-1] is None else tuple(0.9 * o + g for o, g in zip(bufs[k][-1], grads[k]))
                 w, b = hist[k][-1]
                 hist[k].append((w - lr(k, i // m) * buf[0], b - lr(k, i // m) * buf[1]))
@@ -238,9 +266,10 @@ def emulate(schedule: str, variant: str, m: int, weights, batches, bf16: bool = 
     return losses, [h[-1] for h in hist]
 
 
-def run_to_the_end(schedule: str, variant: str, m: int, stages: int, precision: str = "fp32", delay: int = 0):
+def run_to_the_end(schedule: str, variant: str, m: int, stages: int, precision: str = "fp32", delay: int = 0,
+                   opt: str = "sgd"):
     """This rank's stage after STEPS steps and the drain: (stage, losses per step, weight, bias, printed plan)."""
-    built, loader = _engine(schedule, variant, m, stages, precision, delay)
+    built, loader = _engine(schedule, variant, m, stages, precision, delay, opt)
     losses, dtype = [], torch.float32 if precision == "bf16-mixed" else torch.float64
     for step in range(STEPS):
         x, y = loader.next_batch()
@@ -261,16 +290,18 @@ CASES = [(3, "async", "v1", 1), (3, "async-stash", "v1", 1), (3, "async-predict"
          (4, "async-predict", "opt", 2),
          # PipeMare's LR rescheduling over 4 of the 6 steps, with stale weights and with each guess
          (3, "async", "v1", 1, 4), (3, "async-predict", "v1", 2, 4), (4, "async-predict", "opt", 1, 4),
-         (4, "async-predict", "v2", 2, 4)]
+         (4, "async-predict", "v2", 2, 4),
+         # the Nesterov method as its authors run it: PipeDream's stashed weights, NAdamW with beta1 0.99
+         (3, "async-stash", "v1", 1, 0, "nadamw"), (3, "async-stash", "v1", 2, 0, "nadamw"),
+         (4, "async-stash", "v1", 1, 0, "nadamw"), (4, "async-stash", "v1", 2, 0, "nadamw")]
 
 
 def run_cases(cases):
-    return [(case, run_to_the_end(case[1], case[2], case[3], case[0], delay=(case[4:] or (0,))[0]))
-            for case in cases]
+    return [(case, run_to_the_end(case[1], case[2], case[3], case[0], "fp32", *case[4:])) for case in cases]
 
 
-def _expected(stages: int, schedule: str, variant: str, m: int, delay: int = 0, dtype=torch.float64,
-              bf16: bool = False):
+def _expected(stages: int, schedule: str, variant: str, m: int, delay: int = 0, opt: str = "sgd",
+              dtype=torch.float64, bf16: bool = False):
     cfg = load_config(None, ["model.name=classifier", "model.in_features=12", "model.hidden=16",
                              f"model.layers={stages - 1}", "model.classes=3", "train.global_batch=4"])
     torch.manual_seed(1)
@@ -279,7 +310,7 @@ def _expected(stages: int, schedule: str, variant: str, m: int, delay: int = 0, 
     loader = ShardedLoader(build_data(cfg), 4, 0, 1)
     micro = [(x.to(dtype)[r], y[r]) for x, y in (loader.next_batch() for _ in range(STEPS))
              for r in torch.arange(4).chunk(m)]
-    return start, *emulate(schedule, variant, m, start, micro, bf16, delay)
+    return start, *emulate(schedule, variant, m, start, micro, bf16, delay, opt)
 
 
 def test_async_pipelines_equal_a_one_process_emulation_of_their_staleness(world3, world4):

@@ -113,12 +113,13 @@ class Optimizer:
 
     name: str
     torch_class: str  # in torch.optim
-    rows: str  # tessel.sparse.rowopt kind
+    rows: str  # tessel.sparse.rowopt kind; '' : none mirrors it, so its tables stay dense
     states: int  # state tensors per parameter
     momentum_state: bool = False  # sgd: its state (and its direction) exist only with momentum > 0
     direction: bool = True  # keeps a smoothed update direction (what weight prediction extrapolates)
     lazy_rows: bool = False  # its row mirror is lazy (moments of untouched rows do not move)
     sparse: bool = False  # torch's class takes sparse gradients (DDP's sparse path, torch-sparse)
+    options: tuple[tuple[str, object], ...] = ()  # constructor settings the name fixes (nadamw: decoupled decay)
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,10 @@ for _r in (
         Optimizer("adam", "Adam", rows="adam", states=2, lazy_rows=True),
         Optimizer("sgd", "SGD", rows="sgd", states=1, momentum_state=True, sparse=True),
         Optimizer("adagrad", "Adagrad", rows="adagrad", states=1, direction=False, sparse=True),
+        # NAdam with AdamW's decoupled decay: the optimizer of the Nesterov method for asynchronous pipelines
+        # (docs/pipeline.md); its Nesterov term has no row mirror and no direction prediction extrapolates
+        Optimizer("nadamw", "NAdam", rows="", states=2, direction=False,
+                  options=(("decoupled_weight_decay", True),)),
         Precision("fp32"),
         Precision("bf16-mixed", compute="bfloat16"),
         Recompute("none"),

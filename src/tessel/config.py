@@ -76,9 +76,11 @@ class TrainConfig:
     steps: int = 300
     global_batch: int = 32
     micro_batches: int = 1
-    optimizer: str = "adamw"  # adamw | adam | sgd | adagrad
+    optimizer: str = "adamw"  # adamw | adam | sgd | adagrad | nadamw
     lr: float = 3e-3
     momentum: float = 0.9  # sgd only
+    beta1: float = 0.9  # adam, adamw, nadamw: the decay of the gradient's running mean
+    beta2: float = 0.999  # ... and of its square's
     weight_decay: float = 0.0
     schedule: str = "cosine"  # cosine | linear | constant
     warmup: int = 20
@@ -238,7 +240,9 @@ def valid(key: str) -> tuple[str, ...]:
     """The valid values of a closed config key."""
     found = CHOICES[key]
     if isinstance(found, type):
-        return (("auto",) if key == "sparse.optimizer" else ()) + choices.names(found)
+        if key == "sparse.optimizer":  # the optimizers that have a row mirror
+            return ("auto",) + tuple(o.name for o in choices.records(found) if o.rows)
+        return choices.names(found)
     return found
 
 # Lower bounds of numeric keys; keys not listed must be >= 0 when numeric.
@@ -328,6 +332,9 @@ def validate(cfg: Config) -> Config:
                 raise ConfigError(f"config key '{dotted}' is '{value}'; valid: {', '.join(valid(dotted))}")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 _check_number(dotted, value)
+    for key in ("beta1", "beta2"):
+        if not 0.0 <= getattr(cfg.train, key) < 1.0:
+            raise ConfigError(f"config key 'train.{key}' is {getattr(cfg.train, key)}; it must be in [0, 1)")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"config key 'model.dropout' is {cfg.model.dropout}; it must be in [0, 1)")
     if cfg.data_source == "text" and not cfg.data.path:

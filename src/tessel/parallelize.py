@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import choices, comm, pipeline, sparse, tensor
+from . import comm, pipeline, sparse, tensor
 from .chain import Chain, Runner, chain_of, recomputed
 from .errors import PlanError
 from .mesh import sharding, subgroups
@@ -139,11 +139,11 @@ class Parallelized:
 def row_optimizer(plan: ParallelPlan, settings: Settings) -> RowOptimizer | None:
     """The served rows' optimizer: the one the plan's table policy names, else the dense optimizer's row mirror
     (None for an optimizer that has none: then no table can be served)."""
-    name = plan.sparse.row_optimizer
-    kind = settings.optimizer.rows if name == "auto" else choices.optimizer(name).rows
+    kind = plan.sparse.row_kind(settings.optimizer)
     if not kind:
         return None
-    return RowOptimizer(kind, settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
+    return RowOptimizer(kind, settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay,
+                        betas=settings.betas)
 
 
 def apply_sparse(root: torch.nn.Module, found: sparse.Survey, plan: ParallelPlan, rows: RowOptimizer | None, group,

@@ -96,6 +96,11 @@ class TablePolicy:
         """Every strategy named for some table (the default and the overrides)."""
         return {self.strategy, *(s for _, s in self.overrides)}
 
+    def row_kind(self, dense: choices.Optimizer) -> str:
+        """The row optimizer (tessel.sparse.rowopt kind) served rows are updated by under the dense optimizer
+        ``dense``; '' where none mirrors it (then ``auto`` keeps every table dense)."""
+        return dense.rows if self.row_optimizer == "auto" else choices.optimizer(self.row_optimizer).rows
+
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {**d, "strategy": self.strategy.name, "overrides": {n: s.name for n, s in self.overrides}}

@@ -28,6 +28,7 @@ class Settings:
     optimizer: Optimizer = field(default_factory=lambda: optimizer("adamw"))
     lr: float = 3e-3
     momentum: float = 0.9  # sgd only (tessel train's default)
+    betas: tuple[float, float] = (0.9, 0.999)  # adam, adamw, nadamw (torch's default)
     weight_decay: float = 0.0
     lr_schedule: str = "cosine"  # cosine | linear | constant, after a linear warm-up
     warmup: int = 20

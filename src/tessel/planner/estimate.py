@@ -143,11 +143,13 @@ def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: d
     return seconds
 
 
-def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float, wire: int
+def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float, wire: int, settings: Settings
             ) -> tuple[dict[str, str], float, float, set[str]]:
     """(table -> strategy, bytes per step, exposed seconds, tables taken out of the dense sync)."""
     policy = plan.sparse
     if plan.dp == 1 or not plan.serves_tables or not (policy.strategy.served or policy.strategy.decides):
+        return {}, 0.0, 0.0, set()
+    if not policy.row_kind(settings.optimizer):  # no row optimizer mirrors the run's: its tables stay dense
         return {}, 0.0, 0.0, set()
     size, stride = _strides(plan)["dp"]
     link = Link(rate=topo.group_rate(size, stride), latency=topo.latency * 2 * (size - 1), per_elem=2e-9,
@@ -216,7 +218,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     comm_pipe = (slot - max(stage_compute)) * m
     # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
     bubble = span - compute - comm_pipe + (sum(hops) if flushed else 0.0)
-    picks, table_bytes, table_s, served = _tables(plan, profile, topo, compute, wire)
+    picks, table_bytes, table_s, served = _tables(plan, profile, topo, compute, wire, settings)
     dense = [_stage_params(profile, plan, lo, hi, served) for lo, hi in bounds]
     dp_size, dp_stride = strides["dp"]
     if plan.dp_shard > 1:

@@ -149,8 +149,10 @@ def _layout(group, policy: TablePolicy, timeout: float) -> _Layout:
     return _Layout(group, host_groups(group, policy.hosts or None, timeout), side_group(group, timeout), size)
 
 
-def _first_choice(place: _Place, policy: TablePolicy, fixed: dict[str, TableChoice], size: int) -> Choice | None:
-    """A table's choice where nothing needs estimating (given, fixed, forced, or one rank), else None (auto)."""
+def _first_choice(place: _Place, policy: TablePolicy, fixed: dict[str, TableChoice], size: int,
+                  mirrored: bool) -> Choice | None:
+    """A table's choice where nothing needs estimating (given, fixed, forced, one rank, or no row optimizer to
+    serve it with), else None (auto)."""
     info, given = place.info, policy.of(place.info.name)
     if info.name in fixed:
         f = fixed[info.name]
@@ -164,6 +166,8 @@ def _first_choice(place: _Place, policy: TablePolicy, fixed: dict[str, TableChoi
     c = forced(info, place.module, policy.strategy, given, policy.max_touched)
     if c is None and size == 1:
         c = Choice(info, choices.table_strategy("dense"), "one rank: nothing to move")
+    if c is None and not mirrored:  # auto never changes the math unasked; a named strategy is refused in build
+        c = Choice(info, choices.table_strategy("dense"), "no row optimizer mirrors this run's optimizer")
     if c is not None and c.strategy.splits:
         # a column split needs a column per rank; narrower tables (a bias) go by rows
         c.split = ("column" if info.dim >= size else "row") if policy.split == "auto" else policy.split
@@ -176,10 +180,10 @@ def _row_split(c: Choice) -> bool:
 
 
 def decide(places: dict[str, _Place], found: Survey, policy: TablePolicy, lay: _Layout,
-           fixed: dict[str, TableChoice], agree=None) -> tuple[list[Choice], dict, object]:
+           fixed: dict[str, TableChoice], agree=None, mirrored: bool = True) -> tuple[list[Choice], dict, object]:
     """Every held table's choice, the global access counts of those whose owner map needs them, and the link
-    the cost model measured (None if nothing was left to it)."""
-    picked = [_first_choice(p, policy, fixed, lay.size) for p in places.values()]
+    the cost model measured (None if nothing was left to it). ``mirrored``: a row optimizer can update rows."""
+    picked = [_first_choice(p, policy, fixed, lay.size, mirrored) for p in places.values()]
     counts = {p.info.name: global_counts(p.info, lay.group) for p, c in zip(places.values(), picked)
               if c is None or _row_split(c)}  # in table order on every rank: the sums are collectives
     pending = [p.info for p, c in zip(places.values(), picked) if c is None]
@@ -308,7 +312,7 @@ def serve(model: nn.Module, found: Survey, policy: TablePolicy, rows: RowOptimiz
     lr = rows.lr if rows is not None else 0.0
     if not places:
         return SparseTables([], {}, group, lr)
-    picked, counts, link = decide(places, found, policy, lay, {t.name: t for t in fixed}, agree)
+    picked, counts, link = decide(places, found, policy, lay, {t.name: t for t in fixed}, agree, rows is not None)
     tables, clock = build(picked, places, counts, policy, rows, lay)
     for t in tables.values():
         t.wire = wire if wire is not None and wire != t.dtype else None
