@@ -39,8 +39,8 @@ def tessel_engine(model, train_cfg, tp=None, tables=None):
     from tessel.train.tail import StepTail
 
     t = train_cfg
-    settings = Settings(optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay,
-                        lr_schedule=t.schedule, warmup=t.warmup, min_lr_ratio=t.min_lr_ratio, steps=t.steps,
+    settings = Settings(optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, betas=(t.beta1, t.beta2),
+                        weight_decay=t.weight_decay, lr_schedule=t.schedule, warmup=t.warmup, min_lr_ratio=t.min_lr_ratio, steps=t.steps,
                         clip=t.clip, dtype=t.dtype, global_batch=t.global_batch, seed=t.seed)
     optimizer = build_optimizer(model.parameters(), settings)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -77,10 +77,14 @@ def torch_optimizer(params, cfg) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adagrad":
         return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay, foreach=False)
+    if cfg.optimizer == "nadamw":
+        return torch.optim.NAdam(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay,
+                                 decoupled_weight_decay=True, foreach=False)
     assert cfg.optimizer == "adam", cfg.optimizer
-    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    return torch.optim.Adam(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay, foreach=False)
 
 
 class TorchReference:

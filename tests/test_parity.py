@@ -76,7 +76,7 @@ def check_parity(name: str, optimizer: str, micro: int, steps: int = 4):
 CASES = [("transformer_lm", "adamw", 2), ("lstm_lm", "sgd", 1), ("classifier", "adagrad", 2)]
 
 
-@pytest.mark.parametrize("name,optimizer,micro", CASES)
+@pytest.mark.parametrize("name,optimizer,micro", [*CASES, ("classifier", "nadamw", 2)])
 def test_ddp_parity_2_ranks(world2, name, optimizer, micro):
     losses = world2.run(check_parity, name, optimizer, micro)
     assert len(set(losses)) == 1
