@@ -277,10 +277,16 @@ def main() -> None:
                                               "the plateau seeds (default: every run at the task's LR)")
     ap.add_argument("--run-lrs", default="", help="fixed LRs by run, e.g. single=1e-3,1f1b=1e-3,async-predict-v1=3e-4 "
                                                   "(a grid's earlier choice); the others as --lrs or the task's")
+    ap.add_argument("--report-only", default="", metavar="RESULTS_JSON",
+                    help="print the report of a finished protocol from its results (a committed "
+                         "bench/pipeline-accuracy/*.json), training nothing")
     a = ap.parse_args()
+    if a.report_only:
+        print(render(json.loads(Path(a.report_only).read_text())))
+        return
     tasks, seeds = a.tasks.split(","), [int(s) for s in a.seeds.split(",")]
     variants, micros, out = a.variants.split(","), [int(m) for m in a.micro.split(",")], Path(a.out)
-    results, report, log = {}, [], []
+    results, log = {}, []
     for task in tasks:
         task_args, heldout = list(TASKS[task]), None
         if task == "transformer_text":
@@ -296,22 +302,37 @@ def main() -> None:
             lrs = (pick_lrs(list(runs), a.lrs.split(","), cell.trial, log, fixed) if a.lrs
                    else {**dict.fromkeys(runs, task_lr(task_args)), **fixed})
             rows = res[f"m{micro}"] = {n: [] for n in runs}
-            res[f"m{micro}-lr"] = lrs
+            res[f"m{micro}-lr"], res[f"m{micro}-grid"] = lrs, a.lrs
             for seed in seeds:
                 for name in runs:
                     r = cell.trial(name, lrs[name], seed)
                     rows[name].append(r)
                     print(f"{task:<16} m={micro} {name:<17} lr {lrs[name]} seed {seed}: loss {r['loss']:.4f} "
                           f"acc {r['accuracy']:.2f}%", flush=True)
-            at = ("" if not a.lrs else ", each at its best LR of " + a.lrs + " ("
-                  + ", ".join(f"{n} {lr}" for n, lr in lrs.items()) + ")")
-            report += [f"**{task}**, {steps} steps, {micro} micro-batch(es) per step, cut {split}{at}, held-out", "",
-                       *table(rows, list(runs), [n for v in variants for n in predict_names(v)]), ""]
             res["single"] = rows["single"]
+            results["log"] = log
             (out / "results.json").write_text(json.dumps(results, indent=1))
-    md = "\n".join(["Budget search and LR choice:", "", *[f"- {line}" for line in log], "", *report])
+    md = render(results)
     (out / "report.md").write_text(md)
     print(md)
+
+
+def render(results: dict) -> str:
+    """The report of a protocol from its results (every per-seed loss and accuracy it trained), so each table
+    can be recomputed from the JSON a run leaves."""
+    report = []
+    for task, res in results.items():
+        if task == "log":
+            continue
+        for key in (k for k in res if k.startswith("m") and k[1:].isdigit()):
+            rows, lrs, grid = res[key], res[f"{key}-lr"], res.get(f"{key}-grid", "")
+            at = ("" if not grid else ", each at its best LR of " + grid + " ("
+                  + ", ".join(f"{n} {lr}" for n, lr in lrs.items()) + ")")
+            predicts = [n for n in rows if n not in ("single", *BASELINES)]
+            report += [f"**{task}**, {res['steps']} steps, {key[1:]} micro-batch(es) per step, cut {res['split']}{at}, "
+                       "held-out", "", *table(rows, list(rows), predicts), ""]
+    return "\n".join(["Budget search and LR choice:", "", *[f"- {line}" for line in results.get("log", [])], "",
+                      *report])
 
 
 if __name__ == "__main__":

@@ -40,8 +40,9 @@ def tessel_engine(model, train_cfg, tp=None, tables=None):
 
     t = train_cfg
     settings = Settings(optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, betas=(t.beta1, t.beta2),
-                        weight_decay=t.weight_decay, lr_schedule=t.schedule, warmup=t.warmup, min_lr_ratio=t.min_lr_ratio, steps=t.steps,
-                        clip=t.clip, dtype=t.dtype, global_batch=t.global_batch, seed=t.seed)
+                        weight_decay=t.weight_decay, lr_schedule=t.schedule, warmup=t.warmup,
+                        min_lr_ratio=t.min_lr_ratio, steps=t.steps, clip=t.clip, dtype=t.dtype,
+                        global_batch=t.global_batch, seed=t.seed)
     optimizer = build_optimizer(model.parameters(), settings)
     params = [p for p in model.parameters() if p.requires_grad]
     tail = StepTail(params, optimizer, settings.clip, tp=tp, tables=tables)

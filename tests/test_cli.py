@@ -339,11 +339,13 @@ def test_pipeline_accuracy_protocol_runs(tmp_path):
     run = tmp_path / "acc" / "classifier-m1-async-predict-opt-delay4-6-cut2112-s0"  # runs named by cut
     plan = json.loads((run / "summary.json").read_text())["plan"]
     assert (plan["predict"], plan["delay_lr"]) == ("opt", 4)
+    again = subprocess.run([sys.executable, str(example), "--report-only", str(tmp_path / "acc" / "results.json")],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert again.stdout == (tmp_path / "acc" / "report.md").read_text() + "\n"  # the report from its results
 
 
-def test_pipeline_accuracy_gives_each_run_its_best_lr_on_the_plateau_seeds(monkeypatch):
-    """--lrs: each schedule takes the grid's LR with the lowest mean held-out loss over seeds 0 and 1; 1f1b
-    takes single's (their updates are equal), without runs of its own."""
+def _protocol(monkeypatch):
+    """examples/pipeline_accuracy.py as a module."""
     import importlib.util
 
     example = Path(__file__).resolve().parent.parent / "examples" / "pipeline_accuracy.py"
@@ -351,6 +353,26 @@ def test_pipeline_accuracy_gives_each_run_its_best_lr_on_the_plateau_seeds(monke
     protocol = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, protocol)  # its dataclass looks its module up there
     spec.loader.exec_module(protocol)
+    return protocol
+
+
+def test_accuracy_tables_in_the_docs_render_from_the_committed_results(monkeypatch):
+    """Every table row and paired test of a committed protocol run (bench/pipeline-accuracy/*.json, each run's
+    per-seed losses and accuracies) renders to the text docs/pipeline.md prints, so each number there can be
+    recomputed from the repo."""
+    root = Path(__file__).resolve().parent.parent
+    docs, render = (root / "docs" / "pipeline.md").read_text(), _protocol(monkeypatch).render
+    committed = sorted((root / "bench" / "pipeline-accuracy").glob("*.json"))
+    assert committed
+    for path in committed:
+        lines = [ln for ln in render(json.loads(path.read_text())).splitlines() if ln.startswith(("| ", "- "))]
+        assert len(lines) > 4 and [ln for ln in lines if ln not in docs] == [], path.name
+
+
+def test_pipeline_accuracy_gives_each_run_its_best_lr_on_the_plateau_seeds(monkeypatch):
+    """--lrs: each schedule takes the grid's LR with the lowest mean held-out loss over seeds 0 and 1; 1f1b
+    takes single's (their updates are equal), without runs of its own."""
+    protocol = _protocol(monkeypatch)
     loss = {("single", "3e-3"): 2.0, ("single", "1e-3"): 1.9, ("async", "3e-3"): 3.0, ("async", "1e-3"): 3.1}
     asked = []
 
