@@ -23,8 +23,9 @@ Runs per task, seed and micro-batch count: ``single`` (one process, once per see
 must equal ``single`` at one micro-batch), ``async`` (stale), ``async-stash`` (PipeDream),
 ``async-predict-v1`` (SpecTrain; ``--variants v1,v2,opt`` adds the others, ``opt:1200`` with PipeMare's LR
 rescheduling over 1200 steps, ``nag`` the Nesterov method: ``async-nag``, with ``single-nag`` its optimizer
-flushed; ``--baselines 1f1b`` leaves out ``async`` and ``async-stash``). The final
-weights, loaded from the run's checkpoint into one process, are evaluated on samples no run trained on.
+flushed, ``nag:0.08`` both with NAdam's psi at 0.08; ``--baselines 1f1b`` leaves out ``async`` and
+``async-stash``). The final weights, loaded from the run's checkpoint into one process, are evaluated on
+samples no run trained on.
 Reported: held-out loss and accuracy (mean ± std over seeds, every seed's value), each schedule's gap to
 ``1f1b``, and paired tests over seeds (t-test on the per-seed relative loss gap, its mean and 95% interval).
 
@@ -93,10 +94,11 @@ NAG = ["train.optimizer=nadamw", "train.beta1=0.99"]
 
 def predict_names(variant: str) -> list[str]:
     """``v1`` -> [async-predict-v1]; ``opt:1200`` (a variant with PipeMare's LR rescheduling over 1200 steps) ->
-    [async-predict-opt-delay1200]; ``nag`` -> [single-nag, async-nag] (the optimizer flushed, then stale)."""
-    if variant == "nag":
-        return ["single-nag", "async-nag"]
+    [async-predict-opt-delay1200]; ``nag`` -> [single-nag, async-nag] (the optimizer flushed, then stale);
+    ``nag:0.08`` -> [single-nag-psi0.08, async-nag-psi0.08] (NAdam's momentum ramp psi at 0.08)."""
     name, _, delay = variant.partition(":")
+    if name == "nag":
+        return [f"{kind}-nag" + (f"-psi{delay}" if delay else "") for kind in ("single", "async")]
     return [f"async-predict-{name}" + (f"-delay{delay}" if delay else "")]
 
 
@@ -104,10 +106,12 @@ def schedules(variants: list[str], micro: int, split: str, baselines=BASELINES) 
     pp = ["parallel.nproc=4", "parallel.pp=4", f"train.micro_batches={micro}", f"pipeline.split={split}"]
     out = {b: [*pp, f"pipeline.schedule={b}"] for b in BASELINES if b in baselines}
     for v in variants:
-        if v == "nag":
-            out.update({"single-nag": [*SINGLE, *NAG], "async-nag": [*pp, "pipeline.schedule=async-stash", *NAG]})
-            continue
         name, _, delay = v.partition(":")
+        if name == "nag":
+            nag = [*NAG, *([f"train.momentum_decay={delay}"] if delay else [])]
+            flushed, stale = predict_names(v)
+            out.update({flushed: [*SINGLE, *nag], stale: [*pp, "pipeline.schedule=async-stash", *nag]})
+            continue
         out[predict_names(v)[0]] = [*pp, "pipeline.schedule=async-predict", f"pipeline.predict={name}",
                                     *([f"pipeline.delay_lr={delay}"] if delay else [])]
     return out

@@ -40,6 +40,7 @@ def tessel_engine(model, train_cfg, tp=None, tables=None):
 
     t = train_cfg
     settings = Settings(optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, betas=(t.beta1, t.beta2),
+                        momentum_decay=t.momentum_decay,
                         weight_decay=t.weight_decay, lr_schedule=t.schedule, warmup=t.warmup,
                         min_lr_ratio=t.min_lr_ratio, steps=t.steps, clip=t.clip, dtype=t.dtype,
                         global_batch=t.global_batch, seed=t.seed)
@@ -83,7 +84,7 @@ def torch_optimizer(params, cfg) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay, foreach=False)
     if cfg.optimizer == "nadamw":
         return torch.optim.NAdam(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay,
-                                 decoupled_weight_decay=True, foreach=False)
+                                 momentum_decay=cfg.momentum_decay, decoupled_weight_decay=True, foreach=False)
     assert cfg.optimizer == "adam", cfg.optimizer
     return torch.optim.Adam(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay, foreach=False)
 

@@ -81,6 +81,7 @@ class TrainConfig:
     momentum: float = 0.9  # sgd only
     beta1: float = 0.9  # adam, adamw, nadamw: the decay of the gradient's running mean
     beta2: float = 0.999  # ... and of its square's
+    momentum_decay: float = 0.004  # nadamw: NAdam's psi, how fast its momentum weight ramps up to beta1 (torch's)
     weight_decay: float = 0.0
     schedule: str = "cosine"  # cosine | linear | constant
     warmup: int = 20

@@ -29,7 +29,7 @@ from .tensor.grid import GridSpec
 def settings_of(cfg: Config) -> Settings:
     t = cfg.train
     return Settings(optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, betas=(t.beta1, t.beta2),
-                    weight_decay=t.weight_decay,
+                    momentum_decay=t.momentum_decay, weight_decay=t.weight_decay,
                     lr_schedule=t.schedule, warmup=t.warmup, min_lr_ratio=t.min_lr_ratio, steps=t.steps, clip=t.clip,
                     dtype=t.dtype, global_batch=t.global_batch, seed=t.seed, timeout=cfg.parallel.timeout,
                     precision=t.precision)

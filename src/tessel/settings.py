@@ -29,6 +29,7 @@ class Settings:
     lr: float = 3e-3
     momentum: float = 0.9  # sgd only (tessel train's default)
     betas: tuple[float, float] = (0.9, 0.999)  # adam, adamw, nadamw (torch's default)
+    momentum_decay: float = 0.004  # nadamw: how fast NAdam's momentum weight ramps up to beta1 (torch's default)
     weight_decay: float = 0.0
     lr_schedule: str = "cosine"  # cosine | linear | constant, after a linear warm-up
     warmup: int = 20
