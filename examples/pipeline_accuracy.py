@@ -22,10 +22,11 @@ fitting on a finite corpus) also ends the search. Every schedule then trains for
 Runs per task, seed and micro-batch count: ``single`` (one process, once per seed), ``1f1b`` (flushed;
 must equal ``single`` at one micro-batch), ``async`` (stale), ``async-stash`` (PipeDream),
 ``async-predict-v1`` (SpecTrain; ``--variants v1,v2,opt`` adds the others, ``opt:1200`` with PipeMare's LR
-rescheduling over 1200 steps, ``nag`` the Nesterov method: ``async-nag``, with ``single-nag`` its optimizer
-flushed, ``nag:0.08`` both with NAdam's psi at 0.08; ``--baselines 1f1b`` leaves out ``async`` and
-``async-stash``). The final weights, loaded from the run's checkpoint into one process, are evaluated on
-samples no run trained on.
+rescheduling over 1200 steps, ``nag`` the Nesterov method ``async-nag``, ``nag-flushed`` its optimizer flushed
+``single-nag``, ``nag:0.08`` with NAdam's psi at 0.08; ``--baselines 1f1b`` leaves out ``async`` and
+``async-stash``, ``--baselines none`` every pipeline baseline: the tables are then against ``single``).
+The final weights, loaded from the run's checkpoint into one process, are evaluated on samples no run trained
+on.
 Reported: held-out loss and accuracy (mean ± std over seeds, every seed's value), each schedule's gap to
 ``1f1b``, and paired tests over seeds (t-test on the per-seed relative loss gap, its mean and 95% interval).
 
@@ -94,11 +95,11 @@ NAG = ["train.optimizer=nadamw", "train.beta1=0.99"]
 
 def predict_names(variant: str) -> list[str]:
     """``v1`` -> [async-predict-v1]; ``opt:1200`` (a variant with PipeMare's LR rescheduling over 1200 steps) ->
-    [async-predict-opt-delay1200]; ``nag`` -> [single-nag, async-nag] (the optimizer flushed, then stale);
-    ``nag:0.08`` -> [single-nag-psi0.08, async-nag-psi0.08] (NAdam's momentum ramp psi at 0.08)."""
+    [async-predict-opt-delay1200]; ``nag`` -> [async-nag] (the Nesterov method), ``nag-flushed`` -> [single-nag]
+    (its optimizer, flushed), ``nag:0.08`` -> [async-nag-psi0.08] (NAdam's momentum ramp psi at 0.08)."""
     name, _, delay = variant.partition(":")
-    if name == "nag":
-        return [f"{kind}-nag" + (f"-psi{delay}" if delay else "") for kind in ("single", "async")]
+    if name in ("nag", "nag-flushed"):
+        return [("async" if name == "nag" else "single") + "-nag" + (f"-psi{delay}" if delay else "")]
     return [f"async-predict-{name}" + (f"-delay{delay}" if delay else "")]
 
 
@@ -106,12 +107,13 @@ def schedules(variants: list[str], micro: int, split: str, baselines=BASELINES) 
     pp = ["parallel.nproc=4", "parallel.pp=4", f"train.micro_batches={micro}", f"pipeline.split={split}"]
     out = {b: [*pp, f"pipeline.schedule={b}"] for b in BASELINES if b in baselines}
     for v in variants:
-        name, _, delay = v.partition(":")
-        if name == "nag":
-            nag = [*NAG, *([f"train.momentum_decay={delay}"] if delay else [])]
-            flushed, stale = predict_names(v)
-            out.update({flushed: [*SINGLE, *nag], stale: [*pp, "pipeline.schedule=async-stash", *nag]})
+        name, _, psi = v.partition(":")
+        if name in ("nag", "nag-flushed"):
+            nag = [*NAG, *([f"train.momentum_decay={psi}"] if psi else [])]
+            stale = [*pp, "pipeline.schedule=async-stash", *nag]
+            out[predict_names(v)[0]] = stale if name == "nag" else [*SINGLE, *nag]
             continue
+        name, _, delay = v.partition(":")
         out[predict_names(v)[0]] = [*pp, "pipeline.schedule=async-predict", f"pipeline.predict={name}",
                                     *([f"pipeline.delay_lr={delay}"] if delay else [])]
     return out
@@ -202,10 +204,13 @@ def paired(a: list[float], b: list[float]) -> str:
 
 
 def table(rows: dict[str, list[dict]], names: list[str], predicts: list[str]) -> list[str]:
+    """The report's table and paired tests; the reference is ``1f1b``, or ``single`` where no pipeline baseline
+    ran (the flushed updates, trained in one process)."""
     sd = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
-    ref = statistics.mean(r["loss"] for r in rows["1f1b"])
-    ref_acc = statistics.mean(r["accuracy"] for r in rows["1f1b"])
-    lines = ["| run | loss mean ± std | vs 1f1b | accuracy % mean ± std | vs 1f1b (points) | per seed (loss) |",
+    name0 = "1f1b" if "1f1b" in rows else "single"
+    ref = statistics.mean(r["loss"] for r in rows[name0])
+    ref_acc = statistics.mean(r["accuracy"] for r in rows[name0])
+    lines = [f"| run | loss mean ± std | vs {name0} | accuracy % mean ± std | vs {name0} (points) | per seed (loss) |",
              "|---|---|---|---|---|---|"]
     for name in names:
         loss, acc = [r["loss"] for r in rows[name]], [r["accuracy"] for r in rows[name]]
@@ -214,7 +219,7 @@ def table(rows: dict[str, list[dict]], names: list[str], predicts: list[str]) ->
                      f"{statistics.mean(acc) - ref_acc:+.2f} | {', '.join(f'{v:.4f}' for v in loss)} |")
     lines += ["", "Paired over seeds, relative held-out loss gap (mean, 95% interval, t-test on the gaps):", ""]
     for i, predict in enumerate(predicts):  # each variant against the others, and against the variants before it
-        for other in (*(b for b in BASELINES if b in rows), *predicts[:i]):
+        for other in (*([b for b in BASELINES if b in rows] or ["single"]), *predicts[:i]):
             lines.append(f"- {predict} vs {other}: "
                          f"{paired([r['loss'] for r in rows[predict]], [r['loss'] for r in rows[other]])}")
     return lines
@@ -274,7 +279,8 @@ def main() -> None:
     ap.add_argument("--variants", default="v1", help="async-predict variants (tessel's pipeline.predict), each "
                                                      "optionally with PipeMare's LR rescheduling: v1,opt,opt:1200")
     ap.add_argument("--baselines", default=",".join(BASELINES), help="pipelines without prediction to run "
-                                                                     "(1f1b is every table's reference)")
+                                                                     "(1f1b, where run, is the tables' reference; "
+                                                                     "none: single is)")
     ap.add_argument("--micro", default="1,4", help="micro-batches per step in the pipelines, comma-separated")
     ap.add_argument("--split", default="", help="layer counts per stage for every task (default: SPLITS' per task)")
     ap.add_argument("--lrs", default="", help="an LR grid, e.g. 3e-3,1e-3,3e-4: each run takes the grid's best on "
@@ -300,7 +306,7 @@ def main() -> None:
         split = a.split or SPLITS[task]
         res = results[task] = {"steps": steps, "split": split}
         for micro in micros:
-            runs = {"single": SINGLE, **schedules(variants, micro, split, {"1f1b", *a.baselines.split(",")})}
+            runs = {"single": SINGLE, **schedules(variants, micro, split, set(a.baselines.split(",")))}
             cell = Cell(task, task_args, steps, micro, split, runs, out, heldout)
             fixed = dict(kv.split("=", 1) for kv in a.run_lrs.split(",") if kv)
             lrs = (pick_lrs(list(runs), a.lrs.split(","), cell.trial, log, fixed) if a.lrs

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from tessel import comm, sparse
 from tessel.errors import PlanError
+from tessel.plan import TablePolicy
 from tessel.sparse.cost import Link, Sparsity, choose, estimate
 from tessel.sparse.schedule import Clock
 from test_sparse import Bag, check_sparse_parity
@@ -124,13 +125,16 @@ def check_auto_plan(rate: float) -> tuple:
     model = Bag(rows=4000, dim=32)
     g = torch.Generator().manual_seed(r)
     batches = [(torch.randint(0, 4000, (8, 16), generator=g), torch.zeros(8)) for _ in range(2)]
+    unmirrored = Bag(rows=4000, dim=32)  # the dense optimizer has no row mirror (NAdamW): auto keeps it dense
+    (kept,) = sparse.serve(unmirrored, sparse.survey(unmirrored, batches), TablePolicy(link_mbit=rate), None).choices
     tables = sparse.shard(model, batches, "auto", "sgd", lr=0.1, link_mbit=rate)
     (choice,) = tables.choices
-    return choice.strategy.name, choice.split, sorted(choice.estimates), tables.describe()
+    return choice.strategy.name, choice.split, sorted(choice.estimates), tables.describe(), kept.strategy.name, kept.why
 
 
 def test_auto_plan_is_printed_and_agreed(world2):
     out = world2.run(check_auto_plan, 100.0)
+    assert out[0][4:] == ("dense", "no row optimizer mirrors this run's optimizer")
     assert out[0][:2] == out[1][:2]
     assert out[0][2] == ["allgather", "alltoall/column", "alltoall/row", "dense", "ps"]
     assert out[0][0] in ("allgather", "ps", "alltoall")  # 128 of 4000 rows per rank: never dense

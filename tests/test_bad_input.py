@@ -53,6 +53,15 @@ CASES = [
          "GiB to generate the class means), more than this machine's"),
     case("train --sparse.tables nosuch=ps", "'nosuch', which is not a table of this model; tables: tok_emb"),
     case("train --model resnet", "config key 'model.name' is 'resnet'; valid: transformer_lm"),
+    case("train --train.beta1 1", "config key 'train.beta1' is 1.0; it must be in [0, 1)"),
+    case("train --train.momentum_decay nan", "'train.momentum_decay' is nan"),
+    case("train --sparse.optimizer nadamw", "'sparse.optimizer' is 'nadamw'; valid: auto, adamw, adam, sgd, adagrad"),
+    case("train --sparse.tables tok_emb=torch-sparse", "sparse strategy 'torch-sparse' needs a torch optimizer that "
+                                                       "takes sparse gradients; train.optimizer is 'adamw'"),
+    case("train --nproc 2 --optimizer nadamw --sparse ps", "sparse ps with train.optimizer nadamw: no row optimizer "
+                                                           "mirrors it"),
+    case("train --nproc 2 --pp 2 --optimizer nadamw --pipeline.schedule async-predict",
+         "cannot predict weights for nadamw"),
     case("train --nproc 3 --dp 2", "do not match the world size 3"),
     case("train --dp 3", "global batch 32 is not divisible by dp=3"),
     case("train --nproc 4 --dp-shard 3", "parallel.dp_shard=3 with dp=4: the dp ranks split into replicas of "

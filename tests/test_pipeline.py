@@ -124,9 +124,8 @@ def refusal(*args) -> str:
 def test_nadamw_with_its_betas_and_decoupled_decay_matches_one_process_under_pp2(world2):
     """NAdamW (the Nesterov method's optimizer) at a beta1 and weight decay of its own: torch's NAdam in the
     reference, built from the same config values, so a setting tessel dropped would show."""
-    world2.run(check_parity, "classifier", "1f1b", 2, "nadamw", 2, 3, ("train.beta1=0.99", "train.beta2=0.99",
-                                                                      "train.weight_decay=0.1",
-                                                                      "train.momentum_decay=0.5"))
+    own = ("train.beta1=0.99", "train.beta2=0.99", "train.weight_decay=0.1", "train.momentum_decay=0.5")
+    world2.run(check_parity, "classifier", "1f1b", 2, "nadamw", 2, 3, own)
 
 
 @pytest.mark.parametrize("name,schedule,optimizer,micro", PARITY[:2] + [("transformer_lm", "1f1b", "adamw", 4)])

@@ -20,7 +20,7 @@ from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.mesh import build_mesh
 from tessel.parallelize import parallelize
-from tessel.plan import ParallelPlan
+from tessel.plan import ParallelPlan, TablePolicy, problems
 from tessel.planner.candidates import enumerate_plans
 from tessel.planner.estimate import estimate
 from tessel.planner.profile import measure
@@ -124,6 +124,13 @@ def test_candidates_and_feasibility():
     # (opt before v2: as stale, and it keeps no weight copy)
     assert order == [("async-predict", "v1"), ("async-predict", "opt"), ("async-predict", "v2"), ("async-stash", "v1"),
                      ("async", "v1")][:len(order)] and len(order) >= 2
+    # under an optimizer no row optimizer mirrors (NAdamW) no table is priced as served, as the run serves none; a
+    # plan naming a served strategy is refused with the reason
+    topo, nadamw = planner.Topology(ranks=8, hosts=8, link_mbit=200), job.settings.with_(optimizer="nadamw")
+    named = next(p for p in plans if p.dp == 8).with_(sparse=TablePolicy(strategy="ps"))
+    assert estimate(named, job.settings, done.profile, topo).tables
+    assert not estimate(named, nadamw, done.profile, topo).tables
+    assert not problems(named, job.settings) and "no row optimizer mirrors it" in problems(named, nadamw)[0]
     # a memory budget under the winner's need drops it
     tight = planner.choose(job, planner.Topology(ranks=8, hosts=8, link_mbit=200, memory=done.best.memory - 1),
                            profile=done.profile)

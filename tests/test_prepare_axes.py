@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 import tessel
 from tessel import Chain, Layer, ParallelPlan, TableChoice, TesselError, comm
@@ -96,7 +97,7 @@ def _stepped(name, opt_name, plan, **kw):
 def _held(model) -> dict[str, torch.Tensor]:
     """name -> the tensor this rank holds (a tp shard: its block; an FSDP shard: its rows, as a plain tensor,
     since comparing DTensors is a collective and each stage holds other weights); served tables gathered whole."""
-    out = {n.removeprefix("root."): getattr(p, "to_local", p.detach)().detach()
+    out = {n.removeprefix("root."): (p.to_local() if isinstance(p, DTensor) else p).detach()
            for n, p in model.module.named_parameters()}
     if model.tables:
         out.update({k: v for k, v in model.tables.state_dict().items() if not k.startswith("state.")})
@@ -193,6 +194,7 @@ def check_resume(tmp, plan):
     # the resumed run is given the plan without one, and keeps the saved cut
     straight = train(plan=plan.with_(bounds=checkpoint_plan(tmp).bounds))
     resumed = train(stop=3, resume=tmp)
+    assert straight and resumed.keys() == straight.keys()
     return all(torch.equal(resumed[n], straight[n]) for n in straight)
 
 

@@ -218,6 +218,7 @@ def emulate(schedule: str, variant: str, m: int, weights, batches, bf16: bool = 
     ``opt="nadamw"``: each stage's update is torch's NAdam (decoupled decay) instead; it has no momentum buffer
     here, so only the schedules that predict nothing (async, async-stash) take it."""
     stages = len(weights)
+    assert opt == "sgd" or schedule in ("async", "async-stash"), "a prediction here extrapolates SGD's buffer only"
     nadamw = [_nadamw(w, b) for w, b in weights] if opt == "nadamw" else None
     hist = [[(w.clone(), b.clone())] for w, b in weights]  # per stage, its weights after 0, 1, 2, ... updates
     bufs = [[None] for _ in weights]  # per stage, its momentum buffer after each update (none before the first)
@@ -256,7 +257,7 @@ def emulate(schedule: str, variant: str, m: int, weights, batches, bf16: bool = 
             for k in range(stages):
                 if nadamw:
                     hist[k].append(nadamw[k](grads[k], lr(k, i // m)))
-                    bufs[k].append(None)
+                    bufs[k].append(None)  # no SGD buffer: at() then reads the weights as they are
                     continue
                 buf = grads[k] if bufs[k][-1] is None else tuple(0.9 * o + g for o, g in zip(bufs[k][-1], grads[k]))
                 w, b = hist[k][-1]

@@ -345,7 +345,7 @@ def validate(cfg: Config) -> Config:
     if cfg.model.name != "classifier" and cfg.data_source == "gaussian":
         raise ConfigError(f"data.source 'gaussian' is for the classifier; model '{cfg.model.name}' "
                           "needs zipf or text")
-    sparse_overrides(cfg)
+    overrides = sparse_overrides(cfg)
     if cfg.parallel.backend == "nccl" and cfg.parallel.device == "cpu":
         raise ConfigError("parallel.backend 'nccl' moves GPU tensors only and parallel.device is 'cpu'; valid with "
                           "it: parallel.device auto or cuda, or parallel.backend gloo")
@@ -356,9 +356,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"parallel.dp_shard={cfg.parallel.dp_shard} with plan.source auto: the planner decides "
                           "sharding itself (FSDP over the dp ranks beside DDP, where memory asks for it); valid: "
                           "plan.source auto with dp_shard 1, or dp_shard with the layout given by flags")
-    if choices.table_strategy(cfg.sparse.strategy).ddp_sparse and not choices.optimizer(cfg.train.optimizer).sparse:
+    ddp_sparse = [s for s in (cfg.sparse.strategy, *overrides.values()) if choices.table_strategy(s).ddp_sparse]
+    if ddp_sparse and not choices.optimizer(cfg.train.optimizer).sparse:
         takes = ", ".join(o.name for o in choices.records(Optimizer) if o.sparse)
-        raise ConfigError(f"sparse.strategy '{cfg.sparse.strategy}' needs a torch optimizer that takes sparse "
+        raise ConfigError(f"sparse strategy '{ddp_sparse[0]}' needs a torch optimizer that takes sparse "
                           f"gradients; train.optimizer is '{cfg.train.optimizer}'; valid: {takes}")
     return cfg
 

@@ -296,7 +296,8 @@ def _schedule(plan: ParallelPlan, settings) -> str | None:
         valid = ", ".join(o.name + (" (train.momentum > 0)" if o.momentum_state else "") for o in can)
         return (f"pipeline.schedule={s.name} cannot predict weights for {settings.optimizer.name}"
                 + (" without momentum" if settings.optimizer.momentum_state else "")
-                + f" (it keeps no smoothed update direction); valid: train.optimizer {valid}")
+                + f" (the prediction extrapolates a smoothed update direction it has no rule for in this optimizer); "
+                  f"valid: train.optimizer {valid}")
     return None
 
 
@@ -315,6 +316,13 @@ def _tensor(plan: ParallelPlan, settings) -> str | None:
 
 def _sparse(plan: ParallelPlan, settings) -> str | None:
     """Tables are served on every axis, with these exceptions (``auto`` keeps such tables dense instead)."""
+    named = sorted({s.name for s in plan.sparse.given() if s.served}
+                   | {t.strategy.name for t in plan.tables if t.strategy.served})
+    if named and not plan.sparse.row_kind(settings.optimizer):
+        mirrored = ", ".join(o.name for o in choices.records(choices.Optimizer) if o.rows)
+        return (f"sparse {', '.join(named)} with train.optimizer {settings.optimizer.name}: no row optimizer mirrors "
+                "it, so no table can be served by rows; valid: sparse.strategy auto or dense (auto keeps the tables "
+                f"dense), or sparse.optimizer {mirrored} for the rows")
     if plan.pp == 1 and plan.tp == 1:
         return None
     given = {s for s in plan.sparse.given() if s.served}

@@ -189,8 +189,8 @@ def _settings(model: nn.Module, optimizer, given: dict, global_batch: int, max_n
     cls = type(optimizer)
     record = record_of(optimizer) or Optimizer(cls.__name__.lower(), cls.__name__, rows="", states=2, direction=False)
     dtype = next(model.parameters()).dtype
-    return Settings(optimizer=record, lr=given["lr"], momentum=given.get("momentum", 0.0),
-                    betas=tuple(given.get("betas", (0.9, 0.999))), momentum_decay=given.get("momentum_decay", 0.004),
+    adam = {k: tuple(v) if k == "betas" else v for k, v in given.items() if k in ("betas", "momentum_decay")}
+    return Settings(optimizer=record, lr=given["lr"], momentum=given.get("momentum", 0.0), **adam,
                     weight_decay=given.get("weight_decay", 0.0), lr_schedule="constant", warmup=0, clip=max_norm,
                     dtype=next((name for name, d in DTYPES.items() if d == dtype), "float32"),
                     global_batch=global_batch, timeout=timeout)

@@ -89,7 +89,12 @@ def _resume_point(cfg: Config, plan: ParallelPlan, settings: Settings) -> tuple[
     start = _find_start(cfg)
     if start.path is None:
         return start, plan
-    saved = saved_plan(checkpoint.read_meta(start.path), plan, start.path)
+    meta = checkpoint.read_meta(start.path)
+    saved = saved_plan(meta, plan, start.path)
+    if meta.get("optimizer", settings.optimizer.name) != settings.optimizer.name:  # its state is another class's
+        raise CheckpointError(f"checkpoint '{start.path}' holds the state of train.optimizer {meta['optimizer']}; "
+                              f"this run's is {settings.optimizer.name}: resume with --train.optimizer "
+                              f"{meta['optimizer']}, or start from its weights alone with --checkpoint.init_from")
     # a resumed run keeps the stage bounds and table strategies it was saved with, whatever profile says now
     resumed = regrouped(plan, saved, settings.global_batch).with_(bounds=saved.bounds, tables=saved.tables)
     if resumed.micro_batches != plan.micro_batches and dist.get_rank() == 0:
@@ -254,7 +259,7 @@ def run(cfg: Config) -> dict[str, Any]:
         if predicted:
             print(f"memory per rank predicted: {', '.join(human_bytes(b) for b in predicted)}"
                   f"{' (stage by stage)' if len(predicted) > 1 else ''}; measured in the run's second step", flush=True)
-    meta = {**identity, "plan": par.plan.to_dict(), "run": begin.run}
+    meta = {**identity, "plan": par.plan.to_dict(), "run": begin.run, "optimizer": settings.optimizer.name}
 
     start = 0
     if begin.path is not None:

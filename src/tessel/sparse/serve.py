@@ -312,7 +312,8 @@ def serve(model: nn.Module, found: Survey, policy: TablePolicy, rows: RowOptimiz
     lr = rows.lr if rows is not None else 0.0
     if not places:
         return SparseTables([], {}, group, lr)
-    picked, counts, link = decide(places, found, policy, lay, {t.name: t for t in fixed}, agree, rows is not None)
+    picked, counts, link = decide(places, found, policy, lay, {t.name: t for t in fixed}, agree,
+                                  mirrored=rows is not None)
     tables, clock = build(picked, places, counts, policy, rows, lay)
     for t in tables.values():
         t.wire = wire if wire is not None and wire != t.dtype else None

@@ -22,10 +22,11 @@ def build_optimizer(params, settings: Settings) -> torch.optim.Optimizer:
     cls = getattr(torch.optim, settings.optimizer.torch_class)
     takes = inspect.signature(cls.__init__).parameters
     given = {"lr": settings.lr, "weight_decay": settings.weight_decay, "momentum": settings.momentum,
-             "betas": settings.betas, "momentum_decay": settings.momentum_decay, **dict(settings.optimizer.options)}
+             "betas": settings.betas, "momentum_decay": settings.momentum_decay}
     if not any(p.is_cuda for g in params for p in (g["params"] if isinstance(g, dict) else [g])):
         given["foreach"] = False  # on the CPU one tensor at a time: the order fp64 parity compares in, no slower
-    return cls(params, **{k: v for k, v in given.items() if k in takes})
+    # the settings the name fixes go in unfiltered: a torch without one fails here rather than running another rule
+    return cls(params, **{k: v for k, v in given.items() if k in takes}, **dict(settings.optimizer.options))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
