@@ -33,7 +33,8 @@ MODELS = {"lstm_lm": ["model.name=lstm_lm", "model.softmax=sampled", "model.dim=
 
 def shard_grads(model: torch.nn.Module, names: list[str], x, y, autocast: bool, rng: torch.Tensor
                 ) -> dict[str, torch.Tensor]:
-    """Each table's weight gradient from one shard's loss (the mean over the global batch: / ranks later)."""
+    """Each table's weight gradient from one shard's loss (a rank's part of the step's gradient, up to the
+    1/ranks of the mean every way of summing shares)."""
     model.zero_grad(set_to_none=True)
     torch.set_rng_state(rng)  # the sampled softmax draws the same candidates in every precision
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -59,6 +60,8 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=50, help="AdamW steps trained first, so the weights are not fresh")
     ap.add_argument("--global-batch", type=int, default=32)
     a = ap.parse_args()
+    if a.ranks % a.hosts or a.global_batch % a.ranks:
+        ap.error(f"--hosts {a.hosts} must divide --ranks {a.ranks}, and --ranks the --global-batch {a.global_batch}")
     cfg = load_config(None, [*MODELS[a.model], f"train.global_batch={a.global_batch}"])
     data = build_data(cfg)
     torch.manual_seed(0)
@@ -75,11 +78,13 @@ def main() -> None:
     exact_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
     per_host = a.ranks // a.hosts
     ways = {"bf16 compute, fp32 push": [], "bf16 push, each rank": [], "bf16 push, each host's sum": []}
-    for _ in range(a.batches):
-        shards = [ShardedLoader(data, a.global_batch, r, a.ranks) for r in range(a.ranks)]
+    shards = [ShardedLoader(data, a.global_batch, r, a.ranks) for r in range(a.ranks)]
+    for s in shards:  # the global batches after the ones trained on
+        for _ in range(a.warm):
+            s.next_batch()
+    for b in range(a.batches):
         batch = [s.next_batch() for s in shards]
-        train.next_batch()
-        rngs = [torch.get_rng_state() for _ in range(a.ranks)]
+        rngs = [torch.manual_seed(1000 * b + r).get_state() for r in range(a.ranks)]  # each rank draws its own
         exact = [shard_grads(exact_model, names, x, y, False, rng) for (x, y), rng in zip(batch, rngs)]
         mixed = [shard_grads(model, names, x, y, True, rng) for (x, y), rng in zip(batch, rngs)]
         for n in names:

@@ -84,6 +84,8 @@ def test_checkpoint_errors(capsys, world2, tmp_path):
                    "another model", "dim")
     one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY, "--tp", "2"],
                    "may change dp and the tp mode, not pp or tp")
+    one_line_error(capsys, ["train", "--resume", "--out", str(out), *TINY, "--optimizer", "nadamw"],
+                   "holds the state of train.optimizer adamw; this run's is nadamw")
     # a damaged file in the newest checkpoint: found before anything is read, and the older one is used
     ckpt = out / "checkpoints"
     shard = ckpt / "step-00000004" / "__1_0.distcp"

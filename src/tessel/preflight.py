@@ -141,4 +141,5 @@ def preflight(cfg: Config, world_size: int | None = None, plan: ParallelPlan | N
         start = find_start(cfg.checkpoint_dir, resume=True, restarted=False)
         _, meta = checkpoint.inspect(start.path, identity, verify=False)
         saved_plan(meta, plan, start.path)
+        checkpoint.same_optimizer(meta, settings.optimizer.name, start.path)
     return plan

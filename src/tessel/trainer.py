@@ -91,10 +91,7 @@ def _resume_point(cfg: Config, plan: ParallelPlan, settings: Settings) -> tuple[
         return start, plan
     meta = checkpoint.read_meta(start.path)
     saved = saved_plan(meta, plan, start.path)
-    if meta.get("optimizer", settings.optimizer.name) != settings.optimizer.name:  # its state is another class's
-        raise CheckpointError(f"checkpoint '{start.path}' holds the state of train.optimizer {meta['optimizer']}; "
-                              f"this run's is {settings.optimizer.name}: resume with --train.optimizer "
-                              f"{meta['optimizer']}, or start from its weights alone with --checkpoint.init_from")
+    checkpoint.same_optimizer(meta, settings.optimizer.name, start.path)
     # a resumed run keeps the stage bounds and table strategies it was saved with, whatever profile says now
     resumed = regrouped(plan, saved, settings.global_batch).with_(bounds=saved.bounds, tables=saved.tables)
     if resumed.micro_batches != plan.micro_batches and dist.get_rank() == 0:

@@ -137,6 +137,17 @@ def _same_run(dir: Path, run: str | None) -> list[Path]:
     return out
 
 
+def same_optimizer(meta: dict[str, Any], name: str, path) -> None:
+    """Refuse to resume optimizer state saved by another optimizer (its state tensors are another class's, which
+    DCP would report as a damaged checkpoint, or load into the wrong slots); checkpoints from before the optimizer
+    was recorded pass."""
+    saved = meta.get("optimizer", name)
+    if saved != name:
+        raise CheckpointError(f"checkpoint '{path}' holds the state of train.optimizer {saved}; this run's is {name}: "
+                              f"resume with --train.optimizer {saved}, or start from its weights alone with "
+                              "--checkpoint.init_from")
+
+
 def read_meta(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
