@@ -219,7 +219,7 @@ def table(rows: dict[str, list[dict]], names: list[str], predicts: list[str]) ->
                      f"{statistics.mean(acc) - ref_acc:+.2f} | {', '.join(f'{v:.4f}' for v in loss)} |")
     lines += ["", "Paired over seeds, relative held-out loss gap (mean, 95% interval, t-test on the gaps):", ""]
     for i, predict in enumerate(predicts):  # each variant against the others, and against the variants before it
-        for other in (*([b for b in BASELINES if b in rows] or ["single"]), *predicts[:i]):
+        for other in (name0, *(b for b in BASELINES if b in rows and b != name0), *predicts[:i]):
             lines.append(f"- {predict} vs {other}: "
                          f"{paired([r['loss'] for r in rows[predict]], [r['loss'] for r in rows[other]])}")
     return lines
