@@ -8,7 +8,8 @@ script takes the gradients a bf16-mixed step computes on each of ``--ranks`` sha
 them the three ways a run could: every contribution in fp32 (what tessel sends), every contribution rounded to
 bf16 (a bf16 push without local aggregation), and each host's fp32 sum rounded to bf16 (a bf16 push after local
 aggregation, ``--hosts``). Each is compared with the same sum computed in fp64 without autocast (the exact
-gradient), over the rows the step touched: the relative error of the summed rows (Frobenius) and the median and
+gradient), and the bf16 push also with the fp32 push (what the rounding of the push alone adds), over the rows
+the step touched: the relative error of the summed rows (Frobenius) and the median and
 99th percentile of each row's own relative error. "bf16 compute" is the fp32 sum's error: what bf16-mixed's
 forward and backward already cost, before anything is sent.
 
@@ -56,8 +57,8 @@ def main() -> None:
     ap.add_argument("--model", default="lstm_lm", choices=list(MODELS))
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--hosts", type=int, default=2, help="hosts the ranks fill in order (local aggregation)")
-    ap.add_argument("--batches", type=int, default=3, help="global batches measured (after --warm steps)")
-    ap.add_argument("--warm", type=int, default=50, help="AdamW steps trained first, so the weights are not fresh")
+    ap.add_argument("--batches", type=int, default=2, help="global batches measured (after --warm steps)")
+    ap.add_argument("--warm", type=int, default=20, help="AdamW steps trained first, so the weights are not fresh")
     ap.add_argument("--global-batch", type=int, default=32)
     a = ap.parse_args()
     if a.ranks % a.hosts or a.global_batch % a.ranks:
@@ -77,7 +78,8 @@ def main() -> None:
     exact_model = build(cfg, data.vocab_size).double()
     exact_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
     per_host = a.ranks // a.hosts
-    ways = {"bf16 compute, fp32 push": [], "bf16 push, each rank": [], "bf16 push, each host's sum": []}
+    ways = {"bf16 compute, fp32 push": [], "bf16 push, each rank": [], "bf16 push, each host's sum": [],
+            "bf16 push, each rank, against the fp32 push (the push's own rounding)": []}
     shards = [ShardedLoader(data, a.global_batch, r, a.ranks) for r in range(a.ranks)]
     for s in shards:  # the global batches after the ones trained on
         for _ in range(a.warm):
@@ -93,6 +95,9 @@ def main() -> None:
             ways["bf16 compute, fp32 push"].append(errors(sum(g[n] for g in mixed), want))
             ways["bf16 push, each rank"].append(errors(sum(g[n].bfloat16().float() for g in mixed), want))
             ways["bf16 push, each host's sum"].append(errors(sum(h.bfloat16().float() for h in hosts), want))
+            fp32_push = sum(g[n] for g in mixed).double()
+            ways["bf16 push, each rank, against the fp32 push (the push's own rounding)"].append(
+                errors(sum(g[n].bfloat16().float() for g in mixed), fp32_push))
     print(f"{a.model}: tables {', '.join(names)}; {a.ranks} ranks on {a.hosts} hosts, global batch "
           f"{a.global_batch}, {a.batches} batches after {a.warm} steps; error against the fp64 sum, touched rows")
     print("| sum | relative error (all rows) | per row, median | per row, 99th pct |")
