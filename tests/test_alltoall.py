@@ -5,6 +5,8 @@ LM and the Transformer LM (sampled softmax, and full softmax with two micro-batc
 2 and 4 ranks. Bytes: exact per channel for known ids, column and row split.
 """
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -43,8 +45,9 @@ def test_alltoall_parity_4_ranks(world4, case):
     assert len(set(world4.run(check_sparse_parity, name, "alltoall", opt, micro, steps=3, extra=extra))) == 1
 
 
-def check_alltoall_bytes(split: str, schedule: bool) -> list:
-    """Known ids on 2 ranks, a 10 x 4 fp64 table; with scheduling, the ids of step 2 are known in step 1."""
+def check_alltoall_bytes(split: str, schedule: bool, elem: int = 8) -> list:
+    """Known ids on 2 ranks, a 10 x 4 fp64 table; with scheduling, the ids of step 2 are known in step 1. Rows and
+    their gradients cross at ``elem`` bytes an element (2: in bf16, as under mixed precision)."""
     r = dist.get_rank()
     torch.manual_seed(0)
     model = Bag(rows=10, dim=4).double()
@@ -54,6 +57,7 @@ def check_alltoall_bytes(split: str, schedule: bool) -> list:
     tables = sparse.shard(model, [(steps[0], y)], "alltoall", "sgd", lr=0.1, partitions=2, split=split,
                           schedule=schedule)
     t = tables.tables["emb"]
+    t.wire = {8: None, 2: torch.bfloat16}[elem]  # as serve(..., wire=bf16) sets it under bf16-mixed
     assert t.lookahead == (schedule and split == "column")
     out = []
     comm.counter.end_step()
@@ -68,28 +72,31 @@ def check_alltoall_bytes(split: str, schedule: bool) -> list:
     return out
 
 
-def test_alltoall_exact_bytes_column_and_row(world2):
-    b = 8  # fp64 and int64
+@pytest.mark.parametrize("b", [8, 2])
+def test_alltoall_exact_bytes_column_and_row(world2, b):
+    """Rows and row gradients at ``b`` bytes an element (fp64, or bf16 under mixed precision); ids, counts and the
+    norm stay 8 bytes."""
+    i = 8
     # step 1: rank 0 asks {0,1,2,5} (k=4), rank 1 {1,3,4} (k=3); column split: 2 columns per rank
-    col = world2.run(check_alltoall_bytes, "column", False)
+    col = world2.run(check_alltoall_bytes, "column", False, b)
     f0, f1 = col[0][0]["forward"], col[1][0]["forward"]
-    assert f0["a2a.meta"] == {"sent": b, "recv": b}
-    assert f0["a2a.ids"] == {"sent": 4 * b, "recv": 3 * b}
+    assert f0["a2a.meta"] == {"sent": i, "recv": i}
+    assert f0["a2a.ids"] == {"sent": 4 * i, "recv": 3 * i}
     assert f0["a2a.fwd"] == {"sent": 3 * 2 * b, "recv": 4 * 2 * b}  # rank 1's 3 rows, my 2 columns
     assert f1["a2a.fwd"] == {"sent": 4 * 2 * b, "recv": 3 * 2 * b}
     assert col[0][0]["reduce"]["a2a.bwd"] == {"sent": 4 * 2 * b, "recv": 3 * 2 * b}  # no ids resent
-    assert col[0][0]["reduce"]["sparse.norm"] == {"sent": b, "recv": b}
+    assert col[0][0]["reduce"]["sparse.norm"] == {"sent": i, "recv": i}
     assert not col[0][0]["ahead"]
     # row split, rows owned alternately: rank 0 asks 1 and 5 of rank 1; rank 1 asks 4 of rank 0
-    row = world2.run(check_alltoall_bytes, "row", False)
+    row = world2.run(check_alltoall_bytes, "row", False, b)
     f0 = row[0][0]["forward"]
-    assert f0["a2a.meta"] == {"sent": b, "recv": b}
-    assert f0["a2a.ids"] == {"sent": 2 * b, "recv": 1 * b}
+    assert f0["a2a.meta"] == {"sent": i, "recv": i}
+    assert f0["a2a.ids"] == {"sent": 2 * i, "recv": 1 * i}
     assert f0["a2a.fwd"] == {"sent": 1 * 4 * b, "recv": 2 * 4 * b}
     assert row[0][0]["reduce"]["a2a.bwd"] == {"sent": 2 * 4 * b, "recv": 1 * 4 * b}
     # scheduled: step 2's rows are fetched during step 1, so step 2's forward asks for nothing; gradients
     # leave during the backward pass (from the hook), not in reduce
-    sched = world2.run(check_alltoall_bytes, "column", True)
+    sched = world2.run(check_alltoall_bytes, "column", True, b)
     for r in range(2):
         assert set(sched[r][1]["forward"]) == {"a2a.bwd"}, sched[r][1]["forward"]
         assert "a2a.bwd" not in sched[r][1]["reduce"]
@@ -98,9 +105,9 @@ def test_alltoall_exact_bytes_column_and_row(world2):
             ahead = sum(step[k].get(ch, {}).get("sent", 0) for step in sched[r] for k in step)
             assert plain == ahead, (ch, plain, ahead)
         # step 1 asks as usual (counts, unique ids); step 2's 5 raw ids go ahead as int32, no counts
-        assert sched[r][0]["ahead"]["a2a.meta"] == {"sent": b, "recv": b}
-        assert sched[r][0]["ahead"]["a2a.ids"]["sent"] == [4, 3][r] * b + 5 * 4
-        assert sum(step[k].get("a2a.meta", {}).get("sent", 0) for step in sched[r] for k in step) == b
+        assert sched[r][0]["ahead"]["a2a.meta"] == {"sent": i, "recv": i}
+        assert sched[r][0]["ahead"]["a2a.ids"]["sent"] == [4, 3][r] * i + 5 * 4
+        assert sum(step[k].get("a2a.meta", {}).get("sent", 0) for step in sched[r] for k in step) == i
 
 
 def check_prefetch_mismatch():
@@ -154,6 +161,14 @@ def test_cost_model_bytes_and_choice():
     assert est["alltoall/row"].bytes == 3 / 4 * 1000 * (2 * row + 8)
     assert choose(est, ("dense", "allgather", "ps", "alltoall")) == "alltoall/column"
     assert choose(est, ("dense", "allgather")) == "allgather"
+    # under mixed precision rows and row gradients cross in bf16 (2 bytes an element); the dense gradient's
+    # all-reduce stays at the table's 4
+    half = estimate(dataclasses.replace(s, wire=2), ranks=4, hosts=4, link=link, compute=0.2)
+    assert half["dense"].bytes == est["dense"].bytes
+    assert half["allgather"].bytes == 3 * 1000 * (64 * 2 + 8)
+    assert half["ps"].bytes == 3 / 4 * 1000 * (2 * 64 * 2 + 16)
+    assert half["alltoall/column"].bytes == 3 * 1000 * 8 + 2 * 3 / 4 * 1000 * 64 * 2
+    assert half["alltoall/row"].bytes == 3 / 4 * 1000 * (2 * 64 * 2 + 8)
     # a table every step reads whole (u = V) is cheapest dense: nothing sparse about it
     full = Sparsity(rows=1000, dim=64, elem=4, k=1000, u=1000, u_host=1000, late=1.0, fed=False)
     assert choose(estimate(full, 8, 8, link, 0.0, schedule=False), ("dense", "allgather", "ps", "alltoall")) in (

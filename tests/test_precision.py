@@ -165,7 +165,8 @@ def test_bf16_mixed_bytes_per_channel_are_the_formulas_at_their_widths(world2):
     - tp2 1-D: per block four sums of the (B·T, D) activation (q/k/v's input gradient, out_proj's output, fc_in's
       input gradient, fc_out's output), each a ring's 2(P-1)/P of 2-byte elements; the loss's per-row sums and the
       norm statistics stay fp32 on channels of their own;
-    - dp2 with a ps table: the rows pulled cross in bf16, their gradients pushed back in fp32 (and 8-byte ids).
+    - dp2 with a ps table: the rows pulled and their gradients pushed back cross in bf16 (ids 8 bytes): the test
+      below, and tests/test_sparse.py and tests/test_alltoall.py for every strategy at both widths.
     """
     T, D = 16, 32
     pp = world2.run(run, LAYOUTS["pp2-1f1b"], "bf16-mixed")
@@ -197,10 +198,10 @@ def check_row_bytes() -> dict:
     return {"forward": forward, "reduce": comm.counter.end_step()}
 
 
-def test_bf16_rows_are_pulled_at_half_width_and_pushed_in_fp32(world2):
+def test_bf16_rows_are_pulled_and_pushed_at_half_width(world2):
     # rank 0 wants {0,1,2,5}: 1 and 5 live on rank 1; rank 1 wants {1,3,4}: 4 lives on rank 0 (ids: 8 bytes)
     got = world2.run(check_row_bytes)
-    pulled, pushed = 3 * 2, 3 * 4  # a row of 3: bf16 out, its fp32 gradient back
+    pulled = pushed = 3 * 2  # a row of 3 of an fp32 table: out in bf16, its gradient back in bf16
     assert got[0]["forward"]["ps.pull"] == {"sent": 2 * 8 + 1 * pulled, "recv": 1 * 8 + 2 * pulled}
     assert got[1]["forward"]["ps.pull"] == {"sent": 1 * 8 + 2 * pulled, "recv": 2 * 8 + 1 * pulled}
     assert got[0]["reduce"]["ps.push"] == {"sent": 2 * (8 + pushed), "recv": 1 * (8 + pushed)}

@@ -4,6 +4,8 @@ Parity: fp64, several steps with clipping, SGD and Adagrad (and lazy Adam agains
 at 2 and 4 ranks, on the LSTM LM (embedding + sampled-softmax tables) and the Transformer LM.
 """
 
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -147,7 +149,16 @@ def test_lazy_adam_equals_sparse_adam(world2):
     world2.run(check_lazy_adam)
 
 
-def check_bytes(strategy: str) -> dict:
+WIRE = {8: None, 2: torch.bfloat16}  # bytes per element crossing -> the tables' wire dtype (fp64 tables)
+
+
+def _on_wire(tables, elem: int) -> None:
+    """Rows and row gradients cross in bf16 where ``elem`` is 2, as serve(..., wire=bf16) sets under bf16-mixed."""
+    for t in tables.tables.values():
+        t.wire = WIRE[elem]
+
+
+def check_bytes(strategy: str, elem: int = 8) -> dict:
     """Known ids on 2 ranks; rows owned alternately (partitions=2, even counts)."""
     r = dist.get_rank()
     torch.manual_seed(0)
@@ -155,6 +166,7 @@ def check_bytes(strategy: str) -> dict:
     ids = [torch.tensor([[0, 1, 2, 2, 5]]), torch.tensor([[1, 3, 3, 4, 4]])][r]
     y = torch.zeros(1, dtype=torch.float64)
     tables = sparse.shard(model, [(ids, y)], strategy, "sgd", lr=0.1, partitions=2)
+    _on_wire(tables, elem)
     if strategy == "ps":
         assert tables.tables["emb"].plan.owner.tolist() == [0, 1] * 5
     comm.counter.end_step()
@@ -164,9 +176,11 @@ def check_bytes(strategy: str) -> dict:
     return {"forward": forward, "reduce": comm.counter.end_step()}
 
 
-def test_exact_bytes_ps_and_allgather(world2):
-    row = 3 * 8
-    ps = world2.run(check_bytes, "ps")
+@pytest.mark.parametrize("elem", [8, 2])
+def test_exact_bytes_ps_and_allgather(world2, elem):
+    """fp64 rows and gradients (elem 8), or crossing in bf16 (elem 2, mixed precision): the ids stay 8 bytes."""
+    row = 3 * elem
+    ps = world2.run(check_bytes, "ps", elem)
     # rank 0 wants {0,1,2,5}: 1 and 5 live on rank 1; rank 1 wants {1,3,4}: 4 lives on rank 0.
     assert ps[0]["forward"]["ps.pull"] == {"sent": 2 * 8 + 1 * row, "recv": 1 * 8 + 2 * row}
     assert ps[1]["forward"]["ps.pull"] == {"sent": 1 * 8 + 2 * row, "recv": 2 * 8 + 1 * row}
@@ -174,13 +188,42 @@ def test_exact_bytes_ps_and_allgather(world2):
     assert ps[0]["reduce"]["ps.push"] == {"sent": 2 * (8 + row), "recv": 1 * (8 + row)}
     assert ps[1]["reduce"]["ps.push"] == {"sent": 1 * (8 + row), "recv": 2 * (8 + row)}
     assert ps[0]["reduce"]["sparse.norm"] == {"sent": 8, "recv": 8}
-    ag = world2.run(check_bytes, "allgather")
+    ag = world2.run(check_bytes, "allgather", elem)
     assert "sparse.allgather" not in ag[0]["forward"]  # the table is local: no traffic in the forward pass
     assert ag[0]["reduce"]["sparse.allgather"] == {"sent": 4 * (8 + row), "recv": 3 * (8 + row)}
     assert ag[1]["reduce"]["sparse.allgather"] == {"sent": 3 * (8 + row), "recv": 4 * (8 + row)}
 
 
-def check_host_bytes() -> dict:
+def check_wire_sum(strategy: str) -> float:
+    """An fp64 table whose rows and row gradients cross in bf16: after one SGD step, its largest distance from the
+    table updated with every rank's gradient rounded to bf16 once and summed in fp64 (the owner's sum is at the
+    table's width, not the wire's)."""
+    r = dist.get_rank()
+    torch.manual_seed(0)
+    model = Bag(rows=10, dim=3).double()
+    w0 = model.emb.weight.detach().clone()
+    ids = [torch.tensor([[0, 1, 2, 2, 5]]), torch.tensor([[1, 3, 3, 4, 4]])][r]
+    y = torch.ones(1, dtype=torch.float64)
+    ref = copy.deepcopy(model)
+    if strategy != "allgather":  # looked-up rows cross too, so the forward sees them rounded
+        ref.emb.weight.data = w0.to(torch.bfloat16).double()
+    ref(ids, y).backward()
+    summed = ref.emb.weight.grad.to(torch.bfloat16).double()  # this rank's contribution as it crosses
+    dist.all_reduce(summed)  # the reference's own fp64 sum of the rounded contributions
+    tables = sparse.shard(model, [(ids, y)], strategy, "sgd", lr=0.1, partitions=2)
+    _on_wire(tables, 2)
+    model(ids, y).backward()
+    tables.reduce()
+    tables.step()
+    return float((sparse.full_table(tables.tables["emb"]) - (w0 - 0.1 * summed / 2)).abs().max())
+
+
+def test_bf16_row_gradients_are_rounded_once_and_summed_at_full_width(world2):
+    for strategy in ("ps", "allgather", "alltoall"):
+        assert max(world2.run(check_wire_sum, strategy)) < 1e-12, strategy
+
+
+def check_host_bytes(elem: int = 8) -> dict:
     """4 ranks as 2 hosts x 2: a row crosses a host link once per host however many local ranks touched it."""
     r = dist.get_rank()
     torch.manual_seed(0)
@@ -188,6 +231,7 @@ def check_host_bytes() -> dict:
     ids = [[0, 1, 2, 3, 9], [1, 2, 3, 5, 9], [2, 6, 10, 11, 12], [6, 7, 12, 13, 14]][r]
     y = torch.zeros(1, dtype=torch.float64)
     tables = sparse.shard(model, [(torch.tensor([ids]), y)], "ps", "sgd", lr=0.1, partitions=4, hosts=2)
+    _on_wire(tables, elem)
     owner = tables.tables["emb"].plan.owner
     comm.counter.end_step()
     model(torch.tensor([ids]), y).backward()
@@ -195,12 +239,13 @@ def check_host_bytes() -> dict:
     return {"owner": owner.tolist(), "bytes": comm.counter.end_step()}
 
 
-def test_ps_host_aggregation_bytes(world4):
-    out = world4.run(check_host_bytes)
+@pytest.mark.parametrize("elem", [8, 2])
+def test_ps_host_aggregation_bytes(world4, elem):
+    out = world4.run(check_host_bytes, elem)
     owner = out[0]["owner"]
     assert sorted(set(owner)) == [0, 1, 2, 3]
     ids = [[0, 1, 2, 3, 9], [1, 2, 3, 5, 9], [2, 6, 10, 11, 12], [6, 7, 12, 13, 14]]
-    row = 8 + 3 * 8  # id + fp64 row
+    row = 8 + 3 * elem  # id + the host's summed row gradient (fp64, or bf16 under mixed precision)
     for h, (a, b) in enumerate([(0, 1), (2, 3)]):
         union = set(ids[a]) | set(ids[b])
         remote = [i for i in union if owner[i] // 2 != h]  # owned by a rank of the other host
@@ -222,23 +267,26 @@ class TwoTables(nn.Module):
         return (self.emb(ids).sum() + self.bias(ids).sum() - y.sum()) ** 2
 
 
-def check_fused_push_bytes() -> dict:
+def check_fused_push_bytes(elem: int = 8) -> dict:
     r = dist.get_rank()
     torch.manual_seed(0)
     model = TwoTables().double()
     ids = [torch.tensor([[0, 1, 2, 2, 5]]), torch.tensor([[1, 3, 3, 4, 4]])][r]
     y = torch.zeros(1, dtype=torch.float64)
     tables = sparse.shard(model, [(ids, y)], "ps", "sgd", lr=0.1, partitions=2)
+    _on_wire(tables, elem)
     model(ids, y).backward()
     comm.counter.end_step()
     tables.reduce()
     return comm.counter.end_step()
 
 
-def test_fused_push_of_two_tables_moves_the_bytes_of_two_pushes(world2):
-    out = world2.run(check_fused_push_bytes)
-    # rank 0 pushes rows 1 and 5 (owned by rank 1) of both tables: ids 8 B each, values 3 and 1 fp64
-    assert out[0]["ps.push"] == {"sent": 2 * (8 + 24) + 2 * (8 + 8), "recv": 1 * (8 + 24) + 1 * (8 + 8)}
+@pytest.mark.parametrize("elem", [8, 2])
+def test_fused_push_of_two_tables_moves_the_bytes_of_two_pushes(world2, elem):
+    out = world2.run(check_fused_push_bytes, elem)
+    # rank 0 pushes rows 1 and 5 (owned by rank 1) of both tables: ids 8 B each, values 3 and 1 wide
+    a, b = 8 + 3 * elem, 8 + 1 * elem
+    assert out[0]["ps.push"] == {"sent": 2 * a + 2 * b, "recv": 1 * a + 1 * b}
     assert out[0]["ps.meta"] == {"sent": 2 * 8, "recv": 2 * 8}  # one [P, T] block of counts
 
 

@@ -187,7 +187,7 @@ class AllToAllTable(RowTable):
 
     def _send_grads(self, route: Route, grad: torch.Tensor, async_op: bool):
         """Row gradients back to the owners along ``route``; returns (work or None, receive buffer)."""
-        w_me = self.widths[self.me]
+        w_me, grad = self.widths[self.me], self._on_wire(grad)
         if self.split == "column":
             c = [0]
             for w in self.widths:

@@ -2,10 +2,11 @@
 
 Per table and step, from the sample batches (means over ranks): k unique rows per rank, u unique rows
 over all ranks, u_h per host, the share ``late`` of the next batch's unique rows that this batch also
-touches. Table V x d, b bytes per element, i = 8 bytes per id, N ranks on H hosts (L = N/H per host).
-Bytes are what one host sends over its link per step:
+touches. Table V x d, b bytes per element of a row or row gradient as it crosses (bf16 under mixed precision)
+and B of the table's own (a dense gradient is reduced at full width), i = 8 bytes per id, N ranks on H hosts
+(L = N/H per host). Bytes are what one host sends over its link per step:
 
-    dense      L·2(N-1)/N·V·d·b                      1 collective (inside DDP's buckets)
+    dense      L·2(N-1)/N·V·d·B                      1 collective (inside DDP's buckets)
     allgather  L·(N-1)·k·(d·b+i)                      3 collectives
     ps         L·(N-1)/N·k·(2d·b+2i), or with local aggregation (H-1)/H·u_h·(2d·b+2i)    6 collectives
     alltoall   column: L·[(N-1)·k·i + 2(N-1)/N·k·d·b]   row: L·(N-1)/N·k·(2d·b+i)          4 collectives
@@ -60,7 +61,8 @@ class Sparsity:
     u_host: float  # unique rows per host per step
     late: float  # share of the next batch's unique rows this batch touches
     fed: bool  # ids come straight from the batch (prefetchable)
-    wire: int = 0  # bytes per element of a looked-up row on the wire (bf16 under mixed precision; 0: elem)
+    wire: int = 0  # bytes per element of a looked-up row or row gradient on the wire (bf16 under mixed precision;
+    # 0: elem)
 
 
 @dataclass
@@ -75,26 +77,26 @@ def estimate(s: Sparsity, ranks: int, hosts: int, link: Link, compute: float, sc
     """Predicted host-link bytes and seconds per step of each option for one table."""
     n, h = ranks, hosts
     per_host = n // h
-    row, pulled = s.dim * s.elem, s.dim * (s.wire or s.elem)  # a row's gradient, a looked-up row
+    dense, row = s.dim * s.elem, s.dim * (s.wire or s.elem)  # a dense gradient row; a row or row gradient crossing
     out: dict[str, Estimate] = {}
 
     def t(nbytes, rounds, elems):
         return nbytes / link.rate + rounds * link.latency + elems * link.per_elem
 
-    b = per_host * 2 * (n - 1) / n * s.rows * row
+    b = per_host * 2 * (n - 1) / n * s.rows * dense
     out["dense"] = Estimate(b, t(b, 1, s.rows * s.dim))
     b = per_host * (n - 1) * s.k * (row + ID_BYTES)
     out["allgather"] = Estimate(b, t(b, 3, min(s.rows, n * s.k) * s.dim))
     if local_aggregation and per_host > 1:
-        b = (h - 1) / h * s.u_host * (row + pulled + 2 * ID_BYTES)
+        b = (h - 1) / h * s.u_host * (2 * row + 2 * ID_BYTES)
     else:
-        b = per_host * (n - 1) / n * s.k * (row + pulled + 2 * ID_BYTES)
+        b = per_host * (n - 1) / n * s.k * (2 * row + 2 * ID_BYTES)
     out["ps"] = Estimate(b, t(b, 6, s.u * s.dim / n))
     for split in ("column", "row"):
         if split == "column" and s.dim < n:
             continue  # a rank would hold no column
         ids = per_host * (n - 1) * s.k * ID_BYTES if split == "column" else per_host * (n - 1) / n * s.k * ID_BYTES
-        fwd, bwd = per_host * (n - 1) / n * s.k * pulled, per_host * (n - 1) / n * s.k * row
+        fwd = bwd = per_host * (n - 1) / n * s.k * row
         total = ids + fwd + bwd
         upd = s.u * s.dim / n * link.per_elem
         if not schedule or n == 1:

@@ -50,8 +50,10 @@ class RowTable(nn.Module, metaclass=ABCMeta):
         self._update: tuple[torch.Tensor, torch.Tensor] | None = None  # (local rows, averaged grads)
         self.last_rows = 0  # unique rows this rank looked up in its last forward (for reports)
         self.tp_shard = False  # rows of a tensor-parallel vocabulary shard (else the whole table on every tp rank)
-        # what looked-up rows cross the wire in (bf16 under mixed precision; None: the table's dtype). Rows are
-        # kept and updated, and their gradients travel, in the table's dtype (fp32 masters)
+        # what looked-up rows and row gradients cross the wire in (bf16 under mixed precision; None: the table's
+        # dtype). Rows are kept and updated, and gradients summed, in the table's dtype (fp32 masters): a received
+        # gradient is widened before any sum, so only each contribution is rounded (docs/usage.md measures that
+        # rounding at a sixth to a third of bf16 compute's own error)
         self.wire: torch.dtype | None = None
 
     @abstractmethod
@@ -108,9 +110,15 @@ class RowTable(nn.Module, metaclass=ABCMeta):
         grads = torch.cat([g for _, g in pend])
         return ids, grads.new_zeros(ids.numel(), grads.shape[1]).index_add_(0, inv, grads)
 
+    def _on_wire(self, grads: torch.Tensor) -> torch.Tensor:
+        """Row gradients as they cross: in the wire dtype."""
+        return grads if self.wire is None else grads.to(self.wire)
+
     def _combine(self, ids: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-        """Sum rows received for the same id, average over ranks as DDP does; keep for ``update``."""
+        """Sum rows received for the same id (widened to the table's dtype first), average over ranks as DDP
+        does; keep for ``update``."""
         rows, inv = torch.unique(ids, return_inverse=True)
+        grads = grads.to(self.dtype)
         total = grads.new_zeros(rows.numel(), grads.shape[1]).index_add_(0, inv, grads).div_(self.world)
         self._update = (rows, total)
         return total.pow(2).sum()
@@ -159,6 +167,7 @@ class AllGatherTable(RowTable):
         p = self.world
         if p == 1:
             return self._combine(ids, grads)
+        grads = self._on_wire(grads)
         counts = torch.tensor([ids.numel()], dtype=torch.int64, device=ids.device)
         sizes = [int(c) for c in comm.all_gather(counts, "sparse.meta", self.group)]
         all_ids = ids.new_empty(sum(sizes))
@@ -259,12 +268,13 @@ class PSTable(RowTable):
         owner = self.plan.owner
         if self.hosts:
             local, host, L = *self.hosts, self.local_size
-            at_fwd, g, _ = self._send(ids, owner[ids] % L, local, "ps.local", grads)
+            at_fwd, g, _ = self._send(ids, owner[ids] % L, local, "ps.local", self._on_wire(grads))
             ids, inv = torch.unique(at_fwd, return_inverse=True)
+            g = g.to(self.dtype)  # the host's sum in the table's dtype, rounded once more to cross
             grads = g.new_zeros(ids.numel(), self.embedding_dim).index_add_(0, inv, g)  # local aggregation
-            got_ids, got, _ = self._send(ids, owner[ids] // L, host, "ps.push", grads)
+            got_ids, got, _ = self._send(ids, owner[ids] // L, host, "ps.push", self._on_wire(grads))
         else:
-            got_ids, got, _ = self._send(ids, owner[ids], self.group, "ps.push", grads)
+            got_ids, got, _ = self._send(ids, owner[ids], self.group, "ps.push", self._on_wire(grads))
         return self._combine(self.plan.local[got_ids], got)
 
 
@@ -324,7 +334,7 @@ def push_fused(tables: list[PSTable], upto: int | None = None) -> list[torch.Ten
         order = torch.argsort(dest, stable=True)
         n = torch.bincount(dest, minlength=p)
         counts[:, j] = n
-        for r, (i, g) in enumerate(zip(ids[order].split(n.tolist()), grads[order].split(n.tolist()))):
+        for r, (i, g) in enumerate(zip(ids[order].split(n.tolist()), t._on_wire(grads)[order].split(n.tolist()))):
             ids_blocks[r].append(i)
             val_blocks[r].append(g.reshape(-1))
     got = torch.empty_like(counts)
