@@ -208,7 +208,7 @@ def test_bf16_rows_are_pulled_and_pushed_at_half_width(world2):
 
 
 def prepared(precision: str):
-    """tessel.prepare's plain loop (dp2, the table served by ps) in ``precision``: losses and pull bytes."""
+    """tessel.prepare's plain loop (dp2, the table served by ps) in ``precision``: losses, pull and push bytes."""
     import tessel
     from test_prepare import Plain, _batches
 
@@ -224,7 +224,8 @@ def prepared(precision: str):
         opt.step()
         opt.zero_grad()
         losses.append(float(loss))
-    return losses, comm.counter.end_step()["ps.pull"]["sent"]
+    sent = comm.counter.end_step()
+    return losses, sent["ps.pull"]["sent"], sent["ps.push"]["sent"]
 
 
 def test_prepare_takes_a_precision(world2):
@@ -232,6 +233,10 @@ def test_prepare_takes_a_precision(world2):
     for a, b in zip(bf16, fp32):
         assert a[0] != b[0] and max(abs(x - y) for x, y in zip(a[0], b[0])) < 0.05  # rounded, not another run
         assert a[1] < b[1]  # the pulled rows crossed at half width (the ids did not)
+    for got in (bf16, fp32):
+        # a pull moves each asked id out and its row back, a push the same ids with the rows' gradients: over the
+        # world the two carry the same bytes when rows and gradients cross at one width
+        assert sum(r[1] for r in got) == sum(r[2] for r in got), got
 
 
 def test_a_checkpoint_resumes_in_the_other_precision(world1, tmp_path):
