@@ -43,6 +43,11 @@ LAYOUTS = {
                     "train.micro_batches=2"],
     "dp2-pp2-ps": ["parallel.dp=2", "parallel.pp=2", "pipeline.split=2,2", "train.micro_batches=2",
                    "sparse.strategy=ps", "train.momentum=0"],
+    # gradients all-reduced in bf16 (asked for): tessel's DDP hook, a pipeline's step tail (torch's own bf16 hook
+    # runs on NCCL only)
+    "dp2-bf16-reduce": ["parallel.dp=2", "sparse.strategy=dense", "parallel.grad_reduce=bf16"],
+    "dp2-pp2-bf16-reduce": ["parallel.dp=2", "parallel.pp=2", "pipeline.split=2,2", "train.micro_batches=2",
+                            "parallel.grad_reduce=bf16"],
 }
 
 
@@ -123,12 +128,12 @@ def _tolerances(overrides):
     return bf16, SLACK * loss_gap, SLACK * weight_gap
 
 
-@pytest.mark.parametrize("layout", ["dp2", "dp2-ps", "dp2-alltoall", "pp2-1f1b", "tp2-1d"])
+@pytest.mark.parametrize("layout", ["dp2", "dp2-ps", "dp2-alltoall", "pp2-1f1b", "tp2-1d", "dp2-bf16-reduce"])
 def test_bf16_mixed_equals_one_process_in_bf16_mixed_within_bf16s_rounding(world2, layout):
     _check(world2, layout)
 
 
-@pytest.mark.parametrize("layout", ["tp4-3d", "dp2-pp2-ps"])
+@pytest.mark.parametrize("layout", ["tp4-3d", "dp2-pp2-ps", "dp2-pp2-bf16-reduce"])
 def test_bf16_mixed_on_4_ranks(world4, layout):
     _check(world4, layout)
 
@@ -177,6 +182,22 @@ def test_bf16_mixed_bytes_per_channel_are_the_formulas_at_their_widths(world2):
     assert tp[0][2]["tp"] == STEPS * 2 * 4 * ring * B * T * D * 2, tp[0][2]  # 2 blocks x 4 sums
     fp32 = world2.run(run, LAYOUTS["tp2-1d"], "fp32")
     assert fp32[0][2]["tp"] == 2 * tp[0][2]["tp"]
+
+
+def test_bf16_gradient_reduce_halves_the_dp_bytes(world2, world4):
+    """Asked for, DDP's gradients (and a pipeline stage's, averaged in the step tail) cross in bf16: an all-reduce
+    over P ranks sends 2(P-1)/P of the model's N parameters, 2 bytes each, every step (fp32: 4)."""
+    cfg = load_config(None, MODEL)
+    n = sum(p.numel() for p in build(cfg, build_data(cfg).vocab_size).parameters())
+    ring = 2 * (2 - 1) / 2
+    for overrides in (LAYOUTS["dp2-bf16-reduce"], LAYOUTS["dp2"]):
+        elem = 2 if "parallel.grad_reduce=bf16" in overrides else 4
+        for _, _, sent, _, _ in world2.run(run, overrides, "bf16-mixed"):
+            assert sent["dp.dense"] == STEPS * ring * n * elem, (overrides, sent["dp.dense"], n)
+    # two stages of 2 blocks each (the first holds the token table, the last the head and final norm): each dp
+    # pair averages its stage's parameters
+    half = world4.run(run, LAYOUTS["dp2-pp2-bf16-reduce"], "bf16-mixed")
+    assert sum(r[2]["dp.dense"] for r in half) == 2 * STEPS * ring * n * 2, [r[2]["dp.dense"] for r in half]
 
 
 def check_row_bytes() -> dict:
@@ -237,6 +258,30 @@ def test_prepare_takes_a_precision(world2):
         # a pull moves each asked id out and its row back, a push the same ids with the rows' gradients: over the
         # world the two carry the same bytes when rows and gradients cross at one width
         assert sum(r[1] for r in got) == sum(r[2] for r in got), got
+
+
+def prepared_reduce(grad_reduce: str) -> int:
+    """tessel.prepare's plain loop on dp2 with the plan's gradient reduce: the dense gradients' bytes."""
+    import tessel
+    from tessel.plan import ParallelPlan
+    from test_prepare import Plain, _batches
+
+    torch.manual_seed(3)
+    model = Plain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model, opt, loader = tessel.prepare(model, opt, _batches(), plan=ParallelPlan(dp=2, grad_reduce=grad_reduce),
+                                        verbose=False)
+    comm.counter.end_step()
+    for words, tags, y in loader:
+        model(words, tags, y).backward()
+        opt.step()
+        opt.zero_grad()
+    return comm.counter.end_step()["dp.dense"]["sent"]
+
+
+def test_prepare_reduces_gradients_in_bf16_when_asked(world2):
+    full, half = world2.run(prepared_reduce, "full"), world2.run(prepared_reduce, "bf16")
+    assert full == [2 * h for h in half] and half[0] > 0
 
 
 def test_a_checkpoint_resumes_in_the_other_precision(world1, tmp_path):

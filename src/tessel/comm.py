@@ -365,17 +365,23 @@ def barrier(channel: str = "meta", group=None) -> None:
     _run("barrier", channel, lambda: dist.barrier(group=group), False)
 
 
-def ddp_comm_hook(channel: str = "dp.dense"):
+def ddp_comm_hook(channel: str = "dp.dense", dtype: torch.dtype | None = None):
     """A DDP communication hook that averages each gradient bucket through this module.
 
     Register with ``ddp_model.register_comm_hook(dp_group, ddp_comm_hook())``: DDP's own gradient
-    traffic is then counted on ``channel`` like every other byte.
+    traffic is then counted on ``channel`` like every other byte. ``dtype`` (bf16, when asked): each bucket
+    crosses in it, as torch's ``bf16_compress_hook`` sends it (each rank's share rounded, the sum made by the
+    backend in bf16), and is widened back into the gradients.
     """
 
     def hook(group, bucket):  # no annotations: DDP checks them and this module defers them
         buf = bucket.buffer()
-        buf.div_(_size(group))
-        work = all_reduce(buf, channel, group=group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
+        if dtype is None or buf.dtype == dtype:
+            buf.div_(_size(group))
+            work = all_reduce(buf, channel, group=group, async_op=True)
+            return work.get_future().then(lambda fut: fut.value()[0])
+        low = buf.to(dtype).div_(_size(group))
+        work = all_reduce(low, channel, group=group, async_op=True)
+        return work.get_future().then(lambda fut: buf.copy_(fut.value()[0]))
 
     return hook

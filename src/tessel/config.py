@@ -68,6 +68,7 @@ class ParallelConfig:
     timeout: float = 30.0  # seconds any collective may wait before the job is ended
     ddp_comm: str = "tessel"  # tessel (gradients through tessel.comm, counted) | torch (DDP's own all-reduce)
     bucket_mb: float = 0.0  # DDP gradient bucket size; 0: tessel picks (see parallelize.auto_bucket_mb)
+    grad_reduce: str = "full"  # DDP's gradient all-reduce: full (the gradients' own width) | bf16 (half the bytes)
     dp_shard: int = 1  # dp ranks each weight, gradient and optimizer state is sharded over (FSDP2): 1, or 0 = dp
 
 
@@ -222,6 +223,7 @@ CHOICES: dict[str, tuple[str, ...] | type] = {
     "parallel.backend": ("auto", "gloo", "nccl"),
     "parallel.device": ("auto", "cpu", "cuda"),
     "parallel.ddp_comm": ("tessel", "torch"),
+    "parallel.grad_reduce": choices.GRAD_REDUCE,
     "train.optimizer": Optimizer,
     "train.schedule": LR_SCHEDULES,
     "train.dtype": ("float32", "float64"),

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import comm, pipeline, sparse, tensor
@@ -73,21 +74,30 @@ _NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in 
                    else {"broadcast_buffers": False})
 
 
-def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 0.0, *, hook: bool = True) -> DDP:
+def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 0.0, *, hook: bool = True,
+              reduce_dtype: torch.dtype | None = None) -> DDP:
     """Wrap ``model`` in DDP whose every byte (init and gradients) goes through tessel.comm.
 
     ``bucket_mb=0`` picks :func:`auto_bucket_mb` for tessel's wrapper. ``hook=False`` leaves DDP exactly as
     torch ships it (its own broadcast and all-reduce, bytes not counted, 25 MB buckets unless ``bucket_mb`` is
-    given): the peer that benchmarks compare tessel's wrapper against.
+    given): the peer that benchmarks compare tessel's wrapper against. ``reduce_dtype`` (bf16, when asked):
+    gradients cross in it, as torch's ``bf16_compress_hook`` sends them (torch's own hook where ``hook=False``).
     """
     device_ids = [torch.cuda.current_device()] if next(model.parameters()).is_cuda else None
     if not hook:
-        return DDP(model, device_ids=device_ids, process_group=dp_group, bucket_cap_mb=bucket_mb or TORCH_BUCKET_MB)
+        ddp = DDP(model, device_ids=device_ids, process_group=dp_group, bucket_cap_mb=bucket_mb or TORCH_BUCKET_MB)
+        if reduce_dtype is not None:
+            if dist.get_backend(dp_group) != "nccl":
+                raise PlanError(f"parallel.grad_reduce bf16 with parallel.ddp_comm torch: torch's own bf16 hook needs "
+                                f"NCCL, and this job's backend is {dist.get_backend(dp_group)}; valid: "
+                                "parallel.ddp_comm tessel, or grad_reduce full")
+            ddp.register_comm_hook(dp_group, default_hooks.bf16_compress_hook)
+        return ddp
     bucket_mb = bucket_mb or auto_bucket_mb(model)
     replicate_from_first(model, dp_group)
     ddp = DDP(model, device_ids=device_ids, process_group=dp_group, init_sync=False, **_NO_BUFFER_SYNC,
               bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
-    ddp.register_comm_hook(dp_group, comm.ddp_comm_hook("dp.dense"))
+    ddp.register_comm_hook(dp_group, comm.ddp_comm_hook("dp.dense", reduce_dtype))
     return ddp
 
 
@@ -277,7 +287,7 @@ def _engine(root, chain: Chain | None, plan: ParallelPlan, settings: Settings, m
         # torch DDP's sparse gradients (the peer) run in DDP as torch ships it
         as_shipped = not plan.ddp_hook or plan.sparse.strategy.ddp_sparse or any(
             c.strategy.ddp_sparse for c in (tables.choices if tables else []))
-        model = apply_ddp(model, dp_group, plan.bucket_mb, hook=not as_shipped)
+        model = apply_ddp(model, dp_group, plan.bucket_mb, hook=not as_shipped, reduce_dtype=plan.reduce_dtype)
     optimizer = make_optimizer(model.parameters())
     params = [p for p in model.parameters() if p.requires_grad]
     tail = StepTail(params, optimizer, settings.clip, tp=tp, tables=tables,
@@ -381,7 +391,8 @@ def _stage_engine(root, chain: Chain, plan: ParallelPlan, settings: Settings, me
     optimizer = make_optimizer(runner.parameters())
     params = [p for p in runner.parameters() if p.requires_grad]
     tail = StepTail(params, optimizer, settings.clip, dp_group=None if sharded else dp_group, tp=tp, tables=tables,
-                    norm_group=pp_group, tied=tied, shard_group=shards if sharded else None)
+                    norm_group=pp_group, tied=tied, shard_group=shards if sharded else None,
+                    reduce_dtype=plan.reduce_dtype)
     micro = batch[0].shape[0] // plan.micro_batches
     index = mesh.get_local_rank("pp")
     stage = pipeline.Stage(runner, index, plan.pp, dist.get_process_group_ranks(pp_group), stages, micro,

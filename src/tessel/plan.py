@@ -26,8 +26,10 @@ import json
 import math
 from dataclasses import dataclass, field
 
+import torch
+
 from . import choices
-from .choices import Prediction, Recompute, Schedule, TableStrategy, TensorMode
+from .choices import GRAD_REDUCE, Prediction, Recompute, Schedule, TableStrategy, TensorMode
 from .errors import CheckpointError, ConfigError, PlanError
 from .mesh import ParallelDims
 
@@ -124,6 +126,7 @@ class ParallelPlan:
     sparse: TablePolicy = field(default_factory=TablePolicy)
     ddp_hook: bool = True  # DDP's gradients through tessel.comm (counted); False: torch DDP as shipped (the peer)
     bucket_mb: float = 0.0  # DDP's gradient buckets; 0: tessel's (parallelize.auto_bucket_mb)
+    grad_reduce: str = "full"  # DDP's gradient all-reduce: full (their own width) | bf16 (asked for: half the bytes)
     dp_shard: int = 1  # dp ranks each weight is sharded over (FSDP2, tessel.fsdp): 1 replicates (DDP), dp shards
     recompute: Recompute = "none"  # which activations each chain layer keeps for backward (the rest run again)
 
@@ -190,6 +193,11 @@ class ParallelPlan:
 
     # -- data ------------------------------------------------------------------------------------------
 
+    @property
+    def reduce_dtype(self) -> torch.dtype | None:
+        """The dtype DDP all-reduces gradients in; None: their own."""
+        return torch.bfloat16 if self.grad_reduce == "bf16" else None
+
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d.update(tp_mode=self.tp_mode.name, schedule=self.schedule.name, predict=self.predict.name,
@@ -248,6 +256,8 @@ class ParallelPlan:
         elif self.sparse != TablePolicy():
             given = ", ".join(f"{n}={s.name}" for n, s in self.sparse.overrides)
             parts.append(f"tables {self.sparse.strategy.name}" + (f" ({given})" if given else ""))
+        if self.grad_reduce != "full":
+            parts.append(f"gradients all-reduced in {self.grad_reduce}")
         if not self.ddp_hook or self.bucket_mb:
             parts.append(("torch DDP" if not self.ddp_hook else "DDP") + (f" {self.bucket_mb:g} MB buckets"
                                                                           if self.bucket_mb else ""))
@@ -385,7 +395,24 @@ def _recompute(plan: ParallelPlan, settings) -> str | None:
     return None
 
 
-PREDICATES = (_degrees, _batch, _schedule, _tensor, _sparse, _shard, _recompute)
+def _grad_reduce(plan: ParallelPlan, settings) -> str | None:
+    """A bf16 all-reduce of DDP's gradients (torch's bf16 compression: each rank's share rounded, summed in bf16
+    by the backend; gloo and nccl both do) is what replicated data parallelism asks for; FSDP's reduce-scatter
+    in bf16 is not built."""
+    if plan.grad_reduce not in GRAD_REDUCE:
+        return f"parallel.grad_reduce '{plan.grad_reduce}' is not one; valid: {', '.join(GRAD_REDUCE)}"
+    if plan.grad_reduce != "full" and not plan.ddp_hook and not torch.cuda.is_available():
+        return (f"parallel.grad_reduce {plan.grad_reduce} with parallel.ddp_comm torch: torch's own bf16 hook needs "
+                "NCCL on CUDA GPUs, and this machine has none; valid here: parallel.ddp_comm tessel (tessel's hook "
+                "sends bf16 over gloo too), or grad_reduce full")
+    if plan.grad_reduce != "full" and plan.dp_shard > 1:
+        return (f"parallel.grad_reduce {plan.grad_reduce} with parallel.dp_shard={plan.dp_shard}: sharded data "
+                "parallelism reduce-scatters gradients at their own width (a bf16 reduce-scatter is not built); "
+                "valid: full, or dp_shard 1")
+    return None
+
+
+PREDICATES = (_degrees, _batch, _schedule, _tensor, _sparse, _shard, _recompute, _grad_reduce)
 
 
 def problems(plan: ParallelPlan, settings) -> list[str]:

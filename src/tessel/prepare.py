@@ -316,12 +316,13 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, loader, plan: st
         _drop_served(optimizer, before, model)
         if verbose and rank == 0:
             print(tables.describe())
-    hook, bucket = (plan.ddp_hook, plan.bucket_mb) if isinstance(plan, ParallelPlan) else (True, 0.0)
+    hook, bucket, low = ((plan.ddp_hook, plan.bucket_mb, plan.reduce_dtype) if isinstance(plan, ParallelPlan)
+                         else (True, 0.0, None))
     shards = None
     if isinstance(plan, ParallelPlan) and plan.dp_shard > 1:
         module, shards = _sharded(model, optimizer, plan, mesh, mixed, timeout)
     else:
-        module = apply_ddp(model, group, bucket, hook=hook) if size > 1 else model
+        module = apply_ddp(model, group, bucket, hook=hook, reduce_dtype=low) if size > 1 else model
     device = next((p.device.type for p in model.parameters()), "cpu")
     prepared = PreparedModel(module, tables, prepared_loader, lambda: mixed.autocast(device), shards)
     prepared.__dict__["skeleton"] = plain  # not a submodule: its meta tensors are no parameters of the model

@@ -72,7 +72,7 @@ def plan_of(cfg: Config, world: int) -> ParallelPlan:
                         regather=cfg.tensor.regather, sequence_parallel=cfg.tensor.sequence_parallel,
                         schedule=cfg.pipeline.schedule, predict=cfg.pipeline.predict, delay_lr=cfg.pipeline.delay_lr,
                         micro_batches=cfg.train.micro_batches, bounds=bounds, sparse=policy_of(cfg),
-                        ddp_hook=p.ddp_comm == "tessel", bucket_mb=p.bucket_mb,
+                        ddp_hook=p.ddp_comm == "tessel", bucket_mb=p.bucket_mb, grad_reduce=p.grad_reduce,
                         dp_shard=dims.dp if p.dp_shard == 0 else p.dp_shard, recompute=cfg.train.recompute)
 
 
@@ -95,7 +95,7 @@ def saved_plan_for(cfg: Config, world: int) -> ParallelPlan:
     plan = load_plan(cfg.plan.source)
     written = json.loads(Path(cfg.plan.source).read_text())
     flags = plan_of(cfg, plan.world)
-    plan = plan.with_(**{k: getattr(flags, k) for k in ("sparse", "ddp_hook", "bucket_mb", "dp_shard")
+    plan = plan.with_(**{k: getattr(flags, k) for k in ("sparse", "ddp_hook", "bucket_mb", "grad_reduce", "dp_shard")
                          if k not in written})
     if world and plan.world != world:
         raise PlanError(f"plan file '{cfg.plan.source}' is for {plan.world} ranks (dp={plan.dp} pp={plan.pp} "
@@ -126,7 +126,7 @@ def job_of(cfg: Config, dataset=None):
     # recompute as given, each candidate also priced with every layer recomputed)
     base = ParallelPlan(dp=1, regather=cfg.tensor.regather, sparse=policy_of(cfg),
                         ddp_hook=cfg.parallel.ddp_comm == "tessel", bucket_mb=cfg.parallel.bucket_mb,
-                        recompute=cfg.train.recompute)
+                        grad_reduce=cfg.parallel.grad_reduce, recompute=cfg.train.recompute)
     return Job(build=model, batch=batch, settings=settings, base=base)
 
 

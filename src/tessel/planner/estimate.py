@@ -5,7 +5,7 @@ plus bytes one rank sends per step on each channel and the bytes a rank holds. T
 those of :mod:`tessel.comm` (an all-reduce over P ranks sends 2(P-1)/P of the tensor, a point-to-point
 send its size):
 
-    dp.dense  2(dp-1)/dp · (parameters of the stage's tp shard, tables served by rows excluded) · elem
+    dp.dense  2(dp-1)/dp · (parameters of the stage's tp shard, tables served by rows excluded) · elem (2: bf16, asked)
     pp        micro-batches · (boundary activations out + gradients back, this rank's tp block) · elem
     tp        micro-batches · Σ linears of the stage (tessel.tensor.cost.linear_traffic) · elem
     tp.head   the head's linear (1-D/2-D/3-D) and the vocabulary-parallel loss, per micro-batch (last stage)
@@ -228,7 +228,8 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         dp_channels = {ch: max(c.get(ch, 0.0) for c, _ in sharded) for ch in sharded[0][0]}  # the busiest rank
         dp_s = max(t for _, t in sharded)
     else:
-        dp_bytes = [_ring(dp_size, p) * profile.elem for p in dense]
+        reduced = plan.reduce_dtype.itemsize if plan.reduce_dtype else profile.elem  # bf16 when asked
+        dp_bytes = [_ring(dp_size, p) * reduced for p in dense]
         dp_channels = {"dp.dense": max(dp_bytes)}
         dp_s = max(dp_bytes) / topo.group_rate(dp_size, dp_stride) + (dp_size > 1) * 2 * (dp_size - 1) * topo.latency
         if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide

@@ -52,17 +52,18 @@ class StepTail:
     parallel handle (``finish_backward() -> squared norm``). ``tables``: sparse tables (``reduce``/``step``).
     ``norm_group``: the pipeline group whose stages' squared norms are summed for a global norm. ``shard_group``:
     the dp group FSDP shards the gradients over (each rank holds 1/dp of each: their squares are summed over it).
-    ``tied``: see ``self.tied``."""
+    ``tied``: see ``self.tied``. ``reduce_dtype`` (bf16, when asked): the dtype the dp average crosses in."""
 
     def __init__(self, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, clip: float = 0.0, *,
-                 dp_group=None, tp=None, tables=None, norm_group=None, tied=(), shard_group=None) -> None:
+                 dp_group=None, tp=None, tables=None, norm_group=None, tied=(), shard_group=None,
+                 reduce_dtype: torch.dtype | None = None) -> None:
         self.params, self.optimizer, self.clip = params, optimizer, clip
         # (parameter, group, counted here): a weight several pipeline stages hold a copy of (a tied embedding);
         # their gradients are summed over the group, and the norm counts it on one of them
         self.tied = list(tied)
         self.uncounted = {id(p) for p, _, counted in self.tied if not counted}
         self.dp_group, self.tp, self.tables, self.norm_group = dp_group, tp, tables, norm_group
-        self.shard_group = shard_group
+        self.shard_group, self.reduce_dtype = shard_group, reduce_dtype
         self.waited = 0.0  # seconds spent in the pipeline-wide norm all-reduce (waiting on other stages)
 
     def _sync_dp(self) -> None:
@@ -71,8 +72,13 @@ class StepTail:
         size = torch.distributed.get_world_size(self.dp_group)
         if size > 1 and grads:  # a stage of served tables only has nothing dense to average
             flat = _flatten_dense_tensors(grads)
-            comm.all_reduce(flat, "dp.dense", group=self.dp_group)
-            flat /= size
+            if self.reduce_dtype is None:
+                comm.all_reduce(flat, "dp.dense", group=self.dp_group)
+                flat /= size
+            else:  # each rank's share rounded once; tessel.comm sums half-width terms in fp32 and rounds once
+                low = flat.to(self.reduce_dtype).div_(size)
+                comm.all_reduce(low, "dp.dense", group=self.dp_group)
+                flat = low.to(flat.dtype)
             grads = _unflatten_dense_tensors(flat, grads)
         for p, g in zip(self.params, grads):
             p.grad = g
