@@ -76,8 +76,6 @@ CASES = [
     case("train --parallel.grad_reduce fp16", "config key 'parallel.grad_reduce' is 'fp16'; valid: full, bf16"),
     case("train --parallel.ddp_comm torch --parallel.grad_reduce bf16", "torch's own bf16 hook needs NCCL on CUDA "
                                                                        "GPUs", marks=NO_CUDA),
-    case("train --dp-shard 0 --parallel.grad_reduce bf16", "parallel.grad_reduce bf16 with parallel.dp_shard=2: "
-                                                            "sharded data parallelism reduce-scatters gradients"),
     case("train --pp 2 --pipeline.delay_lr 5", "pipeline.delay_lr=5 rescales the LR of stale stages, which only an "
                                                "asynchronous pipeline has (pp=2, schedule 1f1b)"),
     case("train --pipeline.delay_lr -1", "config key 'pipeline.delay_lr' is -1; it must be >= 0"),

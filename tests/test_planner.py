@@ -70,7 +70,8 @@ PLANS = {  # model -> synchronous candidates of every shape on 4 ranks
                        # sharded: FSDP over 4 and HSDP 2 x 2 (every dim 0 divides, so no padding). Not here: FSDP
                        # on 2 stages under 1f1b, where the first stage's last unit is gathered once more than the
                        # 2 per micro-batch priced (measured 84,032 B, predicted 70,912 B; the last stage exact)
-                       ParallelPlan(dp=4, dp_shard=4), ParallelPlan(dp=4, dp_shard=2, micro_batches=2)],
+                       ParallelPlan(dp=4, dp_shard=4), ParallelPlan(dp=4, dp_shard=2, micro_batches=2),
+                       ParallelPlan(dp=4, dp_shard=2, grad_reduce="bf16")],  # bf16 reduce-scatter and replicate
     "classifier": [ParallelPlan(dp=4), ParallelPlan(dp=1, tp=4, tp_mode="2d", tp_grid=(2, 2)),
                    ParallelPlan(dp=2, pp=2, micro_batches=4), ParallelPlan(dp=1, pp=2, tp=2, tp_grid=(2,)),
                    # gradients all-reduced in bf16 (asked for): DDP's hook, and a pipeline's step tail

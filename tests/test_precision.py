@@ -46,6 +46,8 @@ LAYOUTS = {
     # gradients all-reduced in bf16 (asked for): tessel's DDP hook, a pipeline's step tail (torch's own bf16 hook
     # runs on NCCL only)
     "dp2-bf16-reduce": ["parallel.dp=2", "sparse.strategy=dense", "parallel.grad_reduce=bf16"],
+    "dp2-shard-bf16-reduce": ["parallel.dp=2", "parallel.dp_shard=2", "sparse.strategy=dense",
+                              "parallel.grad_reduce=bf16"],
     "dp2-pp2-bf16-reduce": ["parallel.dp=2", "parallel.pp=2", "pipeline.split=2,2", "train.micro_batches=2",
                             "parallel.grad_reduce=bf16"],
 }
@@ -100,6 +102,8 @@ def run(overrides: list[str], precision: str):
     sent = {c: v["sent"] for c, v in comm.counter.end_step().items()}
     local = {}
     for n, p in par.module.named_parameters():
+        if hasattr(p, "full_tensor"):  # an FSDP shard (a DTensor): the whole weight, gathered on every rank
+            p = p.full_tensor()
         local[n] = (p.detach().clone(), getattr(p, "tp_split", None))
     if par.tables:
         from tessel import sparse
@@ -128,7 +132,8 @@ def _tolerances(overrides):
     return bf16, SLACK * loss_gap, SLACK * weight_gap
 
 
-@pytest.mark.parametrize("layout", ["dp2", "dp2-ps", "dp2-alltoall", "pp2-1f1b", "tp2-1d", "dp2-bf16-reduce"])
+@pytest.mark.parametrize("layout", ["dp2", "dp2-ps", "dp2-alltoall", "pp2-1f1b", "tp2-1d", "dp2-bf16-reduce",
+                                    "dp2-shard-bf16-reduce"])
 def test_bf16_mixed_equals_one_process_in_bf16_mixed_within_bf16s_rounding(world2, layout):
     _check(world2, layout)
 
@@ -198,6 +203,13 @@ def test_bf16_gradient_reduce_halves_the_dp_bytes(world2, world4):
     # pair averages its stage's parameters
     half = world4.run(run, LAYOUTS["dp2-pp2-bf16-reduce"], "bf16-mixed")
     assert sum(r[2]["dp.dense"] for r in half) == 2 * STEPS * ring * n * 2, [r[2]["dp.dense"] for r in half]
+    # sharded (FSDP over 2): each unit's gradients reduce-scattered with bf16 terms, half the bytes of full width;
+    # the weights' gathers cross in bf16 under bf16-mixed either way
+    shard = ["parallel.dp=2", "parallel.dp_shard=2", "sparse.strategy=dense"]
+    full = world2.run(run, shard, "bf16-mixed")
+    half = world2.run(run, [*shard, "parallel.grad_reduce=bf16"], "bf16-mixed")
+    for f, h in zip(full, half):
+        assert f[2]["dp.scatter"] == 2 * h[2]["dp.scatter"] > 0 and f[2]["dp.gather"] == h[2]["dp.gather"], (f[2], h[2])
 
 
 def check_row_bytes() -> dict:

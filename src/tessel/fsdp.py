@@ -85,13 +85,16 @@ def units(model: nn.Module, owned: list[tuple[str, ...]]) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, shard_mesh, unit_modules: list[nn.Module],
-               param_dtype: torch.dtype | None = None, replicate_group=None) -> nn.Module:
+               param_dtype: torch.dtype | None = None, replicate_group=None,
+               reduce_dtype: torch.dtype | None = None) -> nn.Module:
     """``fully_shard`` each of ``unit_modules``, then ``model``, over the ranks of ``shard_mesh`` (1-D); gathers
-    in ``param_dtype`` (None: the weights' own), gradients reduced in the weights' dtype. ``replicate_group``
+    in ``param_dtype`` (None: the weights' own), gradients reduced in ``reduce_dtype`` (None: the weights' dtype;
+    bf16 when asked: each term rounded once, tessel.comm sums the terms in fp32). ``replicate_group``
     (HSDP): the ranks holding the same shards, over which each reduce-scattered gradient is summed again before
     FSDP divides by all of them. Returns ``model`` (now an FSDPModule)."""
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=dtype if param_dtype else None)
+    reduce_dtype = reduce_dtype or (dtype if param_dtype else None)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for m in [*unit_modules, model]:
         fully_shard(m, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=True)
     replicas = dist.get_world_size(replicate_group) if replicate_group is not None else 1

@@ -320,7 +320,7 @@ def shard_model(model: torch.nn.Module, owned: list[tuple[str, ...]], plan: Para
     from . import fsdp  # torch's FSDP and DTensor take a second to import: only where weights are sharded
 
     shard_mesh, replicas = sharding(mesh, plan.dp_shard, settings.timeout)
-    model = fsdp.apply_fsdp(model, shard_mesh, fsdp.units(model, paths), gathered, replicas)
+    model = fsdp.apply_fsdp(model, shard_mesh, fsdp.units(model, paths), gathered, replicas, plan.reduce_dtype)
     return model, shard_mesh.get_group()
 
 

@@ -396,19 +396,14 @@ def _recompute(plan: ParallelPlan, settings) -> str | None:
 
 
 def _grad_reduce(plan: ParallelPlan, settings) -> str | None:
-    """A bf16 all-reduce of DDP's gradients (torch's bf16 compression: each rank's share rounded, summed in bf16
-    by the backend; gloo and nccl both do) is what replicated data parallelism asks for; FSDP's reduce-scatter
-    in bf16 is not built."""
+    """Gradients reduced in bf16: DDP's buckets as torch's bf16 compression sends them (tessel's hook over any
+    backend, torch's own on NCCL only), FSDP's reduce-scatters with bf16 terms."""
     if plan.grad_reduce not in GRAD_REDUCE:
         return f"parallel.grad_reduce '{plan.grad_reduce}' is not one; valid: {', '.join(GRAD_REDUCE)}"
-    if plan.grad_reduce != "full" and not plan.ddp_hook and not torch.cuda.is_available():
+    if plan.grad_reduce != "full" and plan.dp_shard == 1 and not plan.ddp_hook and not torch.cuda.is_available():
         return (f"parallel.grad_reduce {plan.grad_reduce} with parallel.ddp_comm torch: torch's own bf16 hook needs "
                 "NCCL on CUDA GPUs, and this machine has none; valid here: parallel.ddp_comm tessel (tessel's hook "
                 "sends bf16 over gloo too), or grad_reduce full")
-    if plan.grad_reduce != "full" and plan.dp_shard > 1:
-        return (f"parallel.grad_reduce {plan.grad_reduce} with parallel.dp_shard={plan.dp_shard}: sharded data "
-                "parallelism reduce-scatters gradients at their own width (a bf16 reduce-scatter is not built); "
-                "valid: full, or dp_shard 1")
     return None
 
 

@@ -221,14 +221,14 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     picks, table_bytes, table_s, served = _tables(plan, profile, topo, compute, wire, settings)
     dense = [_stage_params(profile, plan, lo, hi, served) for lo, hi in bounds]
     dp_size, dp_stride = strides["dp"]
+    reduced = plan.reduce_dtype.itemsize if plan.reduce_dtype else profile.elem  # gradients' width (bf16: asked)
     if plan.dp_shard > 1:
         units = [hi - lo + 1 for lo, hi in bounds]  # each chain layer's modules, then the stage's root
         sharded = [_sharded_sync(plan, p, n, settings.compute_dtype.itemsize if settings.precision.compute
-                                 else profile.elem, profile.elem, topo, dp_stride) for p, n in zip(dense, units)]
+                                 else profile.elem, reduced, topo, dp_stride) for p, n in zip(dense, units)]
         dp_channels = {ch: max(c.get(ch, 0.0) for c, _ in sharded) for ch in sharded[0][0]}  # the busiest rank
         dp_s = max(t for _, t in sharded)
     else:
-        reduced = plan.reduce_dtype.itemsize if plan.reduce_dtype else profile.elem  # bf16 when asked
         dp_bytes = [_ring(dp_size, p) * reduced for p in dense]
         dp_channels = {"dp.dense": max(dp_bytes)}
         dp_s = max(dp_bytes) / topo.group_rate(dp_size, dp_stride) + (dp_size > 1) * 2 * (dp_size - 1) * topo.latency
