@@ -89,18 +89,19 @@ def test_a_table_strategy_record_copied_under_another_name_serves_as_the_origina
 def test_a_run_follows_its_plan_file_whatever_the_config_says(world4, tmp_path):
     """A plan written by ``tessel plan --json`` (its layout then set to one that every flag below contradicts,
     through the same writer) runs as the file says: dp2 x pp2, gpipe at 2 micro-batches, the stage cut 1 | 3, the
-    token table served by alltoall split by rows, tessel's own DDP hook."""
+    token table served by alltoall split by rows, tessel's own DDP hook, gradients averaged in bf16."""
     model = ["--model", "transformer_lm", "--model.dim", "16", "--model.layers", "2", "--model.heads", "2",
              "--data.vocab_size", "256", "--data.seq_len", "8", "--batch", "8"]
     written = tmp_path / "plan.json"
     assert main(["plan", *model, "--nproc", "4", "--json", str(written)]) == 0
     plan = ParallelPlan.from_json(written.read_text()).with_(
         dp=2, pp=2, tp=1, tp_mode="1d", tp_grid=(1,), schedule="gpipe", micro_batches=2, bounds=((0, 1), (1, 4)),
-        sparse=TablePolicy(strategy="alltoall", split="row", max_touched=1.0), ddp_hook=True, tables=())
+        sparse=TablePolicy(strategy="alltoall", split="row", max_touched=1.0), ddp_hook=True, grad_reduce="bf16",
+        tables=())
     written.write_text(plan.to_json())
     contrary = ["--dp", "4", "--pp", "1", "--tp", "1", "--pipeline.schedule", "1f1b", "--pipeline.split", "2,2",
                 "--micro-batches", "1", "--sparse", "dense", "--sparse.split", "column", "--parallel.ddp_comm", "torch",
-                "--tensor.regather", "true", "--nproc", "4"]
+                "--tensor.regather", "true", "--parallel.grad_reduce", "full", "--nproc", "4"]
     _, out = train(world4, tmp_path, *model, *contrary, "--plan", str(written), "--steps", "3",
                    "--checkpoint.enabled", "false", "--metrics.progress", "log", "--metrics.heldout", "false", "--out",
                    str(tmp_path / "run"))
@@ -113,4 +114,5 @@ def test_a_run_follows_its_plan_file_whatever_the_config_says(world4, tmp_path):
     assert dict((t.name, (t.strategy.name, t.split)) for t in ran.tables)["tok_emb"] == ("alltoall", "row")
     channels = set(summary["bytes"])
     assert {"pp", "a2a.fwd", "a2a.bwd", "dp.dense"} <= channels, channels  # torch's DDP would count no dp.dense
+    assert "gradients all-reduced in bf16" in printed, printed
     assert not any(c.startswith("tp") for c in channels)
