@@ -43,8 +43,8 @@ LAYOUTS = {
                     "train.micro_batches=2"],
     "dp2-pp2-ps": ["parallel.dp=2", "parallel.pp=2", "pipeline.split=2,2", "train.micro_batches=2",
                    "sparse.strategy=ps", "train.momentum=0"],
-    # gradients all-reduced in bf16 (asked for): tessel's DDP hook, a pipeline's step tail (torch's own bf16 hook
-    # runs on NCCL only)
+    # dp gradients reduced in bf16 (asked for): tessel's DDP hook, FSDP's reduce-scatter, a pipeline's step tail
+    # (torch's own bf16 hook runs on NCCL only)
     "dp2-bf16-reduce": ["parallel.dp=2", "sparse.strategy=dense", "parallel.grad_reduce=bf16"],
     "dp2-shard-bf16-reduce": ["parallel.dp=2", "parallel.dp_shard=2", "sparse.strategy=dense",
                               "parallel.grad_reduce=bf16"],

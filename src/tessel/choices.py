@@ -255,4 +255,4 @@ for _r in (
 # closed sets that are not records: plain name lists
 MODELS = ("transformer_lm", "lstm_lm", "classifier")
 SPARSE_SPLITS = ("auto", "column", "row")
-GRAD_REDUCE = ("full", "bf16")  # DDP's gradient all-reduce: at the gradients' own width, or (asked for) in bf16
+GRAD_REDUCE = ("full", "bf16")  # data parallelism's gradient reduction: at their own width, or (asked for) bf16

@@ -68,7 +68,7 @@ class ParallelConfig:
     timeout: float = 30.0  # seconds any collective may wait before the job is ended
     ddp_comm: str = "tessel"  # tessel (gradients through tessel.comm, counted) | torch (DDP's own all-reduce)
     bucket_mb: float = 0.0  # DDP gradient bucket size; 0: tessel picks (see parallelize.auto_bucket_mb)
-    grad_reduce: str = "full"  # DDP's gradient all-reduce: full (the gradients' own width) | bf16 (half the bytes)
+    grad_reduce: str = "full"  # dp gradients reduced at full (their own) width | bf16 (half the bytes, when asked)
     dp_shard: int = 1  # dp ranks each weight, gradient and optimizer state is sharded over (FSDP2): 1, or 0 = dp
 
 

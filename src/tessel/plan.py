@@ -126,7 +126,7 @@ class ParallelPlan:
     sparse: TablePolicy = field(default_factory=TablePolicy)
     ddp_hook: bool = True  # DDP's gradients through tessel.comm (counted); False: torch DDP as shipped (the peer)
     bucket_mb: float = 0.0  # DDP's gradient buckets; 0: tessel's (parallelize.auto_bucket_mb)
-    grad_reduce: str = "full"  # DDP's gradient all-reduce: full (their own width) | bf16 (asked for: half the bytes)
+    grad_reduce: str = "full"  # dp gradients (DDP, FSDP, a stage's average) reduced at full width | bf16 (asked)
     dp_shard: int = 1  # dp ranks each weight is sharded over (FSDP2, tessel.fsdp): 1 replicates (DDP), dp shards
     recompute: Recompute = "none"  # which activations each chain layer keeps for backward (the rest run again)
 
@@ -195,7 +195,7 @@ class ParallelPlan:
 
     @property
     def reduce_dtype(self) -> torch.dtype | None:
-        """The dtype DDP all-reduces gradients in; None: their own."""
+        """The dtype data-parallel gradients are reduced in (DDP, FSDP, a pipeline stage's average); None: theirs."""
         return torch.bfloat16 if self.grad_reduce == "bf16" else None
 
     def to_dict(self) -> dict:
@@ -257,7 +257,7 @@ class ParallelPlan:
             given = ", ".join(f"{n}={s.name}" for n, s in self.sparse.overrides)
             parts.append(f"tables {self.sparse.strategy.name}" + (f" ({given})" if given else ""))
         if self.grad_reduce != "full":
-            parts.append(f"gradients all-reduced in {self.grad_reduce}")
+            parts.append(f"dp gradients reduced in {self.grad_reduce}")
         if not self.ddp_hook or self.bucket_mb:
             parts.append(("torch DDP" if not self.ddp_hook else "DDP") + (f" {self.bucket_mb:g} MB buckets"
                                                                           if self.bucket_mb else ""))
