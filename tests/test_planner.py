@@ -212,10 +212,11 @@ def test_train_plan_auto_runs_the_winner(tmp_path):
 
     r = subprocess.run([sys.executable, "-m", "tessel", "train", "--plan", "auto", "--nproc", "2", "--model",
                         "classifier", "--model.hidden", "32", "--model.in_features", "24", "--batch", "8", "--steps",
-                        "3", "--metrics.plot", "false", "--out", "run"], cwd=tmp_path, capture_output=True, text=True,
+                        "3", "--metrics.plot", "false", "--out", "run", "--plan.trial", "true"], cwd=tmp_path,
+                       capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "chosen: plan:" in r.stdout
+    assert "chosen: plan:" in r.stdout and "tessel: calibration trial" in r.stdout and "calibrated by a" in r.stdout
     saved = ParallelPlan.from_json((tmp_path / "run" / "plan.json").read_text())
     ran = ParallelPlan.from_dict(json.loads((tmp_path / "run" / "summary.json").read_text())["plan"])
     assert ran.with_(tables=()) == saved.with_(bounds=ran.bounds) or ran.with_(tables=()) == saved
@@ -232,6 +233,92 @@ def test_probe_measures_latency_and_speed(world4):
     assert out[0] == out[3]  # every rank returns the group's worst
     assert out[0]["ranks"] == 4 and out[0]["latency"] > 0 and 0 < out[0]["speed"] <= 1.5
     assert 0 < out[0]["mbit"] < math.inf and 0 <= out[0]["overlap"] <= 1
+
+
+def _trial(base):
+    from tessel.planner import calibrate
+
+    return calibrate.run_trial(job_of(load_config(None, base)), repeats=1)
+
+
+def test_calibration_trial_on_a_world_gives_a_topology(world4):
+    """Every rank runs the trial and gets the same gathered record; the fit makes a valid topology from it."""
+    from tessel.planner import calibrate
+
+    out = world4.run(_trial, TINY["classifier"])
+    assert out[0] == out[3] and len(out[0]["ranks"]) == 4
+    assert {k for k, _ in out[0]["collectives"]} == {"all_reduce", "all_gather", "all_to_all"}
+    profile = measure(job_of(load_config(None, TINY["classifier"])), dps=(1,))
+    cal = calibrate.fit(out[0], profile)
+    topo = cal.apply(planner.Topology(ranks=4, hosts=2, link_mbit=1000))
+    assert topo.speed > 0 and topo.latency >= 0 and topo.rate_mbit > 0 and topo.per_micro >= 0
+    assert "calibrated by a" in topo.source and out[0]["when"] in topo.source
+
+
+def _made_up_trial(profile, speeds, per_micro, latency, mbit, batch=8):
+    """A trial record as ranks with these speeds, this per-micro-batch cost and this link would time it: steps
+    from the planner's price, collectives from the ring formulas written out here (all-reduce: 2(n-1) steps
+    sending 2(n-1)/n of the tensor; all-gather and all-to-all: n-1 steps sending (n-1)/n of it)."""
+    from tessel.planner import calibrate
+
+    n, ranks = len(speeds), []
+    for i, speed in enumerate(speeds):
+        coll = {}
+        for kind, factor in (("all_reduce", 2), ("all_gather", 1), ("all_to_all", 1)):
+            for nbytes in (16 << 10, 4 << 20):
+                slow = 1.0 if i == 0 else 0.5  # rank 0 is the slowest; the fit takes each collective's worst
+                coll[f"{kind}:{nbytes}"] = slow * (factor * (n - 1) * latency
+                                                    + factor * (n - 1) / n * nbytes * 8 / (mbit * 1e6))
+        ranks.append({"whole": calibrate.predicted_step(profile, batch, 1) / speed,
+                      "many": calibrate.predicted_step(profile, batch // 4, 4) / speed + 3 * per_micro,
+                      "collectives": coll, "overlap": 0.25 + 0.1 * i, "seconds": 1.0 + i, "setup": 0.5})
+    kinds = [(k.split(":")[0], int(k.split(":")[1])) for k in ranks[0]["collectives"]]
+    return {"batch": batch, "ranks": ranks, "collectives": kinds, "when": "2026-11-27 00:00:00Z"}
+
+
+def test_calibration_fit_recovers_known_rates():
+    from tessel.planner import calibrate
+
+    profile = measure(job_of(load_config(None, TINY["classifier"])), dps=(1,))
+    trial = _made_up_trial(profile, speeds=[0.8, 0.3, 0.5, 0.9], per_micro=2e-3, latency=150e-6, mbit=400.0)
+    cal = calibrate.fit(trial, profile)
+    assert math.isclose(cal.speed, 0.3, rel_tol=1e-9)  # the slowest rank's
+    assert math.isclose(cal.per_micro, 2e-3, rel_tol=1e-6)
+    assert math.isclose(cal.latency, 150e-6, rel_tol=1e-6) and math.isclose(cal.rate_mbit, 400.0, rel_tol=1e-6)
+    assert cal.overlap == 0.25 and cal.seconds == 4.0
+    # a link whose bandwidth the trial's sizes cannot see is all latency, never a negative rate
+    flat = _made_up_trial(profile, speeds=[1.0, 1.0], per_micro=0.0, latency=1e-3, mbit=1e12)
+    cal = calibrate.fit(flat, profile)
+    assert cal.rate_mbit > 1e6 and math.isclose(cal.latency, 1e-3, rel_tol=1e-3) and cal.per_micro == 0.0
+
+
+def test_a_failed_trial_falls_back_with_one_line():
+    from tessel.errors import CommError
+    from tessel.planner import calibrate
+
+    said = []
+
+    def dead():
+        raise CommError("all_gather on channel 'meta' timed out after 30 s: rank 3 did not answer\nmore detail")
+
+    assert calibrate.attempt(dead, said.append) is None
+    assert len(said) == 1 and "calibration trial failed (all_gather" in said[0] and "more detail" not in said[0]
+    assert calibrate.attempt(lambda: {"ok": 1}, said.append) == {"ok": 1} and len(said) == 1
+
+
+def test_per_micro_batch_cost_is_priced_per_stage_slot():
+    """What a trial measures per extra micro-batch: m - 1 times in one process's step, once per slot of every
+    stage in a pipeline (a flushed step has pp + m - 1 slots, an asynchronous one m)."""
+    cfg = load_config(None, TINY["classifier"])
+    profile, settings = measure(job_of(cfg), dps=(1,)), settings_of(cfg)
+    fast = planner.Topology(ranks=2, hosts=2, link_mbit=1e9, latency=0.0)
+    costly = planner.Topology(ranks=2, hosts=2, link_mbit=1e9, latency=0.0, per_micro=0.01)
+    bounds = ((0, 2), (2, 4))
+    for plan, slots in ((ParallelPlan(dp=1, micro_batches=4), 3),
+                        (ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds), 2 + 4 - 1),
+                        (ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds, schedule="async"), 4)):
+        got = [estimate(plan, settings, profile, t).step for t in (fast, costly)]
+        assert math.isclose(got[1] - got[0], slots * 0.01, rel_tol=1e-6), (plan.describe(), got)
 
 
 def test_paper_projections():
@@ -297,3 +384,22 @@ def test_bench_plan_reprices_saved_candidates_against_their_measurements(tmp_pat
     line = next(ln for ln in text.splitlines() if ln.startswith("| classifier, 2 hosts, 1gbit | 1 |"))
     assert "| 9000 (3000 / 3000 / 3000) |" not in line and "| 50 (50) |" in line  # priced again, measured kept
     assert (tmp_path / "results.json").read_text() == saved
+
+
+def test_bench_plan_report_prices_the_same_runs_with_and_without_the_trial():
+    """A calibrated run's report gives the headline of its predictions and of the probe's on the same runs."""
+    from tessel.bench.plan_check import markdown
+
+    def row(rank, predicted, probe, measured):
+        return {"model": "classifier", "hosts": 2, "rate": "1gbit", "rank": rank, "plan": f"p{rank}",
+                "predicted": predicted, "predicted_probe": probe, "compute": 0.0, "comm": 0.0, "bubble": 0.0,
+                "measured": measured, "runs": [measured] * 3, "rounds": {0: measured, 1: measured, 2: measured},
+                "planning_s": 1.0, "bytes_predicted": {}, "bytes_measured": {}, "calibrated": True,
+                "trial_s": 2.5 + rank}
+
+    text = markdown([row(1, 0.10, 0.05, 0.11), row(2, 0.20, 0.30, 0.19)], "tessel bench plan")
+    assert "Over all cells: median absolute error 7%, worst 9%, 2 candidates" in text
+    assert "The same runs priced without the trial (the probe's rates, as before): median absolute error 56%, " \
+           "worst 58%" in text
+    assert "The calibration trial took 3.5–4.5 s per cell and model." in text
+

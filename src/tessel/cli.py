@@ -72,6 +72,8 @@ def _plan_parser(sub) -> None:
     p.add_argument("--memory-per-rank", help="memory a rank may hold, e.g. 4GiB or 512MiB (default unbounded)")
     p.add_argument("--latency-us", type=float, help="microseconds per ring step of a collective (default 200)")
     p.add_argument("--speed", type=float, help="a rank's compute relative to one core here (default: CPU budget)")
+    p.add_argument("--trial", action="store_true", help="first time the model's steps and each kind of collective "
+                   "on --nproc local workers and price with what they took (this machine's rates, not a cluster's)")
     p.add_argument("--allow-async", action="store_true", help="offer schedules that change the math")
     p.add_argument("--json", help="write the winner here, for tessel train --plan FILE")
     p.add_argument("--top", type=_count, default=5, help="rows of the best candidates shown (default 5)")
@@ -122,7 +124,7 @@ def _memory(text: str | None) -> float:
 
 def _plan_verb(ns: argparse.Namespace) -> int:
     """tessel plan: rank the candidates on the topology the flags describe, print, optionally save the winner."""
-    from . import planner
+    from .planner import calibrate
     from .resolve import job_of, topology_of
 
     cfg = config_from_args(ns)
@@ -140,7 +142,9 @@ def _plan_verb(ns: argparse.Namespace) -> int:
     if cfg.nproc % (cfg.plan.hosts or 1):
         raise ConfigError(f"--hosts {cfg.plan.hosts} does not divide --nproc {cfg.nproc}; every host holds as many "
                           "ranks as the others")
-    planned = planner.choose(job_of(cfg), topology_of(cfg, ranks), cfg.plan.allow_async)
+    trial = _local_trial(cfg) if ns.trial else None
+    planned = calibrate.choose_calibrated(job_of(cfg), lambda cal: topology_of(cfg, ranks, calibration=cal), trial,
+                                          cfg.plan.allow_async)
     print(planned.table(ns.top))
     if ns.json:
         Path(ns.json).write_text(planned.best.plan.to_json() + "\n")
@@ -152,20 +156,43 @@ def _planned(cfg: Config, argv: list[str]) -> tuple[Config, list[str], ParallelP
     """tessel train --plan auto|FILE in the launcher: the plan the workers will follow, and as many workers as it
     has ranks; for auto the planner runs here, once, its table is printed and the winner saved beside the run,
     and the workers are given that file (a file's plan is followed exactly as it says, whatever the flags)."""
-    from . import planner
+    from .planner import calibrate
     from .resolve import job_of, saved_plan_for, topology_of
 
     if cfg.plan.source != "auto":
         plan = saved_plan_for(cfg, cfg.parallel.nproc)
         cfg.parallel.nproc = plan.world
         return cfg, [*argv, "--nproc", str(plan.world)], plan
-    planned = planner.choose(job_of(cfg), topology_of(cfg, cfg.nproc), cfg.plan.allow_async)
+    trial = _local_trial(cfg) if cfg.plan.trial else None
+    planned = calibrate.choose_calibrated(job_of(cfg), lambda cal: topology_of(cfg, cfg.nproc, calibration=cal),
+                                          trial, cfg.plan.allow_async)
     print(planned.table(), flush=True)
     path = Path(cfg.metrics.out) / "plan.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(planned.best.plan.to_json() + "\n")
     cfg.parallel.nproc, cfg.plan.source = planned.best.plan.world, str(path)
     return cfg, [*argv, "--plan", str(path), "--nproc", str(cfg.nproc)], planned.best.plan
+
+
+def _local_trial(cfg: Config) -> dict | None:
+    """The planner's calibration trial on as many local workers as the run will start (torch's launcher), or None
+    with one line where it fails."""
+    import tempfile
+
+    from .cluster.launch import launch
+    from .planner import calibrate
+
+    with tempfile.TemporaryDirectory(prefix="tessel-trial-") as d:
+        conf, out = Path(d) / "config.toml", Path(d) / "trial.json"
+        conf.write_text(cfg.to_toml())
+
+        def run() -> dict:
+            rc = launch(["--config", str(conf), "--out", str(out)], cfg.nproc, program=("-m", "tessel.trial"))
+            if rc:
+                raise RuntimeError(f"its {cfg.nproc} workers exited with code {rc}")
+            return json.loads(out.read_text())
+
+        return calibrate.attempt(run)
 
 
 def _count(text: str) -> int:

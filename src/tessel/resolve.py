@@ -130,15 +130,18 @@ def job_of(cfg: Config, dataset=None):
     return Job(build=model, batch=batch, settings=settings, base=base)
 
 
-def topology_of(cfg: Config, ranks: int, measured: dict | None = None):
+def topology_of(cfg: Config, ranks: int, measured: dict | None = None, calibration=None):
     """The topology the config and environment describe; ``measured``: a probe's latency, speed, rate and
-    overlap (see :mod:`tessel.planner.probe`), which replace the defaults but not values given in ``plan.*``."""
+    overlap (see :mod:`tessel.planner.probe`), or ``calibration``: a trial's (:mod:`tessel.planner.calibrate`),
+    which replace the defaults but not values given in ``plan.*``."""
     from .planner.topology import from_environment
 
     p = cfg.plan
     memory = p.memory_gib * 2**30 if p.memory_gib else math.inf
     topo = from_environment(ranks, p.hosts, p.link_mbit, memory=memory)
-    if measured:
+    if calibration is not None:
+        topo = calibration.apply(topo)
+    elif measured:
         topo = replace(topo, latency=measured["latency"], speed=min(topo.speed, measured["speed"]),
                        rate_mbit=measured["mbit"], overlap=measured["overlap"],
                        source=topo.source + ", latency, speed, rate and overlap measured")

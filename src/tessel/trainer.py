@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import comm, planner, sparse
+from . import comm, sparse
 from .config import Config
 from .data import ShardedLoader
 from .errors import CheckpointError, PlanError, Preempted
@@ -32,7 +32,7 @@ from .mesh import build_mesh, device_type, init_distributed
 from .meta import on_meta
 from .parallelize import Parallelized, builds_on_meta, parallelize
 from .plan import ParallelPlan, regrouped, saved_plan
-from .planner import probe
+from .planner import calibrate, probe
 from .preflight import check_fits, predicted_memory
 from .resolve import job_of, plan_of, saved_plan_for, settings_of, topology_of
 from .settings import Settings
@@ -101,11 +101,16 @@ def _resume_point(cfg: Config, plan: ParallelPlan, settings: Settings) -> tuple[
 
 
 def _auto_plan(cfg: Config, world: int) -> ParallelPlan:
-    """``--plan auto`` under plain torchrun: the planner run once on rank 0, its winner handed to every rank."""
+    """``--plan auto`` under plain torchrun: the planner run once on rank 0, its winner handed to every rank. Every
+    rank first takes part in the probe, or with ``plan.trial``, in the calibration trial (the model's steps and
+    each kind of collective, timed on the job's own hosts; the probe where the trial fails)."""
     chosen = None
-    measured = probe.measure()  # every rank takes part: latency under load and the share of a core each gets
+    job = job_of(cfg)
+    trial = calibrate.attempt(lambda: calibrate.run_trial(job)) if cfg.plan.trial else None
+    measured = probe.measure() if trial is None else None  # latency under load and the share of a core each gets
     if dist.get_rank() == 0:
-        planned = planner.choose(job_of(cfg), topology_of(cfg, world, measured), cfg.plan.allow_async)
+        planned = calibrate.choose_calibrated(job, lambda cal: topology_of(cfg, world, measured, cal), trial,
+                                              cfg.plan.allow_async)
         print(planned.table(), flush=True)
         chosen = planned.best.plan.to_json()
     return ParallelPlan.from_json(comm.all_gather_object(chosen, "meta")[0])

@@ -45,6 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--reprice", action="store_true",
                    help="plan only, with --report-only: price the saved candidates again with the planner as it is "
                         "now (a fresh profile, each cell's saved topology) against the run's measurements")
+    p.add_argument("--trial", action="store_true",
+                   help="plan only: run the planner's calibration trial of each model on each cell and price with it "
+                        "(tessel.planner.calibrate); the report also prices the same runs with the probe alone")
     p.add_argument("--cpus", type=float, help="CPU budget of each host in cores (default: cores / hosts)")
     p.add_argument("--cpu-period", type=float, default=10.0,
                    help="CFS period of each host's CPU quota in ms, 1 to 1000 (default 10)")

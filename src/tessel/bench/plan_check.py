@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 from ..config import load_config
-from ..planner import Planned, choose, short
+from ..planner import Planned, calibrate, choose, short
+from ..planner.estimate import estimate
 from ..planner.topology import Topology
 from ..resolve import job_of, policy_of, settings_of
 from .report import update_doc
@@ -77,14 +79,28 @@ def probe_cell(hosts: int, rate: str, cluster: dict) -> dict:
     return json.loads(res[0].stdout.strip().splitlines()[-1])
 
 
-def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path, measured: dict) -> tuple[Planned, list, Scenario]:
+def trial_cell(model: str, hosts: int, rate: str, cluster: dict) -> dict:
+    """The calibration trial (tessel.planner.calibrate) of ``model`` on a cluster like the cell's."""
+    from ..cluster.emulate import EmulatedCluster
+
+    with EmulatedCluster(hosts, rate=rate, prefix="tspt", **cluster) as emu:
+        args = ["-m", "tessel.trial", *MODELS[model], *COMMON]
+        res = emu.run(emu.torchrun_commands(args, run_id="trial"), timeout=300)
+    return json.loads(res[0].stdout.strip().splitlines()[-1])
+
+
+def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path, measured: dict, trial: dict | None
+          ) -> tuple[Planned, list, Scenario, Topology]:
+    """(the plan, the candidates picked to run, their scenario, the probe's topology): with a trial the
+    planner prices on its calibration, and the probe's topology is kept to price the same runs without it."""
     from ..cluster.emulate import parse_rate
 
     cfg = load_config(None, [*MODELS[model], *COMMON])
-    topo = Topology(ranks=hosts, hosts=hosts, link_mbit=parse_rate(rate) / 1e6, latency=measured["latency"],
-                    speed=min(1.0, cpus, measured["speed"]), rate_mbit=measured["mbit"],
-                    overlap=measured["overlap"], source="emulated cluster, latency, speed, rate and overlap probed")
-    planned = choose(job_of(cfg), topo, cfg.plan.allow_async)
+    probed = Topology(ranks=hosts, hosts=hosts, link_mbit=parse_rate(rate) / 1e6, latency=measured["latency"],
+                      speed=min(1.0, cpus, measured["speed"]), rate_mbit=measured["mbit"],
+                      overlap=measured["overlap"], source="emulated cluster, latency, speed, rate and overlap probed")
+    planned = calibrate.choose_calibrated(job_of(cfg), lambda cal: cal.apply(probed) if cal else probed, trial,
+                                          cfg.plan.allow_async)
     picked = pick(planned)
     folder = out / "plans" / f"{model}-h{hosts}-{rate}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -97,12 +113,13 @@ def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path, measured: d
     scn = Scenario(name="plan", about="planner check", models={model: _flags(MODELS[model])}, strategies=strategies,
                    baseline=next(iter(strategies)), hosts=[hosts], rates=[rate], unshaped=False,
                    common=_flags(COMMON), cluster={"cpus": cpus})
-    return planned, picked, scn
+    return planned, picked, scn, probed
 
 
 def run(models: list[str], hosts: list[int], rates: list[str], out: Path, repeats: int, steps: int,
-        cluster: dict) -> list[dict]:
-    """Every cell: plan, run the picked candidates, compare; returns one row per candidate."""
+        cluster: dict, trial: bool = False, save=lambda rows: None) -> list[dict]:
+    """Every cell: plan, run the picked candidates, compare; returns one row per candidate, and hands the rows so
+    far to ``save`` after every cell (a run stopped part-way keeps the cells it finished)."""
     import os
 
     rows = []
@@ -112,8 +129,10 @@ def run(models: list[str], hosts: list[int], rates: list[str], out: Path, repeat
             measured = probe_cell(h, rate, {**cluster, "cpus": cpus})
             print(f"probe, {h} hosts, {rate}: {measured}", flush=True)
             for model in models:
+                record = calibrate.attempt(partial(trial_cell, model, h, rate, {**cluster, "cpus": cpus})) \
+                    if trial else None
                 t0 = time.perf_counter()
-                planned, picked, scn = _cell(model, h, rate, cpus, out, measured)
+                planned, picked, scn, probed = _cell(model, h, rate, cpus, out, measured, record)
                 plan_s = time.perf_counter() - t0
                 scn.steps = steps
                 scn.cluster = {**cluster, "cpus": cpus}
@@ -125,8 +144,13 @@ def run(models: list[str], hosts: list[int], rates: list[str], out: Path, repeat
                     label = short(e.plan).replace(" ", "-")
                     runs = [r for r in records if r["strategy"] == label]
                     rows.append(_row(model, h, rate, rank + 1, e, runs, cell_out, label, plan_s))
-                    rows[-1].update(latency=planned.topology.latency, speed=planned.topology.speed,
-                                    rate_mbit=planned.topology.rate_mbit, overlap=planned.topology.overlap)
+                    topo = planned.topology
+                    rows[-1].update(latency=topo.latency, speed=topo.speed, rate_mbit=topo.rate_mbit,
+                                    overlap=topo.overlap, per_micro=topo.per_micro, calibrated=record is not None,
+                                    trial_s=max(r["seconds"] for r in record["ranks"]) if record else None,
+                                    predicted_probe=estimate(e.plan, planned.profile.job.settings,
+                                                             planned.profile, probed).step)
+                save(rows)
     return rows
 
 
@@ -147,14 +171,13 @@ def reprice(rows: list[dict], out: Path) -> list[dict]:
     (whose noise it cannot change); the profile is this machine's now, so it carries today's drift."""
     from ..cluster.emulate import parse_rate
     from ..plan import ParallelPlan
-    from ..planner.estimate import estimate
 
     profiles, again = {}, []
     for r in rows:
         cfg = load_config(None, [*MODELS[r["model"]], *COMMON])
         topo = Topology(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6,
                         latency=r["latency"], speed=r["speed"], rate_mbit=r["rate_mbit"], overlap=r["overlap"],
-                        source="the saved probe of the cell")
+                        per_micro=r.get("per_micro", 0.0), source="the saved probe or trial of the cell")
         if r["model"] not in profiles:  # profiled at every candidate's micro-batch size, as planning does
             profiles[r["model"]] = choose(job_of(cfg), topo, cfg.plan.allow_async).profile
         label = r["plan"].replace(" ", "-")
@@ -273,6 +296,11 @@ def markdown(rows: list[dict], command: str, previous: tuple[str, list[dict]] | 
                   "profile per model), against the run's measurements; rank is the candidate's rank at the run, "
                   "and the pick is the candidate today's planner prices fastest among those run.", ""]
     lines += [headline(rows), ""]
+    if any(r.get("calibrated") for r in rows):
+        plain = [{**r, "predicted": r["predicted_probe"]} for r in rows]
+        lines += [headline(plain, "The same runs priced without the trial (the probe's rates, as before)"), ""]
+        trials = [r["trial_s"] for r in rows if r.get("trial_s")]
+        lines += [f"The calibration trial took {min(trials):.1f}–{max(trials):.1f} s per cell and model.", ""]
     if previous is not None:
         lines += [headline(previous[1], f"The previous run (`{previous[0]}`)"), ""]
     summary = ["| cell | candidates run | median abs error | worst abs error | Spearman | pick over best measured | "
@@ -345,8 +373,11 @@ def main(ns, argv: list[str]) -> int:
         cluster = {"period_us": round(ns.cpu_period * 1000), "burst_us": round(ns.cpu_burst * 1000), "pin": ns.pin}
         if ns.cpus:
             cluster["cpus"] = ns.cpus
-        rows = run(models, hosts, rates, out, ns.repeats, ns.steps or 10, cluster)
-        (out / "results.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+        def save(rows: list[dict]) -> None:
+            (out / "results.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+
+        save(run(models, hosts, rates, out, ns.repeats, ns.steps or 10, cluster, trial=ns.trial, save=save))
+        rows = _saved(out)[1]
     text = markdown(rows, command, _previous(out))
     plot = scatter(rows, out / "plan_scatter.png")
     (out / "report.md").write_text(text)

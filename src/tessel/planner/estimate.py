@@ -13,7 +13,8 @@ send its size):
     tp.norm   LayerNorms over features cut by the grid, per micro-batch
     tp.grads  once per step: row-replicated pieces' gradients summed, and the fp64 squared norm
 
-Time per micro-batch on stage k is its layers' compute over tp (and over the rank's compute speed) plus
+Time per micro-batch on stage k is its layers' compute over tp (and over the rank's compute speed), plus what the
+runtime adds per micro-batch where a calibration trial measured it (:mod:`.calibrate`), plus
 its tp collectives, or its boundary sends at the rate of the pp group (:class:`Topology`) where those take
 longer: sends are asynchronous and travel while the stage computes. A flushed schedule takes one slot of every
 stage (the first micro-batch's way through) and m - 1 slowest-stage slots, plus one activation's and
@@ -194,8 +195,11 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     pp_rate = topo.group_rate(*strides["pp"])
     share = _out_share(profile, plan)
     stage_compute, stage_slot, tp_elems, pp_elems, tp_step, hops = [], [], [], [], [], []
+    # what the runtime adds to each micro-batch on a stage beyond its layers (a calibration trial's per_micro): a
+    # pipeline stage pays it for every micro-batch; one process's step already holds the first in step_factor
+    runtime = topo.per_micro * (1.0 if plan.pp > 1 else (m - 1) / m)
     for k, (lo, hi) in enumerate(bounds):
-        c = sum(per_layer[lo:hi])
+        c = sum(per_layer[lo:hi]) + runtime
         e_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo, wire)
         # a stage sends its output forward and its input's gradient back, this rank's block of each
         out = samples * profile.layers[hi - 1].out_per_sample * share[hi - 1] if k + 1 < len(bounds) else 0.0

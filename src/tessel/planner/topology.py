@@ -42,6 +42,9 @@ class Topology:
     # share of an asynchronous collective that hides behind compute running beside it (measured by the probe;
     # under a tight CPU quota gloo's threads and the compute take turns, so little hides)
     overlap: float = 1.0
+    # seconds each micro-batch beyond the first adds to a step beyond its layers' work (autograd set-up, the loss,
+    # the runtime's bookkeeping), measured by a calibration trial (tessel.planner.calibrate; 0: not measured)
+    per_micro: float = 0.0
     source: str = "defaults"
 
     def __post_init__(self) -> None:
@@ -55,8 +58,10 @@ class Topology:
                               "the ranks (each host holds the same number)")
         if not 0 <= self.overlap <= 1:
             raise ConfigError(f"topology overlap is {self.overlap}; it must be a share from 0 to 1")
-        if not (math.isfinite(self.latency) and self.latency >= 0):
-            raise ConfigError(f"topology latency is {self.latency}; it must be a finite number >= 0")
+        for key in ("latency", "per_micro"):
+            v = getattr(self, key)
+            if not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"topology {key.replace('_', '-')} is {v}; it must be a finite number >= 0")
 
     @property
     def per_host(self) -> int:
@@ -81,8 +86,9 @@ class Topology:
                                                       "of it hidden by compute)")
         return (f"topology: {self.ranks} ranks on {self.hosts} host{'s' if self.hosts > 1 else ''}, link "
                 f"{self.link_mbit:g} Mbit/s across hosts, {self.local_mbit:g} within{moved}, latency "
-                f"{self.latency * 1e6:.0f} us, compute {self.speed:g}x one core, memory per rank {mem} "
-                f"({self.source})")
+                f"{self.latency * 1e6:.0f} us, compute {self.speed:.3g}x one core"
+                + (f", {self.per_micro * 1e3:.2f} ms per extra micro-batch" if self.per_micro else "")
+                + f", memory per rank {mem} ({self.source})")
 
 
 def from_environment(ranks: int, hosts: int = 0, link_mbit: float = 0.0, cpus: float = 0.0,
