@@ -299,10 +299,13 @@ def test_a_failed_trial_falls_back_with_one_line():
     said = []
 
     def dead():
-        raise CommError("all_gather on channel 'meta' timed out after 30 s: rank 3 did not answer\nmore detail")
+        raise CommError("all_gather on channel 'meta' timed out after 30 s: rank 3 did not answer\n=====\n"
+                        "a traceback\nRuntimeError: the cause")
 
     assert calibrate.attempt(dead, said.append) is None
-    assert len(said) == 1 and "calibration trial failed (all_gather" in said[0] and "more detail" not in said[0]
+    assert len(said) == 1 and "\n" not in said[0] and "a traceback" not in said[0], said
+    assert "calibration trial failed (all_gather on channel 'meta' timed out" in said[0], said
+    assert "... RuntimeError: the cause); planning without it" in said[0], said
     assert calibrate.attempt(lambda: {"ok": 1}, said.append) == {"ok": 1} and len(said) == 1
 
 

@@ -205,8 +205,10 @@ def attempt(trial, say=print) -> dict | None:
     try:
         return trial()
     except (CommError, OSError, RuntimeError, ValueError, KeyError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        say(f"tessel: the planner's calibration trial failed ({first}); planning without it")
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip(" =-")] or [type(e).__name__]
+        # the first line says where, the last what (a worker's traceback ends with its error)
+        what = lines[0][:120] + (f" ... {lines[-1][:120]}" if len(lines) > 1 else "")
+        say(f"tessel: the planner's calibration trial failed ({what}); planning without it")
         return None
 
 
