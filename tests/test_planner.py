@@ -222,6 +222,23 @@ def test_train_plan_auto_runs_the_winner(tmp_path):
     assert ran.with_(tables=()) == saved.with_(bounds=ran.bounds) or ran.with_(tables=()) == saved
 
 
+def test_plan_auto_under_torchrun_plans_on_rank_0_after_the_trial(tmp_path):
+    """Under plain torchrun every worker takes part in the trial, rank 0 plans, and every rank runs its winner."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "tessel",
+                        "train", "--plan", "auto", "--plan.trial", "true", "--model", "classifier", "--model.hidden",
+                        "32", "--model.in_features", "24", "--batch", "8", "--steps", "2", "--metrics.plot", "false",
+                        "--metrics.heldout", "false", "--out", "run"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("tessel: calibration trial") == 1 and "calibrated by a" in r.stdout
+    assert r.stdout.count("chosen: plan:") == 1
+    ran = ParallelPlan.from_dict(json.loads((tmp_path / "run" / "summary.json").read_text())["plan"])
+    assert ran.world == 2
+
+
 def _probe():
     from tessel.planner import probe
 

@@ -105,7 +105,7 @@ def _auto_plan(cfg: Config, world: int) -> ParallelPlan:
     rank first takes part in the probe, or with ``plan.trial``, in the calibration trial (the model's steps and
     each kind of collective, timed on the job's own hosts; the probe where the trial fails)."""
     chosen = None
-    job = job_of(cfg)
+    job = job_of(cfg) if cfg.plan.trial or dist.get_rank() == 0 else None  # the trial runs the model on every rank
     trial = calibrate.attempt(lambda: calibrate.run_trial(job)) if cfg.plan.trial else None
     measured = probe.measure() if trial is None else None  # latency under load and the share of a core each gets
     if dist.get_rank() == 0:

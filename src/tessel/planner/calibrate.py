@@ -16,9 +16,9 @@ estimate reads:
 - ``overlap`` as the probe measures it.
 
 Run on every rank (``tessel train --plan auto --plan.trial true``, ``tessel plan --trial`` on local workers,
-``tessel bench plan --trial`` per cell and model); off by default, since on the emulated cluster it priced the
-planner's candidates worse than the probe (docs/benchmarks.md, "A calibration trial"). :func:`fit` is pure, so it
-is tested on made-up measurements:
+``tessel bench plan --trial`` per cell and model). Off by default: on the emulated cluster it priced 4-host cells
+worse than the probe and an 8-host cell far better (docs/benchmarks.md, "A calibration trial"). :func:`fit` is
+pure, so it is tested on made-up measurements:
 
     >>> rows = [("all_reduce", 4, 6, 1e6, 6 * 1e-4 + 1e6 * 8 / 400e6), ("all_gather", 4, 3, 4e6, 3e-4 + 0.08)]
     >>> lat, mbit = fit_link(rows)
