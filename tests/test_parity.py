@@ -86,3 +86,19 @@ def test_ddp_parity_2_ranks(world2, name, optimizer, micro):
 def test_ddp_parity_4_ranks(world4, name, optimizer, micro):
     losses = world4.run(check_parity, name, optimizer, 1 if name == "lstm_lm" else micro)
     assert len(set(losses)) == 1
+
+
+def test_gradient_squares_are_the_fp64_sum_in_every_width():
+    """The step tail's squared norm: exact in fp64; in fp32 and bf16 within the width's rounding of the fp64
+    sum (each tensor's norm in its own width, as torch's clip_grad_norm_ takes it), and a scalar in fp64."""
+    from tessel.train.tail import local_sq, squares
+
+    g = torch.randn(1000, 37, dtype=torch.float64)
+    exact = float((g * g).sum())
+    assert float(squares(g)) == pytest.approx(exact, rel=1e-14)
+    assert float(squares(g.float())) == pytest.approx(exact, rel=1e-5)
+    assert float(squares(g.bfloat16())) == pytest.approx(exact, rel=2e-2)
+    assert squares(g.bfloat16()).dtype == torch.float64 and squares(g.bfloat16()).dim() == 0
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (3, 2, 1)]
+    params[0].grad, params[1].grad = torch.tensor([1.0, 2.0, 2.0]), torch.tensor([4.0, 0.0]).to_sparse()
+    assert local_sq(params).tolist() == [25.0]  # 1 + 4 + 4 + 16; a parameter without a gradient adds nothing

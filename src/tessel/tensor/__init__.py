@@ -23,6 +23,7 @@ from ..chain import Runner, chain_of
 from ..errors import PlanError
 from ..registry import registered, spec_of
 from ..train.memory import local
+from ..train.tail import squares
 from . import model as _registers  # noqa: F401  (registers the reference models' tensor-parallel layers)
 from .grid import Grid, GridSpec, Split
 from .layout import plan_for
@@ -88,7 +89,7 @@ class TensorParallel:
         sq = torch.zeros(1, dtype=torch.float64, device=self.params[0].device)
         for p in self.params:
             if p.grad is not None:
-                sq += local(p.grad).double().pow(2).sum() / self.grid.replicas(p.tp_split)
+                sq += squares(local(p.grad)) / self.grid.replicas(p.tp_split)
         return self.grid.all_reduce_over(sq, self.grid.names, "tp.grads")[0]
 
     def _splits(self) -> dict[str, Split]:

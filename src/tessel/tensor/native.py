@@ -19,6 +19,7 @@ import torch
 
 from .. import comm
 from ..errors import PlanError
+from ..train.tail import squares
 
 
 def parallelize_native(model, mesh, sequence_parallel: bool = False) -> torch.nn.Module:
@@ -88,12 +89,12 @@ class NativeTP:
                 # norms under sequence parallelism: each rank holds its sequence shard's share
                 g = p.grad = g.redistribute(placements=[Replicate()] * len(g.placements))
             if isinstance(g, DTensor):
-                local = g.to_local().double().pow(2).sum()
+                local = squares(g.to_local())
                 if all(isinstance(pl, Replicate) for pl in g.placements):
                     whole += local
                 else:
                     split += local
             else:
-                whole += g.double().pow(2).sum()
+                whole += squares(g)
         comm.all_reduce(split, "tp.grads", group=self.group)
         return whole + split[0]

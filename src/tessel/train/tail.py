@@ -36,13 +36,19 @@ def clip_coef(norm: float, max_norm: float) -> float:
     return min(1.0, max_norm / (norm + 1e-6))
 
 
+def squares(g: torch.Tensor) -> torch.Tensor:
+    """The sum of ``g``'s squared elements as an fp64 scalar: the norm in ``g``'s own width, at least fp32, as
+    torch's clip_grad_norm_ takes it (an fp64 copy of every fp32 gradient cost three times the norm itself)."""
+    return torch.linalg.vector_norm(g, dtype=torch.promote_types(g.dtype, torch.float32)).double().square()
+
+
 def local_sq(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """This rank's squared norm of ``params``' gradients, in fp64 (sparse gradients by their values)."""
+    """This rank's squared norm of ``params``' gradients, summed in fp64 (sparse gradients by their values)."""
     sq = torch.zeros(1, dtype=torch.float64, device=params[0].device if params else comm.device())
     for p in params:
         if p.grad is not None:
             g = p.grad.coalesce()._values() if p.grad.is_sparse else local(p.grad)  # a sharded one: this rank's
-            sq += g.double().pow(2).sum()
+            sq += squares(g)
     return sq
 
 
