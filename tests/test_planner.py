@@ -264,6 +264,8 @@ def test_calibration_trial_on_a_world_gives_a_topology(world4):
 
     out = world4.run(_trial, TINY["classifier"])
     assert out[0] == out[3] and len(out[0]["ranks"]) == 4
+    # each rank times its share of the batch (as 4 data-parallel ranks hold it), in as many micro-batches as divide it
+    assert out[0]["samples"] * 4 == out[0]["batch"] and out[0]["samples"] % out[0]["micro"] == 0
     assert {k for k, _ in out[0]["collectives"]} == {"all_reduce", "all_gather", "all_to_all"}
     profile = measure(job_of(load_config(None, TINY["classifier"])), dps=(1,))
     cal = calibrate.fit(out[0], profile)
@@ -272,7 +274,7 @@ def test_calibration_trial_on_a_world_gives_a_topology(world4):
     assert "calibrated by a" in topo.source and out[0]["when"] in topo.source
 
 
-def _made_up_trial(profile, speeds, per_micro, latency, mbit, batch=8):
+def _made_up_trial(profile, speeds, per_micro, latency, mbit, samples=8):
     """A trial record as ranks with these speeds, this per-micro-batch cost and this link would time it: steps
     from the planner's price, collectives from the ring formulas written out here (all-reduce: 2(n-1) steps
     sending 2(n-1)/n of the tensor; all-gather and all-to-all: n-1 steps sending (n-1)/n of it)."""
@@ -286,11 +288,12 @@ def _made_up_trial(profile, speeds, per_micro, latency, mbit, batch=8):
                 slow = 1.0 if i == 0 else 0.5  # rank 0 is the slowest; the fit takes each collective's worst
                 coll[f"{kind}:{nbytes}"] = slow * (factor * (n - 1) * latency
                                                     + factor * (n - 1) / n * nbytes * 8 / (mbit * 1e6))
-        ranks.append({"whole": calibrate.predicted_step(profile, batch, 1) / speed,
-                      "many": calibrate.predicted_step(profile, batch // 4, 4) / speed + 3 * per_micro,
+        ranks.append({"whole": calibrate.predicted_step(profile, samples, 1) / speed,
+                      "many": calibrate.predicted_step(profile, samples // 4, 4) / speed + 3 * per_micro,
                       "collectives": coll, "overlap": 0.25 + 0.1 * i, "seconds": 1.0 + i, "setup": 0.5})
     kinds = [(k.split(":")[0], int(k.split(":")[1])) for k in ranks[0]["collectives"]]
-    return {"batch": batch, "ranks": ranks, "collectives": kinds, "when": "2026-11-27 00:00:00Z"}
+    return {"batch": samples * n, "samples": samples, "micro": 4, "ranks": ranks, "collectives": kinds,
+            "when": "2026-11-27 00:00:00Z"}
 
 
 def test_calibration_fit_recovers_known_rates():

@@ -137,6 +137,9 @@ def run(models: list[str], hosts: list[int], rates: list[str], out: Path, repeat
                 scn.steps = steps
                 scn.cluster = {**cluster, "cpus": cpus}
                 cell_out = out / f"{model}-h{h}-{rate}"
+                if record:  # every rank's raw measurements: a change of the fit is judged on them again
+                    cell_out.mkdir(parents=True, exist_ok=True)
+                    (cell_out / "trial.json").write_text(json.dumps(record, indent=1))
                 records = run_scenario(scn, cell_out, repeats, prefix="tspl")
                 for rank, e in enumerate(planned.ranked):
                     if e not in picked:
@@ -147,6 +150,7 @@ def run(models: list[str], hosts: list[int], rates: list[str], out: Path, repeat
                     topo = planned.topology
                     rows[-1].update(latency=topo.latency, speed=topo.speed, rate_mbit=topo.rate_mbit,
                                     overlap=topo.overlap, per_micro=topo.per_micro, calibrated=record is not None,
+                                    probe=measured,
                                     trial_s=max(r["seconds"] for r in record["ranks"]) if record else None,
                                     predicted_probe=estimate(e.plan, planned.profile.job.settings,
                                                              planned.profile, probed).step)

@@ -7,18 +7,20 @@ micro-batch, and every kind of collective the candidates use, at more than one s
 every rank at once, between compute bursts as a step issues them, and :func:`fit` turns them into the rates the
 estimate reads:
 
-- compute ``speed``: the planner's own price of a one-process step at the global batch (the profile's real step
-  there) over the wall seconds that step takes on each rank while every rank runs it; the slowest rank's;
-- ``per_micro``: what the same step in 4 micro-batches costs beyond 4 of the layers' runs at a quarter of the
-  batch, per extra micro-batch (autograd set-up, the loss, the runtime's bookkeeping), at the fitted speed;
+- compute ``speed``: the planner's own price of a one-process step of a rank's share of the batch (the global
+  batch over the ranks, as a plan of every rank on the data axis holds it) over the wall seconds that step takes
+  on each rank while every rank runs it; the slowest rank's;
+- ``per_micro``: what the same step in up to 4 micro-batches costs beyond that many of the layers' runs at that
+  fraction of the share, per extra micro-batch (autograd set-up, the loss, the runtime's bookkeeping), at the
+  fitted speed;
 - ``latency`` and ``rate_mbit``: ``seconds = steps · latency + bytes sent · 8 / rate`` fitted by least squares
   over an all-reduce, an all-gather and an all-to-all at two sizes each (the slowest rank's seconds);
 - ``overlap`` as the probe measures it.
 
 Run on every rank (``tessel train --plan auto --plan.trial true``, ``tessel plan --trial`` on local workers,
-``tessel bench plan --trial`` per cell and model). Off by default: on the emulated cluster it priced 4-host cells
-worse than the probe and an 8-host cell far better (docs/benchmarks.md, "A calibration trial"). :func:`fit` is
-pure, so it is tested on made-up measurements:
+``tessel bench plan --trial`` per cell and model). Off by default: on the emulated cluster it priced 8-host cells
+better than the probe and 4-host cells worse or no better (docs/benchmarks.md, "A calibration trial").
+:func:`fit` is pure, so it is tested on made-up measurements:
 
     >>> rows = [("all_reduce", 4, 6, 1e6, 6 * 1e-4 + 1e6 * 8 / 400e6), ("all_gather", 4, 3, 4e6, 3e-4 + 0.08)]
     >>> lat, mbit = fit_link(rows)
@@ -101,15 +103,16 @@ def predicted_step(profile: Profile, samples: int, micro: int) -> float:
 
 def fit(trial: dict, profile: Profile) -> Calibration:
     """The calibration from a trial (:func:`run_trial`'s gathered record) and the profile of the same model: the
-    trial's steps are at the global batch, where the profile timed its real step, so the ratio compares like with
-    like (a step's fixed costs, the clip and the optimizer, do not shrink with the micro-batch)."""
-    b, ranks = trial["batch"], trial["ranks"]
+    ratio compares like with like, a real step of the same samples (its fixed costs, the clip and the optimizer,
+    do not shrink with the micro-batch)."""
+    b, ranks = trial["samples"], trial["ranks"]
+    micro = trial["micro"]
     whole = predicted_step(profile, b, 1)
     speeds = [whole / r["whole"] for r in ranks]
     slowest = min(range(len(ranks)), key=lambda i: speeds[i])
     speed, r = speeds[slowest], ranks[slowest]
-    many = predicted_step(profile, b // MICRO, MICRO) / speed  # the layers at a quarter of the batch, 4 times
-    per_micro = max(0.0, (r["many"] - many) / (MICRO - 1))
+    many = predicted_step(profile, b // micro, micro) / speed  # the layers at 1/micro of the samples, micro times
+    per_micro = max(0.0, (r["many"] - many) / (micro - 1)) if micro > 1 else 0.0
     n = len(ranks)
     if n > 1:
         rows = []
@@ -124,8 +127,8 @@ def fit(trial: dict, profile: Profile) -> Calibration:
                        max(x["seconds"] for x in ranks), max(x["setup"] for x in ranks), trial["when"])
 
 
-def _steps(job: Job, repeats: int) -> dict:
-    """Median wall seconds of one-process steps at the global batch, in one micro-batch ("whole") and in 4
+def _steps(job: Job, samples: int, micro: int, repeats: int) -> dict:
+    """Median wall seconds of one-process steps of ``samples``, in one micro-batch ("whole") and in ``micro``
     ("many"), taken in alternating order after one warm-up step; "setup": seconds to that point (the model, its
     optimizer, whose first construction imports torch._dynamo, and the warm-up, which makes its state)."""
     t0 = time.perf_counter()
@@ -135,8 +138,8 @@ def _steps(job: Job, repeats: int) -> dict:
         model = job.build()
     runner = Runner(model, chain_of(model))
     tail = StepTail(list(runner.parameters()), build_optimizer(list(runner.parameters()), settings), settings.clip)
-    x, y = job.batch(settings.global_batch, 1)
-    engines = {"whole": Engine(runner, tail, 1, settings.lr_at), "many": Engine(runner, tail, MICRO, settings.lr_at)}
+    x, y = job.batch(settings.global_batch, settings.global_batch // samples)
+    engines = {"whole": Engine(runner, tail, 1, settings.lr_at), "many": Engine(runner, tail, micro, settings.lr_at)}
     engines["whole"].step(x, y, 0)
     comm.barrier("probe")  # every rank set up: the timed steps share the host's CPU as a run's steps do
     out = {"setup": time.perf_counter() - t0}
@@ -153,7 +156,7 @@ def _timed(fn, repeats: int, a: torch.Tensor, w: torch.Tensor) -> float:
     """Median wall seconds of ``fn()`` issued after a compute burst, as a step issues its collectives."""
     times = []
     for _ in range(repeats + 1):
-        probe._burst(a, w, 2)
+        probe.compute_burst(a, w, 2)
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -177,17 +180,22 @@ def _collectives(repeats: int) -> dict:
 def run_trial(job: Job, repeats: int = 2) -> dict:
     """Every rank runs the trial; every rank gets the gathered record (:func:`fit` reads it). "seconds" is the
     trial's own time, its set-up not counted (a run's workers build their model and optimizer anyway)."""
+    b = job.settings.global_batch
+    # a rank's share of the batch, as a plan of every rank on the data axis holds it: the whole batch on every rank
+    # is a working set no candidate has (its 4-host trials priced the runs 27-32% slow, median)
+    samples = b // math.gcd(b, dist.get_world_size())
+    micro = max(m for m in range(1, MICRO + 1) if samples % m == 0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a worker runs
     try:
         t0 = time.perf_counter()
-        mine = _steps(job, repeats)
+        mine = _steps(job, samples, micro, repeats)
         if dist.get_world_size() > 1:
             mine["collectives"] = _collectives(repeats)
             bulk = torch.zeros(SIZES[-1] // 4)
             a, w = torch.randn(64, 512), torch.randn(512, 512)
-            alone = statistics.median(probe._loaded(bulk, a, w, repeats, 2))
-            mine["overlap"] = probe._overlap(bulk, a, w, alone, repeats)
+            alone = statistics.median(probe.loaded(bulk, a, w, repeats, 2))
+            mine["overlap"] = probe.hidden_share(bulk, a, w, alone, repeats)
         else:
             mine["collectives"], mine["overlap"] = {}, 1.0
         mine["seconds"] = time.perf_counter() - t0 - mine["setup"]
@@ -195,7 +203,7 @@ def run_trial(job: Job, repeats: int = 2) -> dict:
         torch.set_num_threads(threads)
     ranks = comm.all_gather_object(mine, "meta")
     kinds = [(k.split(":")[0], int(k.split(":")[1])) for k in ranks[0]["collectives"]]
-    return {"batch": job.settings.global_batch, "ranks": ranks, "collectives": kinds,
+    return {"batch": b, "samples": samples, "micro": micro, "ranks": ranks, "collectives": kinds,
             "when": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime())}
 
 

@@ -26,35 +26,36 @@ import torch.distributed as dist
 from .. import comm
 
 
-def _burst(a: torch.Tensor, w: torch.Tensor, n: int) -> None:
+def compute_burst(a: torch.Tensor, w: torch.Tensor, n: int) -> None:
+    """``n`` matmuls of ``a`` by ``w``: compute such as a step issues between its collectives."""
     for _ in range(n):
         a @ w
 
 
-def _loaded(t: torch.Tensor, a: torch.Tensor, w: torch.Tensor, rounds: int, burst: int) -> list[float]:
+def loaded(t: torch.Tensor, a: torch.Tensor, w: torch.Tensor, rounds: int, burst: int) -> list[float]:
     """Seconds of each all-reduce of ``t`` issued after a compute burst, as a step issues its collectives."""
     out = []
     for _ in range(rounds):
-        _burst(a, w, burst)
+        compute_burst(a, w, burst)
         t0 = time.perf_counter()
         comm.all_reduce(t, "probe")
         out.append(time.perf_counter() - t0)
     return out
 
 
-def _overlap(t: torch.Tensor, a: torch.Tensor, w: torch.Tensor, alone: float, rounds: int) -> float:
+def hidden_share(t: torch.Tensor, a: torch.Tensor, w: torch.Tensor, alone: float, rounds: int) -> float:
     """Share of an all-reduce taking ``alone`` seconds that hides behind a compute burst of about that length."""
     t0 = time.perf_counter()
-    _burst(a, w, 4)
+    compute_burst(a, w, 4)
     n = max(1, round(4 * alone / (time.perf_counter() - t0)))  # bursts that last as long as the all-reduce
     compute, both = [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        _burst(a, w, n)
+        compute_burst(a, w, n)
         compute.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         work = comm.all_reduce(t, "probe", async_op=True)
-        _burst(a, w, n)
+        compute_burst(a, w, n)
         work.wait()
         both.append(time.perf_counter() - t0)
     c, b = statistics.median(compute), statistics.median(both)
@@ -76,17 +77,17 @@ def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: 
     wall, cpu = [], []
     for _ in range(rounds):  # compute alone: the speed a rank gets
         t0, c0 = time.perf_counter(), time.thread_time()
-        _burst(a, w, burst)
+        compute_burst(a, w, burst)
         wall.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
     comm.barrier("probe")
-    latency = statistics.mean(_loaded(one, a, w, rounds, burst)) / steps
+    latency = statistics.mean(loaded(one, a, w, rounds, burst)) / steps
     bulk = torch.zeros(bulk_bytes // 4)
-    alone = statistics.median(_loaded(bulk, a, w, bulk_rounds, burst))
+    alone = statistics.median(loaded(bulk, a, w, bulk_rounds, burst))
     seconds = alone - steps * latency
     sent = 2 * (n - 1) / n * bulk_bytes  # what a ring all-reduce makes each rank send
     mbit = sent * 8 / 1e6 / max(seconds, 1e-6) if n > 1 else float("inf")
-    overlap = _overlap(bulk, a, w, alone, bulk_rounds)
+    overlap = hidden_share(bulk, a, w, alone, bulk_rounds)
     mine = torch.tensor([latency, sum(cpu) / sum(wall), statistics.median(idle) / steps, mbit, overlap],
                         dtype=torch.float64)
     stack = torch.stack(comm.all_gather(mine, "probe"))  # (ranks, 5)
