@@ -182,7 +182,7 @@ def run_trial(job: Job, repeats: int = 2) -> dict:
     trial's own time, its set-up not counted (a run's workers build their model and optimizer anyway)."""
     b = job.settings.global_batch
     # a rank's share of the batch, as a plan of every rank on the data axis holds it: the whole batch on every rank
-    # is a working set no candidate has (its 4-host trials priced the runs 27-32% slow, median)
+    # is a working set no candidate has (its 4-host trials priced the runs 27-32% too slow, median)
     samples = b // math.gcd(b, dist.get_world_size())
     micro = max(m for m in range(1, MICRO + 1) if samples % m == 0)
     threads = torch.get_num_threads()
