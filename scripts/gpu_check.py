@@ -3,8 +3,8 @@ src/ with the machine's own torch, installing nothing):
 
 1. speed: the Transformer LM at GPT-2-small size (768 wide, 12 layers, 12 heads, 50257 words, 1024 tokens) in
    bf16-mixed for 50 steps: `tessel train` on one GPU (nccl) beside the same model in a plain torch loop with
-   autocast; tokens/s and model FLOP utilisation (6 x parameters + attention per token, against the card's dense
-   bf16 peak where the card is known).
+   autocast, 3 pairs of runs in alternating order (`--rounds`), medians; tokens/s and model FLOP utilisation
+   (6 x parameters + attention per token, against the card's dense bf16 peak where the card is known).
 2. collectives: two ranks sharing the GPU over gloo, every torch.distributed call tessel.comm makes tried on CUDA
    tensors directly (gloo runs some on CUDA tensors and refuses others; each line says which; tessel.comm sends
    and receives through host copies under gloo, so its pipelines do not depend on gloo's CUDA p2p).
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,22 +93,46 @@ def plain_loop(flags: list[str], steps: int, device: str) -> float:
     return steps * cfg.train.global_batch * cfg.data.seq_len / (time.perf_counter() - start)
 
 
-def speed(wiring: bool, work: Path) -> bool:
+def speed(wiring: bool, work: Path, rounds: int) -> bool:
+    """`tessel train` and the plain loop in turn, `rounds` times, the first of each pair alternating."""
     device, backend = ("cpu", "gloo") if wiring else ("cuda", "nccl")
     flags, steps = (TINY, 4) if wiring else (GPT2_SMALL, 50)
-    run = tessel_train(*flags, "--nproc", "1", "--parallel.backend", backend, "--train.precision", "bf16-mixed",
-                       "--steps", str(steps), out=work / "speed")
-    if "error" in run:
-        print(f"speed: tessel train failed: {run['error']}")
-        return False
-    plain = plain_loop(flags, steps, device)
+    cfg = config(flags)
+    runs: dict[str, list[float]] = {"tessel train": [], "plain torch + autocast": []}
+    for r in range(rounds):
+        for who in sorted(runs, reverse=bool(r % 2)):
+            if who == "plain torch + autocast":
+                runs[who].append(plain_loop(flags, steps, device))
+                continue
+            run = tessel_train(*flags, "--nproc", "1", "--parallel.backend", backend, "--train.precision",
+                               "bf16-mixed", "--steps", str(steps), out=work / f"speed-{r}")
+            if "error" in run:
+                print(f"speed: tessel train failed: {run['error']}")
+                return False
+            runs[who].append(run["median_tokens_per_s"])
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-    per_token = flops_per_token(config(flags))
-    for who, tps in (("tessel train", run["median_tokens_per_s"]), ("plain torch + autocast", plain)):
-        mfu = f"{100 * tps * per_token / peak:.1f}%" if peak else "n/a (peak of this card unknown)"
-        print(f"speed: {who:24s} {tps:12.0f} tokens/s  MFU {mfu}  ({name}, bf16-mixed, {steps} steps)")
+    per_token = flops_per_token(cfg)
+    for who, tps in runs.items():
+        mid = statistics.median(tps)
+        mfu = f"{100 * mid * per_token / peak:.1f}%" if peak else "n/a (peak of this card unknown)"
+        print(f"speed: {who:24s} {mid:12.0f} tokens/s (median of {rounds}: "
+              f"{', '.join(f'{t:.0f}' for t in tps)})  MFU {mfu}  ({name}, bf16-mixed, {steps} steps)")
+    print(f"speed: the host makes a batch in {data_ms(cfg):.1f} ms (both loops wait for it every step)")
     return True
+
+
+def data_ms(cfg) -> float:
+    """Milliseconds to make one batch of the run's data on this host (median of 10)."""
+    from tessel.data import ShardedLoader
+    from tessel.train.build import build_data
+
+    loader, times = ShardedLoader(build_data(cfg), cfg.train.global_batch, 0, 1), []
+    for _ in range(10):
+        start = time.perf_counter()
+        loader.next_batch()
+        times.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(times)
 
 
 def collectives() -> None:
@@ -188,6 +213,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--wiring", action="store_true", help="CPU, tiny shapes: check the wiring, not the card")
     p.add_argument("--parts", default="speed,collectives,parity", help="which parts to run (comma-separated)")
+    p.add_argument("--rounds", type=int, help="speed: pairs of runs, in alternating order (3; 1 with --wiring)")
     p.add_argument("--cases", default="", help="parity: only the cases whose names start so (comma-separated, "
                    "e.g. dp2-tp2)")
     p.add_argument("--collectives", action="store_true", help=argparse.SUPPRESS)  # one torchrun rank of part 2
@@ -202,7 +228,7 @@ def main() -> int:
           f"{torch.cuda.get_device_name() if torch.cuda.is_available() and not ns.wiring else 'cpu (wiring)'}")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        good = speed(ns.wiring, work) if "speed" in ns.parts else True
+        good = speed(ns.wiring, work, ns.rounds or (1 if ns.wiring else 3)) if "speed" in ns.parts else True
         if "collectives" in ns.parts:
             good &= collectives_in_two_ranks(ns.wiring)
         if "parity" in ns.parts:

@@ -33,6 +33,30 @@ def test_zipf_is_a_pure_function_of_seed_and_index():
     assert not torch.equal(xa, other)
 
 
+def test_zipf_tokens_follow_the_rule_position_by_position():
+    """The generator resolves followers by chain depth; here the rule is applied in order, one position at a
+    time, from the same streams, and the documents must agree token for token."""
+    from tessel.data._counter import uniform
+    from tessel.data.zipf import _SALT_CHOICE, _SALT_FOLLOW, _SALT_FRESH, FOLLOW_PROB
+
+    for vocab, seq_len, s, seed in [(1000, 16, 1.1, 3), (16, 2, 0.5, 7), (5000, 200, 1.3, -5)]:
+        corpus = ZipfCorpus(vocab_size=vocab, seq_len=seq_len, s=s, seed=seed)
+        docs = np.array([0, 5, 1_000_000_007, 5, 64])
+        key = corpus._key
+        expected = np.empty((len(docs), seq_len + 1), dtype=np.int64)
+        for i, doc in enumerate(docs.astype(np.uint64)):
+            for t in range(seq_len + 1):
+                fresh, follow, choice = (float(uniform(key, salt, doc, np.uint64(t)))
+                                         for salt in (_SALT_FRESH, _SALT_FOLLOW, _SALT_CHOICE))
+                k = int(np.searchsorted(corpus._choice_cdf, choice, side="right"))
+                if t > 0 and follow < FOLLOW_PROB:
+                    expected[i, t] = corpus.successor(np.array([expected[i, t - 1]]), np.array([k]))[0]
+                else:
+                    expected[i, t] = min(int(np.searchsorted(corpus._cdf, fresh, side="right")), vocab - 1)
+        assert np.array_equal(corpus.tokens(docs), expected)
+    assert corpus.tokens(np.array([], dtype=np.int64)).shape == (0, seq_len + 1)
+
+
 def test_zipf_batch_split_matches_whole_batch():
     corpus = ZipfCorpus(vocab_size=5000, seq_len=32)
     idx = np.arange(100, 164)
