@@ -73,7 +73,7 @@ class SteppedModel(nn.Module):
         self.lrs[self.steps] = float(self.lr_groups[0]["lr"])
         self.lrs.pop(self.steps - KEEP_LRS, None)
         ahead = self.loader.next_inputs if x is self.loader.current else None  # scheduled tables fetch its rows
-        result = engine.step(x, y, self.steps, ahead if self.tables and self.tables.choices else None)
+        result = engine.step(x, y, self.steps, ahead if self.tables and self.tables.choices else None).read()
         self.steps += 1
         release_free(self.steps)  # malloc's free holes back to the system (train/memory.py)
         loss = torch.tensor([result.loss], dtype=torch.float64, device=comm.device())

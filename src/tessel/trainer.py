@@ -297,6 +297,9 @@ def run(cfg: Config) -> dict[str, Any]:
         with (PeakTensors(held_tensors(par.module, par.optimizer), tables.memory_bytes() if tables else 0)
               if step == start + 1 and cfg.metrics.memory else contextlib.nullcontext()) as peak:
             result = engine.step(inputs, targets, step, upcoming)
+        if engine.reads == "batch" and step + 1 < cfg.train.steps:
+            loader.peek()  # the next batch is made while the device finishes this step (read() waits for it)
+        result = result.read()
         measured = peak.bytes if peak is not None else measured
         loss = torch.tensor([result.loss], dtype=torch.float64, device=comm.device())
         comm.all_reduce(loss, "meta", group=dp_group)

@@ -26,9 +26,16 @@ from .tail import StepTail
 
 @dataclass
 class StepResult:
-    loss: float  # mean loss over this rank's micro-batches
-    grad_norm: float  # global gradient norm before clipping
+    """A step's figures. ``loss`` and ``grad_norm`` may be 0-dim tensors the device is still computing (the
+    unpipelined engine reads nothing back, so the host can make the next batch meanwhile): ``read()``."""
+
+    loss: float | torch.Tensor  # mean loss over this rank's micro-batches
+    grad_norm: float | torch.Tensor  # global gradient norm before clipping
     lr: float
+
+    def read(self) -> StepResult:
+        """The same figures as floats (waits for the device where they are tensors)."""
+        return StepResult(float(self.loss), float(self.grad_norm), self.lr)
 
 
 class StepEngine(Protocol):
@@ -96,7 +103,7 @@ class Engine:
         if self.tables:
             with comm.guard("prefetch of sparse rows", "sparse"):
                 self.tables.begin_step(inputs, next_inputs)
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)  # summed on the device: no wait per loss
         for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
             # DDP's gradient all-reduce runs inside backward; a dead peer surfaces here.
             self.draws.before(i)
@@ -111,9 +118,10 @@ class Engine:
                 if self.tables:
                     self.tables.final_backward(i == m - 1)
                 loss.backward()
-                total += float(loss.detach())
+                loss = loss.detach()
+                total += loss.full_tensor() if hasattr(loss, "full_tensor") else loss  # torch's TP: a DTensor
         lr = self.lr_of(step)
-        norm = self.tail(lr)
+        norm = self.tail(lr, wait=False)
         return StepResult(loss=total, grad_norm=norm, lr=lr)
 
     def drain(self, step: int) -> None:
