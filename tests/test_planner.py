@@ -212,7 +212,8 @@ def test_train_plan_auto_runs_the_winner(tmp_path):
 
     r = subprocess.run([sys.executable, "-m", "tessel", "train", "--plan", "auto", "--nproc", "2", "--model",
                         "classifier", "--model.hidden", "32", "--model.in_features", "24", "--batch", "8", "--steps",
-                        "3", "--metrics.plot", "false", "--out", "run", "--plan.trial", "true"], cwd=tmp_path,
+                        "3", "--metrics.plot", "false", "--metrics.heldout", "false", "--metrics.memory", "false",
+                        "--out", "run", "--plan.trial", "true"], cwd=tmp_path,
                        capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -73,7 +73,11 @@ class World:
         ctx = mp.get_context("forkserver")
         # forked from a server that imported these once: a spawned rank spent ~3 s of CPU importing them, and a
         # world of 8 on 2 cores ~15 s before its first task
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "tessel.trainer", "tessel.cli"])
+        # (Hugging Face's model files too, which 8 ranks of the hf tests imported each; the forkserver skips a
+        # module that does not import, so a machine without the extra loses nothing)
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "tessel.trainer", "tessel.cli",
+                                    "transformers.models.llama.modeling_llama",
+                                    "transformers.models.gpt2.modeling_gpt2"])
         self.size = size
         self.tasks = [ctx.Queue() for _ in range(size)]
         self.results = ctx.Queue()

@@ -57,11 +57,13 @@ def evaluate(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
 def report(cfg) -> dict[str, dict[str, float]] | None:
     """Held-out loss and accuracy at the run's start and end (``{"initial": ..., "final": ..., "step": N}``),
     or None where there is no held-out data (a text corpus) or no final checkpoint."""
+    if cfg.data_source == "text" or not cfg.checkpoint.enabled:
+        return None  # before importing DCP (a second of the launcher's start-up) for nothing
     from . import checkpoint
     from .build import build, build_data
 
-    final = checkpoint.latest(cfg.checkpoint_dir) if cfg.checkpoint.enabled else None
-    if cfg.data_source == "text" or final is None:
+    final = checkpoint.latest(cfg.checkpoint_dir)
+    if final is None:
         return None
     torch.manual_seed(cfg.train.seed)  # as the trainer does before it builds: the run's initial weights
     data = build_data(cfg)
