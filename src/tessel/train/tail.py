@@ -132,29 +132,25 @@ class StepTail:
         device tensor and the clip is a tensor too, so the host launches the update without waiting for the
         backward to finish (a GPU then never idles between backward and update)."""
         sq = self.squared_norm(global_norm, upto)
-        if not wait and not self.tables and not any(p.grad is not None and p.grad.is_sparse for p in self.params):
+        set_lr(self.optimizer, lr)
+        host = wait or self.tables or any(p.grad is not None and p.grad.is_sparse for p in self.params)
+        if host:
+            norm = float(sq.sqrt())
+            scale = clip_coef(norm, self.clip) if self.clip > 0 else 1.0  # a clip of 0: no clipping
+            if scale < 1.0:
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(scale)  # a loop, not _foreach: torch-sparse tables have sparse gradients
+            if self.tables:
+                # rows first: the next step's rows that waited for this update travel during the dense step
+                self.tables.step(lr, scale)
+        else:
             norm = sq.sqrt().reshape(())
             if self.clip > 0:  # clip_coef's rule in fp64 on the device: the same factor, bit for bit
                 scale = (self.clip / (norm + 1e-6)).clamp(max=1.0)
                 grads = [local(p.grad) for p in self.params if p.grad is not None]
                 for device in {g.device for g in grads}:
                     torch._foreach_mul_([g for g in grads if g.device == device], scale.to(device))
-            self._update(lr)
-            return norm
-        norm = float(sq.sqrt())
-        scale = clip_coef(norm, self.clip) if self.clip > 0 else 1.0  # a clip of 0: no clipping
-        if scale < 1.0:
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.mul_(scale)  # a loop, not _foreach: torch-sparse tables have sparse gradients
-        if self.tables:
-            # rows first: the next step's rows that waited for this update travel during the dense step
-            set_lr(self.optimizer, lr)
-            self.tables.step(lr, scale)
-        self._update(lr)
-        return norm
-
-    def _update(self, lr: float) -> None:
-        set_lr(self.optimizer, lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return norm
