@@ -19,13 +19,16 @@ import sys
 from pathlib import Path
 
 
+def train(argv: list[str]) -> None:
+    """`tessel train ARGV`, launched as a user would."""
+    subprocess.run([sys.executable, "-m", "tessel", "train", *argv], check=True, stdout=subprocess.DEVNULL)
+
+
 def run(seed: int, precision: str, extra: list[str], out: Path) -> float:
     """One `tessel train`; its final held-out loss."""
     folder = out / f"{precision}-s{seed}"
-    cmd = [sys.executable, "-m", "tessel", "train", "--seed", str(seed), "--train.precision", precision,
-           "--metrics.progress", "log", "--metrics.plot", "false", "--metrics.memory", "false", *extra, "--out",
-           str(folder)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    train(["--seed", str(seed), "--train.precision", precision, "--metrics.progress", "log", "--metrics.plot",
+           "false", "--metrics.memory", "false", *extra, "--out", str(folder)])
     return json.loads((folder / "summary.json").read_text())["heldout"]["final"]["loss"]
 
 

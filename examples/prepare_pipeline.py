@@ -77,5 +77,6 @@ def main() -> None:
               f"{ {c: v['sent'] for c, v in moved.items() if v['sent']} }")
 
 
-main()
-tessel.shutdown()  # the groups go once main's model is gone
+if __name__ == "__main__":
+    main()
+    tessel.shutdown()  # the groups go once main's model is gone

@@ -13,7 +13,7 @@ from tessel import ParallelDims, apply_ddp, build_mesh, comm, init_distributed, 
 from tessel.models import LSTMLM
 
 
-def main() -> None:
+def main(strategy: str = "alltoall") -> None:
     init_distributed()
     dims = ParallelDims.resolve(torch.distributed.get_world_size())
     mesh = build_mesh(dims)
@@ -26,7 +26,6 @@ def main() -> None:
     split = [(b[:, :-1], b[:, 1:]) for b in batches]
 
     # Take the tables out (embedding, sampled-softmax weights and bias) and split them; DDP gets the rest.
-    strategy = sys.argv[1] if len(sys.argv) > 1 else "alltoall"
     tables = sparse.shard(model, split[:2], strategy=strategy, optimizer="adagrad", lr=0.1, group=mesh.get_group("dp"))
     model = apply_ddp(model, mesh.get_group("dp"))
     opt = torch.optim.Adagrad(model.parameters(), lr=0.1)
@@ -48,5 +47,6 @@ def main() -> None:
         print(f"loss {loss.item():.3f}; bytes sent per step: {moved}")
 
 
-main()
-shutdown()  # after main(): its DDP model is gone, so no group outlives the world
+if __name__ == "__main__":
+    main(*sys.argv[1:2])
+    shutdown()  # after main(): its DDP model is gone, so no group outlives the world

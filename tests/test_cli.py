@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+import trained
 from tessel.cli import main
 from tessel.train import checkpoint
 from trained import train
@@ -266,21 +267,22 @@ def test_plain_torchrun_two_nodes(tmp_path):
     assert summary["bytes"]["dp.dense"]["sent_per_step_per_rank"] > 0
 
 
-def test_train_on_text_files(tmp_path):
+def test_train_on_text_files(tmp_path, world2, monkeypatch, capsys):
+    """tessel train's main on a user's corpus, its 2 workers the ranks of a test world."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     words = "the cat sat on the mat and the dog ate the bone while the bird sang".split()
     for i in range(2):
         (corpus / f"part{i}.txt").write_text(" ".join(words[(j * 7 + i) % len(words)] for j in range(3000)))
     out = tmp_path / "run"
-    r = tessel("train", *TINY, "--model", "lstm_lm", "--model.hidden", "32", "--model.softmax", "full", "--steps", "30",
-               "--lr", "0.02", "--train.warmup", "0", "--data", str(corpus / "*.txt"), "--metrics.plot", "true",
-               "--metrics.heldout", "true",
-               "--data.cache_dir", str(tmp_path / "cache"), "--out", str(out), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    trained.launch_in(world2, tmp_path, monkeypatch)
+    assert main(["train", *TINY, "--model", "lstm_lm", "--model.hidden", "32", "--model.softmax", "full", "--steps",
+                 "30", "--lr", "0.02", "--train.warmup", "0", "--data", str(corpus / "*.txt"), "--metrics.plot", "true",
+                 "--metrics.heldout", "true", "--data.cache_dir", str(tmp_path / "cache"), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_loss"] < summary["first_loss"] - 0.5
-    assert "heldout" not in summary and "held-out" not in r.stdout  # the user's corpus has no held-out part
+    printed = capsys.readouterr().out
+    assert "heldout" not in summary and "held-out" not in printed  # the user's corpus has no held-out part
     assert (out / "loss.png").stat().st_size > 1000
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 30 and "dp.dense" in json.loads(lines[-1])["bytes"]
@@ -289,29 +291,42 @@ def test_train_on_text_files(tmp_path):
     assert 50 * 2**20 < last["rss"] < 8 * 2**30 and 0 < last["heap"] < last["rss"] and 0 < last["anon"] < last["rss"]
 
 
-def test_train_reports_held_out_loss_and_accuracy(tmp_path):
+def test_train_reports_held_out_loss_and_accuracy(world2, tmp_path, capsys, monkeypatch):
     """After the run, its initial and final weights on samples no step trained on: a learnable task's held-out
-    accuracy rises and its loss falls (2 workers, the final checkpoint loaded into one process)."""
+    accuracy rises and its loss falls (the launcher's part, the final checkpoint loaded into one process, after 2
+    workers: the ranks of a test world)."""
     out = tmp_path / "run"
-    r = tessel("train", "--model", "classifier", "--model.layers", "2", "--model.hidden", "32", "--model.in_features",
-               "16", "--model.classes", "4", "--batch", "16", "--optimizer", "sgd", "--lr", "0.1", "--steps", "30",
-               "--metrics.progress", "off", "--metrics.plot", "false", "--out", str(out), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    args = ["--model", "classifier", "--model.layers", "2", "--model.hidden", "32", "--model.in_features", "16",
+            "--model.classes", "4", "--batch", "16", "--optimizer", "sgd", "--lr", "0.1", "--steps", "30",
+            "--metrics.progress", "off", "--metrics.plot", "false", "--out", str(out)]
+    trained.launch_in(world2, tmp_path, monkeypatch)
+    assert main(["train", *args]) == 0
     held = json.loads((out / "summary.json").read_text())["heldout"]
     assert held["step"] == 30 and held["samples"] == 1024
     assert held["final"]["accuracy"] > held["initial"]["accuracy"] + 20
     assert held["final"]["loss"] < held["initial"]["loss"]
-    shown = [line for line in r.stdout.splitlines() if line.startswith("held-out (1024 samples")]
-    assert len(shown) == 1 and f"{held['final']['accuracy']:.1f}%" in shown[0], r.stdout
+    printed = capsys.readouterr().out
+    shown = [line for line in printed.splitlines() if line.startswith("held-out (1024 samples")]
+    assert len(shown) == 1 and f"{held['final']['accuracy']:.1f}%" in shown[0], printed
+
+
+def _sparse_loop(strategy: str) -> str:
+    """examples/sparse_loop.py's main on this rank, as torchrun starts it; what it printed."""
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        trained.example("sparse_loop").main(strategy)
+    return printed.getvalue()
 
 
 @pytest.mark.parametrize("strategy,channel", [("ps", "ps.push"), ("alltoall", "a2a.bwd")])
-def test_sparse_loop_example_runs(tmp_path, strategy, channel):
-    example = Path(__file__).resolve().parent.parent / "examples" / "sparse_loop.py"
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        str(example), strategy], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert f"-> {strategy} (sparse)" in r.stdout and f"'{channel}'" in r.stdout
+def test_sparse_loop_example_runs(world2, strategy, channel):
+    """The example's loop on the ranks of a test world (the two processes torchrun would start; a launch by torchrun
+    is test_readme_library_example_runs')."""
+    printed = world2.run(_sparse_loop, strategy)[0]
+    assert f"-> {strategy} (sparse)" in printed and f"'{channel}'" in printed, printed
 
 
 def test_readme_library_example_runs(tmp_path):
@@ -324,38 +339,43 @@ def test_readme_library_example_runs(tmp_path):
     assert f"dp.dense sent per step {params * 4} bytes" in r.stdout
 
 
-def test_pipeline_accuracy_protocol_runs(tmp_path):
+def test_pipeline_accuracy_protocol_runs(tmp_path, monkeypatch, capsys, world1, world4):
     """The accuracy protocol end to end on a tiny budget: every schedule trains, is evaluated on held-out
-    samples from its checkpoint, and the flushed pipeline matches the single process it must equal."""
-    example = Path(__file__).resolve().parent.parent / "examples" / "pipeline_accuracy.py"
-    r = subprocess.run([sys.executable, str(example), "--tasks", "classifier", "--seeds", "0", "--steps", "6",
-                        "--micro", "1", "--variants", "opt:4", "--baselines", "1f1b", "--out", str(tmp_path / "acc")],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    samples from its checkpoint, and the flushed pipeline matches the single process it must equal. Its runs
+    train in the test worlds (the trainer a launch would run; the launcher has its own tests), three launches
+    fewer."""
+    protocol = _protocol(monkeypatch)
+
+    def train(overrides, out):  # protocol.train's command, on the world of its --nproc
+        world = world4 if "parallel.nproc=4" in overrides else world1
+        sets = [a for o in overrides for a in ("--set", o)]
+        trained.train(world, tmp_path, "--metrics.progress", "off", "--metrics.plot", "false",
+                      "--metrics.heldout", "false", "--metrics.memory", "false", "--out", str(out), *sets)
+
+    monkeypatch.setattr(protocol, "train", train)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["pipeline_accuracy.py", "--tasks", "classifier", "--seeds", "0", "--steps", "6",
+                                      "--micro", "1", "--variants", "opt:4", "--baselines", "1f1b",
+                                      "--out", str(tmp_path / "acc")])
+    protocol.main()
+    printed = capsys.readouterr().out
     res = json.loads((tmp_path / "acc" / "results.json").read_text())["classifier"]
-    # async and async-stash go through the same train-and-evaluate lines as these (left out: a launch each)
+    # async and async-stash go through the same train-and-evaluate lines as these (left out: a run each)
     assert res["steps"] == 6 and set(res["m1"]) == {"single", "1f1b", "async-predict-opt-delay4"}
     assert res["split"] == "2,1,1,2" and set(res["m1-lr"].values()) == {"0.05"}  # the pinned cut, the task's LR
     assert abs(res["m1"]["1f1b"][0]["loss"] - res["single"][0]["loss"]) < 1e-4
-    assert "| async-predict-opt-delay4 |" in r.stdout and "async-predict-opt-delay4 vs 1f1b: " in r.stdout
+    assert "| async-predict-opt-delay4 |" in printed and "async-predict-opt-delay4 vs 1f1b: " in printed
     run = tmp_path / "acc" / "classifier-m1-async-predict-opt-delay4-6-cut2112-s0"  # runs named by cut
     plan = json.loads((run / "summary.json").read_text())["plan"]
     assert (plan["predict"], plan["delay_lr"]) == ("opt", 4)
-    again = subprocess.run([sys.executable, str(example), "--report-only", str(tmp_path / "acc" / "results.json")],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert again.stdout == (tmp_path / "acc" / "report.md").read_text() + "\n"  # the report from its results
+    monkeypatch.setattr(sys, "argv", ["pipeline_accuracy.py", "--report-only", str(tmp_path / "acc" / "results.json")])
+    protocol.main()
+    assert capsys.readouterr().out == (tmp_path / "acc" / "report.md").read_text() + "\n"  # the report from its results
 
 
 def _protocol(monkeypatch):
     """examples/pipeline_accuracy.py as a module."""
-    import importlib.util
-
-    example = Path(__file__).resolve().parent.parent / "examples" / "pipeline_accuracy.py"
-    spec = importlib.util.spec_from_file_location("pipeline_accuracy", example)
-    protocol = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, protocol)  # its dataclass looks its module up there
-    spec.loader.exec_module(protocol)
-    return protocol
+    return trained.example("pipeline_accuracy", monkeypatch)
 
 
 def test_accuracy_tables_in_the_docs_render_from_the_committed_results(monkeypatch):

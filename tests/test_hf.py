@@ -229,17 +229,29 @@ def test_batches_as_users_write_them():
         pair({"input_ids": torch.zeros(4, 2), "labels": torch.zeros(4, 2), "attention_mask": torch.zeros(4, 2)})
 
 
-@pytest.mark.parametrize("plan,nproc", [("dp2-pp2", "4"), ("auto", "2")])  # auto on 2: half the imports
-def test_hf_llama_example_runs_and_its_folder_loads(tmp_path, plan, nproc):
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
+def _run_example(argv: list[str]) -> str:
+    """examples/hf_llama.py's main on this rank, as ``tessel run`` starts it; what it printed."""
+    import contextlib
+    import io
 
-    example = Path(__file__).resolve().parent.parent / "examples" / "hf_llama.py"
-    r = subprocess.run([sys.executable, "-m", "tessel", "run", "--nproc", nproc, str(example), "--plan", plan,
-                        "--steps", "4", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    found = re.search(r"held-out loss ([0-9.]+) trained, ([0-9.]+) loaded with from_pretrained", r.stdout)
-    assert found and found.group(1) == found.group(2), r.stdout
+    import trained
+
+    module = trained.example("hf_llama")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        module.main(argv)
+    return printed.getvalue()
+
+
+@pytest.mark.parametrize("plan,size", [("dp2-pp2", 4), ("auto", 2)])
+def test_hf_llama_example_runs_and_its_folder_loads(tmp_path, plan, size, request):
+    """The example's loop on the ranks of a test world (the processes ``tessel run --nproc`` would start; the
+    launch itself is test_prepare's)."""
+    import re
+
+    world = request.getfixturevalue(f"world{size}")
+    printed = world.run(_run_example, ["--plan", plan, "--steps", "4", "--out", str(tmp_path / "out")],
+                        timeout=300)[0]
+    found = re.search(r"held-out loss ([0-9.]+) trained, ([0-9.]+) loaded with from_pretrained", printed)
+    assert found and found.group(1) == found.group(2), printed
     assert (tmp_path / "out" / "config.json").is_file()

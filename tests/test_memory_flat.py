@@ -23,7 +23,8 @@ from tessel.mesh import build_mesh
 from tessel.parallelize import parallelize
 from tessel.train.build import build, build_data
 
-STEPS, EVERY = 64, 20  # samples after steps 20, 40 and 60: 20 steps apart, past the first (warm-up) steps
+STEPS, EVERY = 46, 15  # samples after steps 15, 30 and 45, past the first (warm-up) steps: a tensor kept every
+# 5 steps adds 3 between two samples, over TRANSIENT
 B, T, D = 8, 8, 16  # global batch, sequence length, model width
 # What may differ between two step boundaries of a run that keeps nothing: the rows an alltoall table
 # prefetches for the next batch, whose unique count changes from batch to batch. At most every one of the

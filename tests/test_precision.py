@@ -334,26 +334,29 @@ def test_a_checkpoint_resumes_in_the_other_precision(world1, tmp_path):
             assert (w - same[name]).abs().max() <= bound, name
 
 
-def test_precision_accuracy_example_pairs_each_seed_in_both_precisions(tmp_path):
+def test_precision_accuracy_example_pairs_each_seed_in_both_precisions(tmp_path, monkeypatch, capsys, world1):
     """examples/precision_accuracy.py on a tiny run: one seed in each precision, the held-out losses it reports are
-    the runs' own, and the relative difference is computed from them."""
+    the runs' own, and the relative difference is computed from them. Each run is `tessel train`'s own main, its
+    worker the rank of a test world."""
     import json
-    import subprocess
     import sys
-    from pathlib import Path
 
-    example = Path(__file__).resolve().parent.parent / "examples" / "precision_accuracy.py"
+    import trained
+    from tessel.cli import main
+
+    protocol = trained.example("precision_accuracy", monkeypatch)
+    trained.launch_in(world1, tmp_path, monkeypatch)
+    monkeypatch.setattr(protocol, "train", lambda argv: main(["train", *argv]))
     tiny = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--vocab", "64", "--seq-len", "8",
             "--batch", "8", "--steps", "3", "--nproc", "1"]
-    r = subprocess.run([sys.executable, str(example), "--seeds", "0", "--out", str(tmp_path), "--", *tiny],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    monkeypatch.setattr(sys, "argv", ["precision_accuracy.py", "--seeds", "0", "--out", str(tmp_path), "--", *tiny])
+    protocol.main()
     got = json.loads((tmp_path / "results.json").read_text())
     (seed, fp32, bf16), = got["rows"]
     for prec, loss in (("fp32", fp32), ("bf16-mixed", bf16)):
         summary = json.loads((tmp_path / f"{prec}-s0" / "summary.json").read_text())
         assert summary["heldout"]["final"]["loss"] == loss and summary["steps_run"] == 3
-    assert abs(got["mean_pct"] - 100 * (bf16 / fp32 - 1)) < 1e-12 and "seed 0:" in r.stdout
+    assert abs(got["mean_pct"] - 100 * (bf16 / fp32 - 1)) < 1e-12 and "seed 0:" in capsys.readouterr().out
 
 
 def test_row_gradient_width_example_measures_each_way_of_summing(tmp_path):

@@ -258,24 +258,32 @@ def test_async_schedule_through_model_step_drains_on_save(world2, tmp_path):
     assert first[2] and not last[2]
 
 
-def test_pipeline_example_runs_under_tessel_run(tmp_path):
-    """examples/prepare_pipeline.py on 2 workers (pp=2) started by `tessel run`."""
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
+def _pipeline_example() -> str:
+    """examples/prepare_pipeline.py's main on this rank, as ``tessel run`` starts it; what it printed."""
+    import contextlib
+    import io
 
-    example = Path(__file__).resolve().parent.parent / "examples" / "prepare_pipeline.py"
-    r = subprocess.run([sys.executable, "-m", "tessel", "run", "--nproc", "2", str(example)], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", r.stdout).groups())
-    assert last < first - 0.2, r.stdout
+    import trained
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        trained.example("prepare_pipeline").main()
+    return printed.getvalue()
+
+
+def test_pipeline_example_runs(world2):
+    """examples/prepare_pipeline.py on 2 ranks (pp=2), those of a test world (the launch by `tessel run` is
+    test_prepare's)."""
+    import re
+
+    printed = world2.run(_pipeline_example)[0]
+    first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", printed).groups())
+    assert last < first - 0.2, printed
     # the first stage sends 4 micro-batches of (16, width) fp32 activations per step; the profile picks the cut
     # (sub-millisecond timings): after the word table the activation is 32 wide, after a hidden layer 128
-    end = int(re.search(r"stages 0-(\d+) \|", r.stdout).group(1))
+    end = int(re.search(r"stages 0-(\d+) \|", printed).group(1))
     width = 32 if end == 0 else 128
-    assert f"'pp': {4 * 16 * width * 4}" in r.stdout, r.stdout
+    assert f"'pp': {4 * 16 * width * 4}" in printed, printed
 
 
 def test_plan_of_one_process_or_data_parallel_only_takes_the_plain_path():

@@ -5,9 +5,16 @@ check what a run does (resume, a switched layout, a checkpoint loaded elsewhere)
 launcher owns (fresh workers, restarts, dead ranks, exit codes, one line from a failed worker) still launch.
 
     summary, printed = train(world2, tmp_path, "--steps", "6", "--out", str(tmp_path / "run"))
+
+``launch_in`` makes ``tessel.cli.main`` itself start its workers this way; examples are loaded as modules
+(``example``), their launches swapped for these.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -42,3 +49,28 @@ def train(world, cwd, *argv: str) -> tuple[dict, str]:
     """(the run's summary, what rank 0 printed, the launcher's checks included). Text data is cached under ``cwd``,
     as a launch from there would."""
     return world.run(_rank, [*argv, "--data.cache_dir", str(cwd / ".tessel_cache")], timeout=300)[0]
+
+
+def launch_in(world, cwd, monkeypatch) -> None:
+    """``tessel.cli.main(["train", ...])`` as it runs, its workers the ranks of ``world`` (rank 0's output printed
+    as a worker's would be): the launcher's own checks before and its held-out report after are the real ones."""
+    from tessel.cluster import launch as launching
+
+    def launch(argv: list[str], nproc: int, **_) -> int:
+        assert argv[0] == "train" and nproc == world.size, (argv, nproc)
+        print(train(world, cwd, *argv[1:])[1], end="")
+        return 0
+
+    monkeypatch.setattr(launching, "launch", launch)
+
+
+def example(name: str, monkeypatch=None):
+    """examples/NAME.py as a module; with ``monkeypatch``, registered for the test (a dataclass in it looks its
+    module up)."""
+    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    if monkeypatch is not None:
+        monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
