@@ -31,5 +31,6 @@ def main() -> None:
         print(f"loss {loss.item():.3f}, dp.dense sent per step {sent} bytes")
 
 
-main()
-shutdown()  # after main(): its DDP model is gone, so no group outlives the world (tessel.shutdown says why)
+if __name__ == "__main__":
+    main()
+    shutdown()  # after main(): its DDP model is gone, so no group outlives the world (tessel.shutdown says why)

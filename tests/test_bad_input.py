@@ -46,7 +46,7 @@ CASES = [
     case("plan --speed inf", "--speed inf is not valid"),
     case("plan --plan.latency_us nan", "'plan.latency_us' is nan"),
     case("plan --memory-per-rank lots", "--memory-per-rank 'lots' is not a size"),
-    case("plan --memory-per-rank 1KiB", "no plan fits 2 ranks"),
+    case("plan --memory-per-rank 1KiB --model.dim 16 --model.layers 1 --vocab 200", "no plan fits 2 ranks"),
     case("plan --plan.memory_gib inf", "'plan.memory_gib' is inf"),
     case("TESSEL_HOST_CPUS=x plan", "TESSEL_HOST_CPUS is 'x'"),
     case("train --model classifier --model.classes 1e11",

@@ -310,33 +310,30 @@ def test_train_reports_held_out_loss_and_accuracy(world2, tmp_path, capsys, monk
     assert len(shown) == 1 and f"{held['final']['accuracy']:.1f}%" in shown[0], printed
 
 
-def _sparse_loop(strategy: str) -> str:
-    """examples/sparse_loop.py's main on this rank, as torchrun starts it; what it printed."""
+def _example(name: str, *args) -> str:
+    """examples/NAME.py's main on this rank, as torchrun starts it; what it printed."""
     import contextlib
     import io
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        trained.example("sparse_loop").main(strategy)
+        trained.example(name).main(*args)
     return printed.getvalue()
 
 
 @pytest.mark.parametrize("strategy,channel", [("ps", "ps.push"), ("alltoall", "a2a.bwd")])
 def test_sparse_loop_example_runs(world2, strategy, channel):
-    """The example's loop on the ranks of a test world (the two processes torchrun would start; a launch by torchrun
-    is test_readme_library_example_runs')."""
-    printed = world2.run(_sparse_loop, strategy)[0]
+    """The example's loop on the ranks of a test world (the two processes torchrun would start; torchrun itself:
+    test_plain_torchrun_two_nodes)."""
+    printed = world2.run(_example, "sparse_loop", strategy)[0]
     assert f"-> {strategy} (sparse)" in printed and f"'{channel}'" in printed, printed
 
 
-def test_readme_library_example_runs(tmp_path):
-    example = Path(__file__).resolve().parent.parent / "examples" / "own_loop.py"
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        str(example)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+def test_readme_library_example_runs(world2):
+    printed = world2.run(_example, "own_loop")[0]
     params = 32 * 64 + 64 + 64 + 1
     # ring all_reduce over 2 ranks: each rank sends 2(P-1)/P = 1x the gradient bytes per step
-    assert f"dp.dense sent per step {params * 4} bytes" in r.stdout
+    assert f"dp.dense sent per step {params * 4} bytes" in printed, printed
 
 
 def test_pipeline_accuracy_protocol_runs(tmp_path, monkeypatch, capsys, world1, world4):

@@ -206,20 +206,21 @@ def test_plan_command_and_saved_plan(tmp_path, capsys):
     assert json.loads(out.read_text())["dp"] == plan.dp
 
 
-def test_train_plan_auto_runs_the_winner(tmp_path):
-    import subprocess
-    import sys
+def test_train_plan_auto_runs_the_winner(tmp_path, world2, monkeypatch, capsys):
+    """tessel train's main with --plan auto: the trial on 2 launched workers, the plan, the run of the winner (its
+    workers: the ranks of a test world)."""
+    import trained
 
-    r = subprocess.run([sys.executable, "-m", "tessel", "train", "--plan", "auto", "--nproc", "2", "--model",
-                        "classifier", "--model.hidden", "32", "--model.in_features", "24", "--batch", "8", "--steps",
-                        "3", "--metrics.plot", "false", "--metrics.heldout", "false", "--metrics.memory", "false",
-                        "--out", "run", "--plan.trial", "true"], cwd=tmp_path,
-                       capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "chosen: plan:" in r.stdout and "tessel: calibration trial" in r.stdout and "calibrated by a" in r.stdout
-    saved = ParallelPlan.from_json((tmp_path / "run" / "plan.json").read_text())
-    ran = ParallelPlan.from_dict(json.loads((tmp_path / "run" / "summary.json").read_text())["plan"])
+    trained.launch_in(world2, tmp_path, monkeypatch)
+    out = tmp_path / "run"
+    assert main(["train", "--plan", "auto", "--nproc", "2", "--model", "classifier", "--model.hidden", "32",
+                 "--model.in_features", "24", "--batch", "8", "--steps", "3", "--metrics.plot", "false",
+                 "--metrics.heldout", "false", "--metrics.memory", "false", "--out", str(out),
+                 "--plan.trial", "true"]) == 0
+    printed = capsys.readouterr().out
+    assert "chosen: plan:" in printed and "tessel: calibration trial" in printed and "calibrated by a" in printed
+    saved = ParallelPlan.from_json((out / "plan.json").read_text())
+    ran = ParallelPlan.from_dict(json.loads((out / "summary.json").read_text())["plan"])
     assert ran.with_(tables=()) == saved.with_(bounds=ran.bounds) or ran.with_(tables=()) == saved
 
 

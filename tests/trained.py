@@ -53,10 +53,15 @@ def train(world, cwd, *argv: str) -> tuple[dict, str]:
 
 def launch_in(world, cwd, monkeypatch) -> None:
     """``tessel.cli.main(["train", ...])`` as it runs, its workers the ranks of ``world`` (rank 0's output printed
-    as a worker's would be): the launcher's own checks before and its held-out report after are the real ones."""
+    as a worker's would be): the launcher's own checks before and its held-out report after are the real ones.
+    Other programs (the planner's trial) are launched as they are."""
     from tessel.cluster import launch as launching
 
-    def launch(argv: list[str], nproc: int, **_) -> int:
+    real = launching.launch
+
+    def launch(argv: list[str], nproc: int, program=("-m", "tessel"), **kw) -> int:
+        if program != ("-m", "tessel"):
+            return real(argv, nproc, program=program, **kw)
         assert argv[0] == "train" and nproc == world.size, (argv, nproc)
         print(train(world, cwd, *argv[1:])[1], end="")
         return 0
