@@ -359,20 +359,21 @@ def test_precision_accuracy_example_pairs_each_seed_in_both_precisions(tmp_path,
     assert abs(got["mean_pct"] - 100 * (bf16 / fp32 - 1)) < 1e-12 and "seed 0:" in capsys.readouterr().out
 
 
-def test_row_gradient_width_example_measures_each_way_of_summing(tmp_path):
+def test_row_gradient_width_example_measures_each_way_of_summing(tmp_path, monkeypatch, capsys):
     """examples/row_gradient_width.py (docs/usage.md, the row gradients' width) on a tiny run: every way of summing
     the ranks' row gradients is measured against the exact sum, and rounding the contributions to bf16 moves the
     sum by something, and by less than bf16 compute's own error (over all the touched rows)."""
-    import subprocess
     import sys
-    from pathlib import Path
 
-    example = Path(__file__).resolve().parent.parent / "examples" / "row_gradient_width.py"
-    r = subprocess.run([sys.executable, str(example), "--model", "transformer_lm", "--warm", "2", "--batches", "1",
-                        "--global-batch", "8"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    import trained
+
+    monkeypatch.setattr(sys, "argv", ["row_gradient_width.py", "--model", "transformer_lm", "--warm", "2",
+                                      "--batches", "1", "--global-batch", "8"])
+    monkeypatch.chdir(tmp_path)
+    trained.example("row_gradient_width", monkeypatch).main()  # in this process, as the script runs it
+    printed = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): [float(v) for v in line.split("|")[2:5]]
-            for line in r.stdout.splitlines() if line.startswith("| bf16")}
-    assert len(rows) == 4 and all(0 < v < 1 for errs in rows.values() for v in errs), r.stdout
+            for line in printed.splitlines() if line.startswith("| bf16")}
+    assert len(rows) == 4 and all(0 < v < 1 for errs in rows.values() for v in errs), printed
     own = rows["bf16 push, each rank, against the fp32 push (the push's own rounding)"]
-    assert own[0] < rows["bf16 compute, fp32 push"][0], r.stdout
+    assert own[0] < rows["bf16 compute, fp32 push"][0], printed

@@ -147,24 +147,24 @@ def test_v2_names_each_copy_even_when_python_reuses_a_freed_dict():
     assert len(set(keys)) == 4, keys
 
 
-def test_prediction_error_example_measures_the_guess_against_the_weights_reached(tmp_path):
+def test_prediction_error_example_measures_the_guess_against_the_weights_reached(tmp_path, monkeypatch, capsys):
     """examples/prediction_error.py (docs/pipeline.md's "How close the guess comes") on a short run: SpecTrain's
     guess lands closer to the weights s updates later than the stale weights do (share left < 1), and more so
     for fewer updates ahead."""
-    import subprocess
     import sys
-    from pathlib import Path
 
-    example = Path(__file__).resolve().parent.parent / "examples" / "prediction_error.py"
-    r = subprocess.run([sys.executable, str(example), "--tasks", "classifier", "--steps", "60", "--every", "5"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    rows = [line.split("|") for line in r.stdout.splitlines() if line.startswith("| classifier |")]
+    import trained
+
+    monkeypatch.setattr(sys, "argv", ["prediction_error.py", "--tasks", "classifier", "--steps", "60", "--every", "5"])
+    monkeypatch.chdir(tmp_path)
+    trained.example("prediction_error", monkeypatch).main()  # in this process, as the script runs it
+    printed = capsys.readouterr().out
+    rows = [line.split("|") for line in printed.splitlines() if line.startswith("| classifier |")]
     assert [(row[2].split("(")[1].rstrip(") "), row[3].strip()) for row in rows] == [
         (phase, guess) for phase in ("early", "middle", "late", "all") for guess in ("linear", "decayed", "opt")]
     weights = [float(v) for v in rows[-3][4].split("/")]  # all steps, the linear guess: s = 1, 2, 3
-    assert 0 < weights[0] < weights[1] < weights[2] < 1, r.stdout
-    assert rows[-2][4] == rows[-1][4], r.stdout  # SGD without decay: its own next updates are the decayed guess
+    assert 0 < weights[0] < weights[1] < weights[2] < 1, printed
+    assert rows[-2][4] == rows[-1][4], printed  # SGD without decay: its own next updates are the decayed guess
 
 
 # -- the asynchronous math, exactly: the pipeline against a one-process emulation --------------------------
