@@ -119,13 +119,17 @@ def schedules(variants: list[str], micro: int, split: str, baselines=BASELINES) 
     return out
 
 
-def train(overrides: list[str], out: Path) -> None:
-    cmd = [sys.executable, "-m", "tessel", "train", "--metrics.progress", "off", "--metrics.plot", "false",
-           "--metrics.heldout", "false", "--metrics.memory", "false", "--out", str(out)] + [
-               a for o in overrides for a in ("--set", o)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+def train_args(overrides: list[str], out: Path) -> list[str]:
+    """The `tessel train` arguments of one run."""
+    return ["train", "--metrics.progress", "off", "--metrics.plot", "false", "--metrics.heldout", "false",
+            "--metrics.memory", "false", "--out", str(out)] + [a for o in overrides for a in ("--set", o)]
+
+
+def launch(args: list[str]) -> None:
+    """`tessel ARGS` in its own process, as a user would run it."""
+    r = subprocess.run([sys.executable, "-m", "tessel", *args], capture_output=True, text=True)
     if r.returncode != 0:
-        raise SystemExit(f"run failed: {' '.join(cmd)}\n{r.stderr[-2000:]}")
+        raise SystemExit(f"run failed: tessel {' '.join(args)}\n{r.stderr[-2000:]}")
 
 
 def held_out(data, heldout: Path | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,7 +169,7 @@ def run(task_args: list[str], extra: list[str], seed: int, steps: int, out: Path
                  "train.clip=0"]  # clipping off: a stage-local norm would differ from the global one
     if not (out / "summary.json").exists():  # written at a run's end: a stopped run's checkpoint is not final
         shutil.rmtree(out, ignore_errors=True)
-        train(overrides, out)
+        launch(train_args(overrides, out))
     return evaluate(overrides, out, heldout)
 
 

@@ -19,15 +19,15 @@ import sys
 from pathlib import Path
 
 
-def train(argv: list[str]) -> None:
-    """`tessel train ARGV`, launched as a user would."""
-    subprocess.run([sys.executable, "-m", "tessel", "train", *argv], check=True, stdout=subprocess.DEVNULL)
+def launch(args: list[str]) -> None:
+    """`tessel ARGS` in its own process, as a user would run it."""
+    subprocess.run([sys.executable, "-m", "tessel", *args], check=True, stdout=subprocess.DEVNULL)
 
 
 def run(seed: int, precision: str, extra: list[str], out: Path) -> float:
     """One `tessel train`; its final held-out loss."""
     folder = out / f"{precision}-s{seed}"
-    train(["--seed", str(seed), "--train.precision", precision, "--metrics.progress", "log", "--metrics.plot",
+    launch(["train", "--seed", str(seed), "--train.precision", precision, "--metrics.progress", "log", "--metrics.plot",
            "false", "--metrics.memory", "false", *extra, "--out", str(folder)])
     return json.loads((folder / "summary.json").read_text())["heldout"]["final"]["loss"]
 

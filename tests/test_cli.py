@@ -275,7 +275,7 @@ def test_train_on_text_files(tmp_path, world2, monkeypatch, capsys):
     for i in range(2):
         (corpus / f"part{i}.txt").write_text(" ".join(words[(j * 7 + i) % len(words)] for j in range(3000)))
     out = tmp_path / "run"
-    trained.launch_in(world2, tmp_path, monkeypatch)
+    trained.launch_in([world2], tmp_path, monkeypatch)
     assert main(["train", *TINY, "--model", "lstm_lm", "--model.hidden", "32", "--model.softmax", "full", "--steps",
                  "30", "--lr", "0.02", "--train.warmup", "0", "--data", str(corpus / "*.txt"), "--metrics.plot", "true",
                  "--metrics.heldout", "true", "--data.cache_dir", str(tmp_path / "cache"), "--out", str(out)]) == 0
@@ -299,7 +299,7 @@ def test_train_reports_held_out_loss_and_accuracy(world2, tmp_path, capsys, monk
     args = ["--model", "classifier", "--model.layers", "2", "--model.hidden", "32", "--model.in_features", "16",
             "--model.classes", "4", "--batch", "16", "--optimizer", "sgd", "--lr", "0.1", "--steps", "30",
             "--metrics.progress", "off", "--metrics.plot", "false", "--out", str(out)]
-    trained.launch_in(world2, tmp_path, monkeypatch)
+    trained.launch_in([world2], tmp_path, monkeypatch)
     assert main(["train", *args]) == 0
     held = json.loads((out / "summary.json").read_text())["heldout"]
     assert held["step"] == 30 and held["samples"] == 1024
@@ -310,27 +310,16 @@ def test_train_reports_held_out_loss_and_accuracy(world2, tmp_path, capsys, monk
     assert len(shown) == 1 and f"{held['final']['accuracy']:.1f}%" in shown[0], printed
 
 
-def _example(name: str, *args) -> str:
-    """examples/NAME.py's main on this rank, as torchrun starts it; what it printed."""
-    import contextlib
-    import io
-
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        trained.example(name).main(*args)
-    return printed.getvalue()
-
-
 @pytest.mark.parametrize("strategy,channel", [("ps", "ps.push"), ("alltoall", "a2a.bwd")])
 def test_sparse_loop_example_runs(world2, strategy, channel):
     """The example's loop on the ranks of a test world (the two processes torchrun would start; torchrun itself:
     test_plain_torchrun_two_nodes)."""
-    printed = world2.run(_example, "sparse_loop", strategy)[0]
+    printed = world2.run(trained.run_example, "sparse_loop", strategy)[0]
     assert f"-> {strategy} (sparse)" in printed and f"'{channel}'" in printed, printed
 
 
 def test_readme_library_example_runs(world2):
-    printed = world2.run(_example, "own_loop")[0]
+    printed = world2.run(trained.run_example, "own_loop")[0]
     params = 32 * 64 + 64 + 64 + 1
     # ring all_reduce over 2 ranks: each rank sends 2(P-1)/P = 1x the gradient bytes per step
     assert f"dp.dense sent per step {params * 4} bytes" in printed, printed
@@ -338,18 +327,10 @@ def test_readme_library_example_runs(world2):
 
 def test_pipeline_accuracy_protocol_runs(tmp_path, monkeypatch, capsys, world1, world4):
     """The accuracy protocol end to end on a tiny budget: every schedule trains, is evaluated on held-out
-    samples from its checkpoint, and the flushed pipeline matches the single process it must equal. Its runs
-    train in the test worlds (the trainer a launch would run; the launcher has its own tests), three launches
-    fewer."""
+    samples from its checkpoint, and the flushed pipeline matches the single process it must equal. Each run is
+    `tessel train`'s own main, its workers the ranks of a test world (the launcher has its own tests)."""
     protocol = _protocol(monkeypatch)
-
-    def train(overrides, out):  # protocol.train's command, on the world of its --nproc
-        world = world4 if "parallel.nproc=4" in overrides else world1
-        sets = [a for o in overrides for a in ("--set", o)]
-        trained.train(world, tmp_path, "--metrics.progress", "off", "--metrics.plot", "false",
-                      "--metrics.heldout", "false", "--metrics.memory", "false", "--out", str(out), *sets)
-
-    monkeypatch.setattr(protocol, "train", train)
+    trained.main_in([world1, world4], tmp_path, monkeypatch, protocol)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["pipeline_accuracy.py", "--tasks", "classifier", "--seeds", "0", "--steps", "6",
                                       "--micro", "1", "--variants", "opt:4", "--baselines", "1f1b",

@@ -229,29 +229,17 @@ def test_batches_as_users_write_them():
         pair({"input_ids": torch.zeros(4, 2), "labels": torch.zeros(4, 2), "attention_mask": torch.zeros(4, 2)})
 
 
-def _run_example(argv: list[str]) -> str:
-    """examples/hf_llama.py's main on this rank, as ``tessel run`` starts it; what it printed."""
-    import contextlib
-    import io
-
-    import trained
-
-    module = trained.example("hf_llama")
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        module.main(argv)
-    return printed.getvalue()
-
-
 @pytest.mark.parametrize("plan,size", [("dp2-pp2", 4), ("auto", 2)])
 def test_hf_llama_example_runs_and_its_folder_loads(tmp_path, plan, size, request):
     """The example's loop on the ranks of a test world (the processes ``tessel run --nproc`` would start; the
     launch itself is test_prepare's)."""
     import re
 
+    import trained
+
     world = request.getfixturevalue(f"world{size}")
-    printed = world.run(_run_example, ["--plan", plan, "--steps", "4", "--out", str(tmp_path / "out")],
-                        timeout=300)[0]
+    argv = ["--plan", plan, "--steps", "4", "--out", str(tmp_path / "out")]
+    printed = world.run(trained.run_example, "hf_llama", argv, timeout=300)[0]
     found = re.search(r"held-out loss ([0-9.]+) trained, ([0-9.]+) loaded with from_pretrained", printed)
     assert found and found.group(1) == found.group(2), printed
     assert (tmp_path / "out" / "config.json").is_file()

@@ -211,7 +211,7 @@ def test_train_plan_auto_runs_the_winner(tmp_path, world2, monkeypatch, capsys):
     workers: the ranks of a test world)."""
     import trained
 
-    trained.launch_in(world2, tmp_path, monkeypatch)
+    trained.launch_in([world2], tmp_path, monkeypatch)
     out = tmp_path / "run"
     assert main(["train", "--plan", "auto", "--nproc", "2", "--model", "classifier", "--model.hidden", "32",
                  "--model.in_features", "24", "--batch", "8", "--steps", "3", "--metrics.plot", "false",

@@ -342,11 +342,10 @@ def test_precision_accuracy_example_pairs_each_seed_in_both_precisions(tmp_path,
     import sys
 
     import trained
-    from tessel.cli import main
 
     protocol = trained.example("precision_accuracy", monkeypatch)
-    trained.launch_in(world1, tmp_path, monkeypatch)
-    monkeypatch.setattr(protocol, "train", lambda argv: main(["train", *argv]))
+    trained.main_in([world1], tmp_path, monkeypatch, protocol)
+    monkeypatch.chdir(tmp_path)
     tiny = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--vocab", "64", "--seq-len", "8",
             "--batch", "8", "--steps", "3", "--nproc", "1"]
     monkeypatch.setattr(sys, "argv", ["precision_accuracy.py", "--seeds", "0", "--out", str(tmp_path), "--", *tiny])

@@ -258,25 +258,14 @@ def test_async_schedule_through_model_step_drains_on_save(world2, tmp_path):
     assert first[2] and not last[2]
 
 
-def _pipeline_example() -> str:
-    """examples/prepare_pipeline.py's main on this rank, as ``tessel run`` starts it; what it printed."""
-    import contextlib
-    import io
-
-    import trained
-
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        trained.example("prepare_pipeline").main()
-    return printed.getvalue()
-
-
 def test_pipeline_example_runs(world2):
     """examples/prepare_pipeline.py on 2 ranks (pp=2), those of a test world (the launch by `tessel run` is
     test_prepare's)."""
     import re
 
-    printed = world2.run(_pipeline_example)[0]
+    import trained
+
+    printed = world2.run(trained.run_example, "prepare_pipeline")[0]
     first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", printed).groups())
     assert last < first - 0.2, printed
     # the first stage sends 4 micro-batches of (16, width) fp32 activations per step; the profile picks the cut

@@ -51,10 +51,10 @@ def train(world, cwd, *argv: str) -> tuple[dict, str]:
     return world.run(_rank, [*argv, "--data.cache_dir", str(cwd / ".tessel_cache")], timeout=300)[0]
 
 
-def launch_in(world, cwd, monkeypatch) -> None:
-    """``tessel.cli.main(["train", ...])`` as it runs, its workers the ranks of ``world`` (rank 0's output printed
-    as a worker's would be): the launcher's own checks before and its held-out report after are the real ones.
-    Other programs (the planner's trial) are launched as they are."""
+def launch_in(worlds, cwd, monkeypatch) -> None:
+    """``tessel.cli.main(["train", ...])`` as it runs, its workers the ranks of the one of ``worlds`` as large as
+    its --nproc (rank 0's output printed as a worker's would be): the launcher's own checks before and its held-out
+    report after are the real ones. Other programs (the planner's trial) are launched as they are."""
     from tessel.cluster import launch as launching
 
     real = launching.launch
@@ -62,11 +62,24 @@ def launch_in(world, cwd, monkeypatch) -> None:
     def launch(argv: list[str], nproc: int, program=("-m", "tessel"), **kw) -> int:
         if program != ("-m", "tessel"):
             return real(argv, nproc, program=program, **kw)
-        assert argv[0] == "train" and nproc == world.size, (argv, nproc)
+        world = next(w for w in worlds if w.size == nproc)
+        assert argv[0] == "train", argv
         print(train(world, cwd, *argv[1:])[1], end="")
         return 0
 
     monkeypatch.setattr(launching, "launch", launch)
+
+
+def main_in(worlds, cwd, monkeypatch, module) -> None:
+    """An example's ``launch(args)`` (``tessel ARGS`` in its own process) made ``tessel.cli.main(args)`` with its
+    workers in ``worlds`` (``launch_in``)."""
+    from tessel.cli import main
+
+    def launch(args: list[str]) -> None:
+        assert main(args) == 0, args
+
+    launch_in(worlds, cwd, monkeypatch)
+    monkeypatch.setattr(module, "launch", launch)
 
 
 def example(name: str, monkeypatch=None):
@@ -79,3 +92,14 @@ def example(name: str, monkeypatch=None):
         monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
     return module
+
+
+def run_example(name: str, *args) -> str:
+    """examples/NAME.py's ``main(*args)`` on this rank, as torchrun or ``tessel run`` starts it; what it printed."""
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        example(name).main(*args)
+    return printed.getvalue()
