@@ -332,10 +332,9 @@ def test_pipeline_accuracy_protocol_runs(tmp_path, monkeypatch, capsys, world1, 
     protocol = _protocol(monkeypatch)
     trained.main_in([world1, world4], tmp_path, monkeypatch, protocol)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["pipeline_accuracy.py", "--tasks", "classifier", "--seeds", "0", "--steps", "6",
-                                      "--micro", "1", "--variants", "opt:4", "--baselines", "1f1b",
-                                      "--out", str(tmp_path / "acc")])
-    protocol.main()
+    trained.script_main(protocol, ["--tasks", "classifier", "--seeds", "0", "--steps", "6", "--micro", "1",
+                                   "--variants", "opt:4", "--baselines", "1f1b", "--out", str(tmp_path / "acc")],
+                        monkeypatch)
     printed = capsys.readouterr().out
     res = json.loads((tmp_path / "acc" / "results.json").read_text())["classifier"]
     # async and async-stash go through the same train-and-evaluate lines as these (left out: a run each)
@@ -346,8 +345,7 @@ def test_pipeline_accuracy_protocol_runs(tmp_path, monkeypatch, capsys, world1, 
     run = tmp_path / "acc" / "classifier-m1-async-predict-opt-delay4-6-cut2112-s0"  # runs named by cut
     plan = json.loads((run / "summary.json").read_text())["plan"]
     assert (plan["predict"], plan["delay_lr"]) == ("opt", 4)
-    monkeypatch.setattr(sys, "argv", ["pipeline_accuracy.py", "--report-only", str(tmp_path / "acc" / "results.json")])
-    protocol.main()
+    trained.script_main(protocol, ["--report-only", str(tmp_path / "acc" / "results.json")], monkeypatch)
     assert capsys.readouterr().out == (tmp_path / "acc" / "report.md").read_text() + "\n"  # the report from its results
 
 

@@ -339,7 +339,6 @@ def test_precision_accuracy_example_pairs_each_seed_in_both_precisions(tmp_path,
     the runs' own, and the relative difference is computed from them. Each run is `tessel train`'s own main, its
     worker the rank of a test world."""
     import json
-    import sys
 
     import trained
 
@@ -348,8 +347,7 @@ def test_precision_accuracy_example_pairs_each_seed_in_both_precisions(tmp_path,
     monkeypatch.chdir(tmp_path)
     tiny = ["--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--vocab", "64", "--seq-len", "8",
             "--batch", "8", "--steps", "3", "--nproc", "1"]
-    monkeypatch.setattr(sys, "argv", ["precision_accuracy.py", "--seeds", "0", "--out", str(tmp_path), "--", *tiny])
-    protocol.main()
+    trained.script_main(protocol, ["--seeds", "0", "--out", str(tmp_path), "--", *tiny], monkeypatch)
     got = json.loads((tmp_path / "results.json").read_text())
     (seed, fp32, bf16), = got["rows"]
     for prec, loss in (("fp32", fp32), ("bf16-mixed", bf16)):
@@ -362,14 +360,11 @@ def test_row_gradient_width_example_measures_each_way_of_summing(tmp_path, monke
     """examples/row_gradient_width.py (docs/usage.md, the row gradients' width) on a tiny run: every way of summing
     the ranks' row gradients is measured against the exact sum, and rounding the contributions to bf16 moves the
     sum by something, and by less than bf16 compute's own error (over all the touched rows)."""
-    import sys
-
     import trained
 
-    monkeypatch.setattr(sys, "argv", ["row_gradient_width.py", "--model", "transformer_lm", "--warm", "2",
-                                      "--batches", "1", "--global-batch", "8"])
-    monkeypatch.chdir(tmp_path)
-    trained.example("row_gradient_width", monkeypatch).main()  # in this process, as the script runs it
+    monkeypatch.chdir(tmp_path)  # in this process, as the script runs it
+    argv = ["--model", "transformer_lm", "--warm", "2", "--batches", "1", "--global-batch", "8"]
+    trained.script_main(trained.example("row_gradient_width", monkeypatch), argv, monkeypatch)
     printed = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): [float(v) for v in line.split("|")[2:5]]
             for line in printed.splitlines() if line.startswith("| bf16")}

@@ -151,13 +151,11 @@ def test_prediction_error_example_measures_the_guess_against_the_weights_reached
     """examples/prediction_error.py (docs/pipeline.md's "How close the guess comes") on a short run: SpecTrain's
     guess lands closer to the weights s updates later than the stale weights do (share left < 1), and more so
     for fewer updates ahead."""
-    import sys
-
     import trained
 
-    monkeypatch.setattr(sys, "argv", ["prediction_error.py", "--tasks", "classifier", "--steps", "60", "--every", "5"])
-    monkeypatch.chdir(tmp_path)
-    trained.example("prediction_error", monkeypatch).main()  # in this process, as the script runs it
+    monkeypatch.chdir(tmp_path)  # in this process, as the script runs it
+    trained.script_main(trained.example("prediction_error", monkeypatch),
+                        ["--tasks", "classifier", "--steps", "60", "--every", "5"], monkeypatch)
     printed = capsys.readouterr().out
     rows = [line.split("|") for line in printed.splitlines() if line.startswith("| classifier |")]
     assert [(row[2].split("(")[1].rstrip(") "), row[3].strip()) for row in rows] == [

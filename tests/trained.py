@@ -94,6 +94,12 @@ def example(name: str, monkeypatch=None):
     return module
 
 
+def script_main(module, argv: list[str], monkeypatch) -> None:
+    """An example's ``main()`` as ``python examples/NAME.py ARGV`` runs it: ``sys.argv`` set for the call."""
+    monkeypatch.setattr(sys, "argv", [f"{module.__name__}.py", *argv])
+    module.main()
+
+
 def run_example(name: str, *args) -> str:
     """examples/NAME.py's ``main(*args)`` on this rank, as torchrun or ``tessel run`` starts it; what it printed."""
     import contextlib
