@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .config import load_config
+from .mesh import shutdown
 from .planner.calibrate import run_trial
 from .resolve import job_of
 
@@ -32,7 +34,14 @@ def main(argv: list[str]) -> None:
             Path(ns.out).write_text(json.dumps(trial))
         else:
             print(json.dumps(trial), flush=True)
-    dist.destroy_process_group()
+    # As a training worker leaves (cli.main): the trial's DDP modules hold their groups through reference cycles,
+    # and a gloo group alive at interpreter exit can abort the process ("terminate called without an active
+    # exception", seen in the suite), which the launcher reads as a failed trial. The record is written: leave
+    # the groups in order, then exit without running destructors.
+    shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
