@@ -41,14 +41,20 @@ TINY = ["--model", "transformer_lm", "--model.dim", "16", "--model.layers", "2",
 COLLECTIVES = ["all_reduce", "all_gather_single", "all_to_all_single", "broadcast", "send/recv"]
 
 
+def launch_train(argv: list[str]) -> str | None:
+    """`python -m tessel train ARGV` to completion in its own processes; None, or the error it ended with (the
+    launcher's one line, and above it the worker's own: its traceback's last lines)."""
+    r = subprocess.run([sys.executable, "-m", "tessel", "train", *argv], capture_output=True, text=True, timeout=480)
+    return None if r.returncode == 0 else "\n    ".join(r.stderr.strip().splitlines()[-12:] or
+                                                         [f"exit {r.returncode}"])
+
+
 def tessel_train(*args: str, out: Path) -> dict:
-    """Run `tessel train` to completion; its summary, or {"error": the last line it printed}."""
-    r = subprocess.run([sys.executable, "-m", "tessel", "train", *args, "--out", str(out), "--metrics.progress",
-                        "log", "--metrics.plot", "false", "--checkpoint.enabled", "false", "--metrics.memory", "false"],
-                       capture_output=True, text=True, timeout=480)
-    if r.returncode != 0:
-        # the launcher's one line, and above it the worker's own error (its traceback's last lines)
-        return {"error": "\n    ".join(r.stderr.strip().splitlines()[-12:] or [f"exit {r.returncode}"])}
+    """Run `tessel train` to completion; its summary with the loss of every step, or {"error": what it said}."""
+    error = launch_train([*args, "--out", str(out), "--metrics.progress", "log", "--metrics.plot", "false",
+                          "--checkpoint.enabled", "false", "--metrics.memory", "false"])
+    if error is not None:
+        return {"error": error}
     summary = json.loads((out / "summary.json").read_text())
     summary["losses"] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     return summary

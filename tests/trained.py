@@ -82,10 +82,10 @@ def main_in(worlds, cwd, monkeypatch, module) -> None:
     monkeypatch.setattr(module, "launch", launch)
 
 
-def example(name: str, monkeypatch=None):
-    """examples/NAME.py as a module; with ``monkeypatch``, registered for the test (a dataclass in it looks its
-    module up)."""
-    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+def example(name: str, monkeypatch=None, folder: str = "examples"):
+    """examples/NAME.py (or FOLDER/NAME.py) as a module; with ``monkeypatch``, registered for the test (a dataclass
+    in it looks its module up)."""
+    path = Path(__file__).resolve().parent.parent / folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     if monkeypatch is not None:
