@@ -52,6 +52,7 @@ from .housekeeping import (
 SUBNET = "10.77.0"
 QUEUE = "50ms"  # how long a packet may wait in a link's queue before tbf drops it
 LAST_CALL_S = 5  # an elastic re-form on fewer hosts waits this long for the others (see torchrun_commands)
+KEEP_ALIVE_S = 2  # seconds between a node's keep-alives in such a job; three missed and it is gone
 _UNITS = {"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _RATE_FORMS = "a number of bit/s with an optional unit kbit, mbit or gbit, e.g. 500kbit, 200mbit, 1gbit, 1e6"
 
@@ -338,8 +339,11 @@ class EmulatedCluster:
         run_id = run_id or f"tessel-{uuid.uuid4().hex[:8]}"
         nodes = f"{min_hosts}:{self.hosts}" if min_hosts else str(self.hosts)
         # With fewer than all hosts back, the rendezvous waits this long for the rest (torch's default 30 s):
-        # every emulated host starts within a second, and a lost one is not coming back.
-        last_call = f",last_call_timeout={LAST_CALL_S}" if min_hosts else ""
+        # every emulated host starts within a second, and a lost one is not coming back. A lost host's agent
+        # stays in the rendezvous until it has missed its keep-alives (torch: 3 of one per 5 s); its peers on the
+        # same machine are not starved that long, so 3 of one per 2 s says it is gone sooner.
+        last_call = (f",last_call_timeout={LAST_CALL_S},keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt=3"
+                     if min_hosts else "")
         return [[sys.executable, "-m", "torch.distributed.run", "--nnodes", nodes, "--nproc-per-node", "1",
                  "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.addresses[0]}:{port}", "--rdzv-id", run_id,
                  "--local-addr", addr, "--rdzv-conf", f"is_host={int(i == 0)}{last_call}",
