@@ -86,12 +86,13 @@ class _StageEngine(ABC):
         self._steps = 0
         self.times_work = True  # whether ``busy`` counts the stage's forwards and backwards
 
-    def _update(self, lr: float, global_norm: bool, upto: int | None = None) -> float:
+    def _update(self, lr: float, global_norm: bool, upto: int | None = None) -> float | torch.Tensor:
         """The shared tail: dp average, tp sums, norm (whole model for flushed schedules, else the stage),
         clip, step (tables: rows of mini-batches up to ``upto``). Time spent waiting for other stages' norms
-        is not this stage's work."""
+        is not this stage's work. The norm stays on the device where nothing needs it on the host (the tail's
+        ``wait=False``), so a GPU stage launches its update without waiting for its backward to end."""
         t0, waited = time.perf_counter(), self.tail.waited
-        norm = self.tail(lr, global_norm, upto)
+        norm = self.tail(lr, global_norm, upto, wait=False)
         self.busy += time.perf_counter() - t0 - (self.tail.waited - waited)
         self.updates += 1
         return norm
@@ -178,7 +179,7 @@ class PipelineEngine(_StageEngine):
     # -- one forward / backward --------------------------------------------------------------------------
 
     def _forward(self, i: int, x: torch.Tensor | None, y: torch.Tensor | None, scale: float,
-                 posted=None) -> float | None:
+                 posted=None) -> torch.Tensor | None:
         st = self.stage
         if not st.first:
             x = st.take(posted or st.post_recv(activation=True)).requires_grad_(True)
@@ -203,8 +204,8 @@ class PipelineEngine(_StageEngine):
             if st.last:
                 out = self.chain.loss(out, y) * scale
         loss = None
-        if st.last:
-            loss = float(out.detach())
+        if st.last:  # left on the device (StepResult.read reads it), summed in fp64 as the host's floats were
+            loss = out.detach().to(torch.float64)
         else:
             out = out.to(st.dtype)  # the graph's end is what was sent: the gradient that comes back is its
             st.send_activation(out)
@@ -233,7 +234,7 @@ class PipelineEngine(_StageEngine):
         if not st.first:
             st.send_grad(x.grad)
 
-    def _async_backward(self, i: int, posted, norms: list[float] | None = None) -> None:
+    def _async_backward(self, i: int, posted, norms: list | None = None) -> None:
         """An asynchronous schedule's backward: after its mini-batch's last micro-batch, that mini-batch's update,
         at its own LR (the stream has later mini-batches in flight, whose rows the update leaves)."""
         self._backward(i, posted)
@@ -259,7 +260,7 @@ class PipelineEngine(_StageEngine):
             post(j + 1)
             (forward if kind == "F" else backward)(i, posted.pop(j, None))
 
-    def _update(self, lr: float, global_norm: bool, upto: int | None = None) -> float:
+    def _update(self, lr: float, global_norm: bool, upto: int | None = None) -> float | torch.Tensor:
         norm = super()._update(lr, global_norm, upto)
         if self.weights is not None:
             self.weights.updates = self.updates
@@ -275,7 +276,7 @@ class PipelineEngine(_StageEngine):
         ys = targets.chunk(m) if targets is not None else [None] * m
         lr = self.lr_of(step)
         self.first_step = step if self.first_step is None else self.first_step
-        losses: list[float] = []
+        losses: list[torch.Tensor] = []
         if self.schedule.flushed:
             if self.tables and self.stage.first:
                 with comm.guard("prefetch of sparse rows", "sparse"):
@@ -330,7 +331,7 @@ class TorchPipelineEngine(_StageEngine):
         else:
             self._torch.step()
         norm = self._update(lr, global_norm=True)
-        loss = sum(float(v.detach()) for v in losses) / len(losses) if losses else 0.0
+        loss = sum(v.detach().to(torch.float64) for v in losses) / len(losses) if losses else 0.0
         return StepResult(loss=loss, grad_norm=norm, lr=lr)
 
 

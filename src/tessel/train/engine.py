@@ -27,7 +27,8 @@ from .tail import StepTail
 @dataclass
 class StepResult:
     """A step's figures. ``loss`` and ``grad_norm`` may be 0-dim tensors the device is still computing (the
-    unpipelined engine reads nothing back, so the host can make the next batch meanwhile): ``read()``."""
+    engines, pipelined or not, leave them there unless served tables need the clip on the host, so the host
+    can make the next batch meanwhile): ``read()``."""
 
     loss: float | torch.Tensor  # mean loss over this rank's micro-batches
     grad_norm: float | torch.Tensor  # global gradient norm before clipping
