@@ -89,10 +89,10 @@ class _StageEngine(ABC):
     def _update(self, lr: float, global_norm: bool, upto: int | None = None) -> float | torch.Tensor:
         """The shared tail: dp average, tp sums, norm (whole model for flushed schedules, else the stage),
         clip, step (tables: rows of mini-batches up to ``upto``). Time spent waiting for other stages' norms
-        is not this stage's work. The norm stays on the device where nothing needs it on the host (the tail's
-        ``wait=False``), so a GPU stage launches its update without waiting for its backward to end."""
+        is not this stage's work. The norm stays on the device where nothing needs it on the host (see
+        StepTail), so a GPU stage launches its update without waiting for its backward to end."""
         t0, waited = time.perf_counter(), self.tail.waited
-        norm = self.tail(lr, global_norm, upto, wait=False)
+        norm = self.tail(lr, global_norm, upto)
         self.busy += time.perf_counter() - t0 - (self.tail.waited - waited)
         self.updates += 1
         return norm

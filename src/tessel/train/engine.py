@@ -122,7 +122,7 @@ class Engine:
                 loss = loss.detach()
                 total += loss.full_tensor() if hasattr(loss, "full_tensor") else loss  # torch's TP: a DTensor
         lr = self.lr_of(step)
-        norm = self.tail(lr, wait=False)
+        norm = self.tail(lr)
         return StepResult(loss=total, grad_norm=norm, lr=lr)
 
     def drain(self, step: int) -> None:

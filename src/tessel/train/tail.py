@@ -124,16 +124,15 @@ class StepTail:
             self.waited += time.perf_counter() - t0
         return sq
 
-    def __call__(self, lr: float, global_norm: bool = True, upto: int | None = None,
-                 wait: bool = True) -> float | torch.Tensor:
+    def __call__(self, lr: float, global_norm: bool = True, upto: int | None = None) -> float | torch.Tensor:
         """Finish the step at learning rate ``lr``; returns the gradient norm before clipping. ``upto``: the
         last mini-batch whose table rows this update takes (an asynchronous pipeline has later ones in flight).
-        ``wait=False``: where no sparse gradient or table needs the clip factor on the host, the norm stays a
-        device tensor and the clip is a tensor too, so the host launches the update without waiting for the
-        backward to finish (a GPU then never idles between backward and update)."""
+        Where no sparse gradient or table needs the clip factor on the host, the norm stays a device tensor and
+        the clip is a tensor too, so the host launches the update without waiting for the backward to finish (a
+        GPU then never idles between backward and update)."""
         sq = self.squared_norm(global_norm, upto)
         set_lr(self.optimizer, lr)
-        host = wait or self.tables or any(p.grad is not None and p.grad.is_sparse for p in self.params)
+        host = self.tables or any(p.grad is not None and p.grad.is_sparse for p in self.params)
         if host:
             norm = float(sq.sqrt())
             scale = clip_coef(norm, self.clip) if self.clip > 0 else 1.0  # a clip of 0: no clipping
