@@ -52,6 +52,8 @@ CASES = [
     case("train --model classifier --model.classes 1e11",
          "GiB to generate the class means), more than this machine's"),
     case("train --sparse.tables nosuch=ps", "'nosuch', which is not a table of this model; tables: tok_emb"),
+    case("train --metrics.interface nosuch0", "metrics.interface 'nosuch0' is not a network interface of this "
+                                               "host; valid: "),
     case("train --model resnet", "config key 'model.name' is 'resnet'; valid: transformer_lm"),
     case("train --train.beta1 1", "config key 'train.beta1' is 1.0; it must be in [0, 1)"),
     case("train --train.momentum_decay nan", "'train.momentum_decay' is nan"),

@@ -471,6 +471,30 @@ def test_a_cluster_a_live_process_holds_is_not_torn_down(tmp_path, monkeypatch):
     assert housekeeping.held_by("tslheld") is None
 
 
+def test_a_strategy_no_count_covers_takes_the_bytes_its_hosts_interfaces_sent():
+    """torch's sparse DDP sends through its own reducer: no counted strategy moves its bytes, so its bound and
+    efficiency rest on what the busiest host's interface sent (marked "(wire)"); a counted strategy keeps its
+    count, its wire figure shown beside it."""
+    scn = scenarios.get("sparse")
+    scn.models, scn.hosts, scn.rates = {"lm": []}, [2], ["1gbit"]
+    recs = []
+    for rep in range(3):
+        for rate, step in (("unshaped", 0.05), ("1gbit", 0.2)):
+            recs += [_run("lm", "dense", 2, rate, rep, step * 2, 25e6),
+                     {**_run("lm", "torch-sparse", 2, rate, rep, step), "max_rank_sent_per_step": 0.0,
+                      "wire_max_host_per_step": 12.5e6 * (1 + 0.01 * rep)},
+                     {**_run("lm", "ps", 2, rate, rep, step, 5e6), "wire_max_host_per_step": 5.1e6}]
+    rows = {(r["strategy"], r["rate"]): r for r in report.aggregate(recs, scn)}
+    theirs, ps = rows[("torch-sparse", "1gbit")], rows[("ps", "1gbit")]
+    assert theirs["sent_per_step_max_rank"] == pytest.approx(12.625e6) and theirs["sent_on_wire"]
+    assert theirs["comm_bound"] == pytest.approx(12.625e6 * 8 / 1e9)
+    assert theirs["efficiency"] is not None
+    assert ps["sent_per_step_max_rank"] == 5e6 and not ps["sent_on_wire"]
+    assert ps["wire_per_step_max_host"] == pytest.approx(5.1e6)
+    text = report.markdown(list(rows.values()), scn, report.environment(scn, 3), ["tessel bench sparse"])
+    assert "wire/step busiest host" in text and "12.04 MiB (wire)" in text, text
+
+
 def test_every_scenario_cell_is_a_valid_train_command_line():
     """Each benchmark cell's flags (common, model, strategy) parse and validate as `tessel train` would take them,
     so a scenario cannot ship a flag or value that fails only when its cell is reached hours into a run."""

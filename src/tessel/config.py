@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from . import choices
+from . import choices, netif
 from .choices import MODELS, SPARSE_SPLITS, Optimizer, Precision, Prediction, Schedule, TableStrategy, TensorMode
 from .errors import ConfigError
 from .settings import LR_SCHEDULES
@@ -169,6 +169,9 @@ class MetricsConfig:
     # the plan's predicted peak tensor bytes per rank (rank 0 profiles the layers once) and the peak measured in
     # the second step (a dispatch mode over its operations; the first use in a process imports torch._dynamo, ~2 s)
     memory: bool = True
+    # a network interface whose sent bytes (the kernel's count, headers included) each run records per rank, e.g.
+    # an emulated host's eth0: how torch's own DDP traffic is measured (tessel/netif.py); "": none
+    interface: str = ""
 
 
 @dataclass
@@ -352,6 +355,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.source 'gaussian' is for the classifier; model '{cfg.model.name}' "
                           "needs zipf or text")
     overrides = sparse_overrides(cfg)
+    if cfg.metrics.interface and cfg.metrics.interface not in netif.interfaces():
+        raise ConfigError(f"metrics.interface '{cfg.metrics.interface}' is not a network interface of this host; "
+                          f"valid: {', '.join(netif.interfaces()) or 'none here'}, or empty for none")
     if cfg.parallel.backend == "nccl" and cfg.parallel.device == "cpu":
         raise ConfigError("parallel.backend 'nccl' moves GPU tensors only and parallel.device is 'cpu'; valid with "
                           "it: parallel.device auto or cuda, or parallel.backend gloo")

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import comm, sparse
+from . import comm, netif, sparse
 from .config import Config
 from .data import ShardedLoader
 from .errors import CheckpointError, PlanError, Preempted
@@ -201,9 +201,10 @@ def _stop(rank: int, step: int, cfg: Config) -> None:
 
 def _summary(cfg: Config, par: Parallelized, logger: MetricsLogger, run_bytes: dict, per_step: int,
              unit: str, measured: int | None = None, predicted: list[float] | None = None,
-             mesh_stage: int = 0) -> dict[str, Any]:
-    """``measured``: this rank's peak tensor bytes in one step; ``predicted``: the planner's, per stage."""
-    mine = {"bytes": run_bytes, "peak_mem": peak_memory_bytes(), "step_peak": measured,
+             mesh_stage: int = 0, wire: int | None = None) -> dict[str, Any]:
+    """``measured``: this rank's peak tensor bytes in one step; ``predicted``: the planner's, per stage; ``wire``:
+    what metrics.interface sent over the steps (tessel/netif.py)."""
+    mine = {"bytes": run_bytes, "wire": wire, "peak_mem": peak_memory_bytes(), "step_peak": measured,
             "predicted": predicted[mesh_stage] if predicted else None,
             "act_mem": getattr(par.engine, "activation_bytes", None),
             "table_mem": table_memory_bytes(par.tables, par.dense_tables(), par.optimizer),
@@ -223,6 +224,8 @@ def _summary(cfg: Config, par: Parallelized, logger: MetricsLogger, run_bytes: d
          "state_mem_per_rank": [r["state_mem"] for r in per_rank],
          "step_peak_mem_per_rank": [r["step_peak"] for r in per_rank],
          "predicted_mem_per_rank": [r["predicted"] for r in per_rank],
+         **({"wire_sent_per_rank": [r["wire"] for r in per_rank], "wire_interface": cfg.metrics.interface}
+            if wire is not None else {}),
          **axes})
 
 
@@ -244,6 +247,30 @@ def _add(run_bytes: dict, step_bytes: dict) -> None:
         acc = run_bytes.setdefault(c, {"sent": 0, "recv": 0})
         acc["sent"] += v["sent"]
         acc["recv"] += v["recv"]
+
+
+def _log_rank(rank: int, mesh, engine) -> int:
+    """The rank that logs every step: the last on rank 0's pipeline group whose stage computes the loss."""
+    pp_ranks = comm.all_gather_object(dist.get_process_group_ranks(mesh.get_group("pp")) if rank == 0 else None,
+                                      "meta")[0]
+    knows = comm.all_gather_object(engine.computes_loss, "meta")
+    return next(r for r in reversed(pp_ranks) if knows[r])
+
+
+def _with_state(record: dict, logger: MetricsLogger, tables) -> dict:
+    """``record`` with this rank's memory (where the logger writes it: every step, or every rank's every
+    log_every) and the tables' busy and waiting seconds."""
+    if logger.enabled or record["step"] % logger.log_every == 0:
+        # memory now: resident, its anonymous part, the allocator's bytes in use
+        record.update(rss=resident_bytes(), anon=anonymous_bytes(), heap=allocator_bytes())
+    if tables:
+        record["sparse_busy"], record["sparse_waited"] = tables.timing()
+    return record
+
+
+def _checkpoint_due(cfg: Config, done: int) -> bool:
+    every = cfg.checkpoint.every
+    return cfg.checkpoint.enabled and ((every and done % every == 0) or done == cfg.train.steps)
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -274,11 +301,7 @@ def run(cfg: Config) -> dict[str, Any]:
 
     unit = "samples" if cfg.model.name == "classifier" else "tokens"
     per_step = cfg.train.global_batch * (1 if unit == "samples" else cfg.data.seq_len)
-    # the rank holding the last pipeline stage knows the loss: the one on rank 0's pp group logs
-    pp_ranks = comm.all_gather_object(dist.get_process_group_ranks(mesh.get_group("pp")) if rank == 0 else None,
-                                      "meta")[0]
-    knows = comm.all_gather_object(par.engine.computes_loss, "meta")
-    log_rank = next(r for r in reversed(pp_ranks) if knows[r])
+    log_rank = _log_rank(rank, mesh, par.engine)
     logger = MetricsLogger(cfg.metrics.out, cfg.train.steps, start, cfg.metrics.progress, cfg.metrics.log_every,
                            cfg.metrics.tensorboard, enabled=rank == log_rank, resume=begin.path is not None,
                            rank=rank)
@@ -288,6 +311,7 @@ def run(cfg: Config) -> dict[str, Any]:
     stop = StopOnSignal() if cfg.checkpoint.enabled else None
     draw = _draw(loader, engine.reads)
     measured = None
+    wire = netif.sent_bytes(cfg.metrics.interface) if cfg.metrics.interface else None
     for step in range(start, cfg.train.steps):
         t0 = time.perf_counter()
         inputs, targets = draw()
@@ -308,16 +332,10 @@ def run(cfg: Config) -> dict[str, Any]:
         _add(run_bytes, step_bytes)
         record = {"step": step + 1, "loss": float(loss) / plan.dp, "lr": result.lr,
                   "grad_norm": result.grad_norm, "step_time": dt, "tokens_per_s": per_step / dt, "bytes": step_bytes}
-        if logger.enabled or (step + 1) % logger.log_every == 0:  # what the logger writes: every step, or every rank's
-            # memory now: resident, its anonymous part, the allocator's bytes in use
-            record.update(rss=resident_bytes(), anon=anonymous_bytes(), heap=allocator_bytes())
-        if tables:
-            record["sparse_busy"], record["sparse_waited"] = tables.timing()
-        logger.log_step(record)
+        logger.log_step(_with_state(record, logger, tables))
         release_free(step + 1)  # malloc's free holes back to the system (train/memory.py)
-        done = step + 1 == cfg.train.steps
-        every, stopping = cfg.checkpoint.every, stop is not None and stop.requested() and not done
-        if cfg.checkpoint.enabled and ((every and (step + 1) % every == 0) or done or stopping):
+        stopping = stop is not None and stop.requested() and step + 1 < cfg.train.steps
+        if _checkpoint_due(cfg, step + 1) or stopping:
             engine.drain(step + 1)  # a checkpoint holds no half-trained mini-batch
             checkpoint.save(cfg.checkpoint_dir, step + 1, par.module, par.optimizer, loader.state_dict(), meta,
                             cfg.checkpoint.keep, par.tables, par.shards)
@@ -325,8 +343,10 @@ def run(cfg: Config) -> dict[str, Any]:
             _stop(rank, step + 1, cfg)
     if stop is not None:
         stop.close()
+    wire = netif.sent_bytes(cfg.metrics.interface) - wire if wire is not None else None
 
     engine.drain(cfg.train.steps)  # the final weights hold every mini-batch's update
-    summary = _summary(cfg, par, logger, run_bytes, per_step, unit, measured, predicted, mesh.get_local_rank("pp"))
+    summary = _summary(cfg, par, logger, run_bytes, per_step, unit, measured, predicted, mesh.get_local_rank("pp"),
+                       wire)
     logger.close(summary)
     return summary

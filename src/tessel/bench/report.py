@@ -94,12 +94,15 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
         if rate == UNSHAPED and hosts > 1:
             continue  # compute-only runs feed the bound; they are not rows of their own
         step = _stats([r["step_time"] for r in rs])
-        # torch's own collectives are not counted; where a counted strategy moves the same bytes, use its count.
+        # torch's own collectives are not counted; where a counted strategy moves the same bytes, use its count,
+        # else what the busiest host's interface sent (headers included), where the runs recorded it
+        wire = _median_or_none([r.get("wire_max_host_per_step") for r in rs])
         if strategy in scn.same_bytes:
             twin = scn.same_bytes[strategy]
-            sent = (med((model, twin, hosts, rate), "max_rank_sent_per_step") or 0.0) if twin else 0.0
+            sent = (med((model, twin, hosts, rate), "max_rank_sent_per_step") or 0.0) if twin else (wire or 0.0)
         else:
             sent = med((model, strategy, hosts, rate), "max_rank_sent_per_step") or 0.0
+        on_wire = strategy in scn.same_bytes and not scn.same_bytes[strategy] and bool(wire)
         compute = med((model, strategy, hosts, UNSHAPED), "step_time")
         bound = sent * 8 / parse_rate(rate) if rate != UNSHAPED else 0.0
         mine = _by_round(rs)
@@ -110,7 +113,8 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
             "model": model, "strategy": strategy, "hosts": hosts, "rate": rate, "step_time": step, "rounds": mine,
             "jitter_spread": jitter_spread([r.get("step_times") for r in rs]),
             "throughput": _stats([r["throughput"] for r in rs]), "unit": rs[0]["unit"],
-            "compute_only": compute, "comm_bound": bound, "sent_per_step_max_rank": sent,
+            "compute_only": compute, "comm_bound": bound, "sent_per_step_max_rank": sent, "sent_on_wire": on_wire,
+            "wire_per_step_max_host": wire,
             # the link rate at which the busiest rank's bytes take as long as the compute-only step: at and
             # below it communication is at least half the step, so overlap has something to hide
             "balanced_rate": sent * 8 / compute if compute and sent else None,
@@ -182,6 +186,11 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
             "spread from step jitter", "throughput/s",
             "vs baseline", "compute-only ms", "comm bound ms", "bound by", "balanced link", "efficiency",
             "sent/step busiest rank", "peak mem/rank"]
+    wired = any(r.get("wire_per_step_max_host") for r in rows)
+    if wired:
+        cols.insert(cols.index("peak mem/rank"), "wire/step busiest host")
+        head += ("Wire: what the busiest host's interface sent per step, as its kernel counts (headers included; "
+                 "tessel/netif.py); \"(wire)\": a strategy tessel does not count, whose bound rests on it.\n\n")
     if any(r["table_mem"] for r in rows):
         cols.append("table+opt mem/rank")
     hidden = any(r.get("sparse_hidden") is not None for r in rows)
@@ -201,7 +210,9 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
             ("comm" if r["comm_bound"] > r["compute_only"] else "compute") if r["compute_only"] else "–",
             f"{r['balanced_rate'] / 1e6:.0f} Mbit/s" if r.get("balanced_rate") else "–",
             ratio_text(r.get("efficiency_ci"), ""),
-            human_bytes(r["sent_per_step_max_rank"]) if r["sent_per_step_max_rank"] else "–",
+            (human_bytes(r["sent_per_step_max_rank"]) + (" (wire)" if r.get("sent_on_wire") else ""))
+            if r["sent_per_step_max_rank"] else "–",
+            *([human_bytes(r["wire_per_step_max_host"]) if r.get("wire_per_step_max_host") else "–"] if wired else []),
             human_bytes(r["peak_mem"]),
             *([human_bytes(r["table_mem"])] if "table+opt mem/rank" in cols else []),
             *([f"{r['sparse_comm'] * 1e3:.1f} ({r['sparse_hidden']:.0%})" if r.get("sparse_hidden") is not None

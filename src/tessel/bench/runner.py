@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..cluster.emulate import EmulatedCluster, HostFailed
+from ..cluster.emulate import HOST_INTERFACE, EmulatedCluster, HostFailed
 from ..pipeline.schedules import chunks
 from .scenarios import Scenario
 
@@ -60,6 +60,9 @@ def _record(summary: dict[str, Any], **keys) -> dict[str, Any]:
         "unit": summary["unit"],
         "bytes_per_step": {c: v["sent_per_step_per_rank"] for c, v in summary["bytes"].items()},
         "max_rank_sent_per_step": sent_max,
+        # the busiest host's interface (headers included; a host's ranks each read it), torch's traffic too
+        "wire_max_host_per_step": max(summary["wire_sent_per_rank"]) / steps if summary.get("wire_sent_per_rank")
+        else None,
         "peak_mem": max(summary.get("peak_mem_per_rank") or [0]),
         "table_mem": max(summary.get("table_mem_per_rank") or [0]),
         "state_mem": max(summary.get("state_mem_per_rank") or [0]),
@@ -124,8 +127,9 @@ def run_scenario(scn: Scenario, out: Path, repeats: int = 3, prefix: str = "tslb
                     if emu.rate != (None if rate == UNSHAPED else rate):
                         emu.set_rate(None if rate == UNSHAPED else rate)
                     where = run_dir(out, model, strategy, hosts, rate, repeat)
-                    args = ["-m", "tessel", "train", *scn.common, *scn.models[model], *scn.strategies[strategy],
-                            "--steps", str(scn.steps), "--out", str(where.resolve())]
+                    args = ["-m", "tessel", "train", "--metrics.interface", HOST_INTERFACE, *scn.common,
+                            *scn.models[model], *scn.strategies[strategy], "--steps", str(scn.steps),
+                            "--out", str(where.resolve())]
                     pp = _flag(args, "--pp")
                     # torch's interleaved and zero-bubble peers cut twice as many stages: their own cut
                     cut = (model, pp, chunks(_flag(args, "--pipeline.schedule") or "1f1b"))

@@ -50,6 +50,7 @@ from .housekeeping import (
 )
 
 SUBNET = "10.77.0"
+HOST_INTERFACE = "eth0"  # each host's one link (its namespace's other interface is lo)
 QUEUE = "50ms"  # how long a packet may wait in a link's queue before tbf drops it
 LAST_CALL_S = 5  # an elastic re-form on fewer hosts waits this long for the others (see torchrun_commands)
 KEEP_ALIVE_S = 2  # seconds between a node's keep-alives in such a job; three missed and it is gone
@@ -260,7 +261,7 @@ class EmulatedCluster:
         self.rate, self.rate_bits = rate and str(rate), bits
         sw = f"{self.prefix}-sw"
         for i, ns in enumerate(self.host_names):
-            for where, dev in ((ns, "eth0"), (sw, f"{self.prefix}-s{i}")):
+            for where, dev in ((ns, HOST_INTERFACE), (sw, f"{self.prefix}-s{i}")):
                 sh("tc", "-n", where, "qdisc", "del", "dev", dev, "root", check=False)  # none when unshaped
                 self._shape(where, dev)
         self._save_state()
@@ -273,13 +274,14 @@ class EmulatedCluster:
         for i, (ns, addr) in enumerate(zip(self.host_names, self.addresses)):
             port = f"{self.prefix}-s{i}"
             for args in (["netns", "add", ns],
-                         ["link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", port, "netns", sw],
-                         ["-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0"],
-                         ["-n", ns, "link", "set", "eth0", "up"],
+                         ["link", "add", HOST_INTERFACE, "netns", ns, "type", "veth", "peer", "name", port,
+                          "netns", sw],
+                         ["-n", ns, "addr", "add", f"{addr}/24", "dev", HOST_INTERFACE],
+                         ["-n", ns, "link", "set", HOST_INTERFACE, "up"],
                          ["-n", ns, "link", "set", "lo", "up"],  # torchrun's agent and local stores use it
                          ["-n", sw, "link", "set", port, "master", "br0", "up"]):
                 sh("ip", *args)
-            self._shape(ns, "eth0")  # host -> switch
+            self._shape(ns, HOST_INTERFACE)  # host -> switch
             self._shape(sw, port)  # switch -> host
             try:
                 cgroups.make(self.prefix, i, self.cpus, self.period_us, self.burst_us, self.pin)
@@ -371,7 +373,7 @@ class EmulatedCluster:
         if len(commands) != self.hosts:
             raise ClusterError(f"got {len(commands)} commands for {self.hosts} hosts; give one per host")
         # one rendezvous store per restart round: torch's shared one keeps the dead round's addresses (#135712)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": HOST_INTERFACE,
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {})}
         if self.rate_bits:  # what tessel's cost model (--sparse auto) takes as the link rate
             env.setdefault("TESSEL_LINK_MBIT", f"{self.rate_bits / 1e6:g}")

@@ -10,6 +10,10 @@ torch's schedules and tensor-parallel peer are benchmarks' peers, not the planne
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
 from .. import choices
 from ..choices import Prediction, Schedule, TensorMode
 from ..errors import PlanError, TesselError
@@ -84,20 +88,35 @@ def _layouts(base: ParallelPlan, world: int, global_batch: int, allow_async: boo
     return out
 
 
-def feasible(plans: list[ParallelPlan], settings: Settings, model, model_checked: bool = False
+def feasible(plans: list[ParallelPlan], settings: Settings, build_meta: Callable[[], torch.nn.Module]
              ) -> tuple[list[ParallelPlan], list[tuple[ParallelPlan, str]]]:
-    """(plans that can run, (plan, reason) for those that cannot); ``model``: the plain model on the meta device
-    (changed in place by the checks), not used when ``model_checked``."""
-    ok, dropped = [], []
+    """(plans that can run, (plan, reason) for those that cannot). ``build_meta``: the plain model on the meta
+    device, built afresh for each model check (a check changes it in place); what the model allows depends only on
+    the cut, the grid, the rows per rank and recompute, so each of those is checked once."""
+    ok, dropped, checked = [], [], {}
     for plan in plans:
         reasons = problems(plan, settings)
-        if not reasons and not model_checked:
-            try:
-                check_model(model, plan, settings)
-            except (PlanError, TesselError) as e:
-                reasons = [str(e)]
+        if not reasons:
+            key = _model_key(plan, settings)
+            if key not in checked:
+                checked[key] = _model_refusal(build_meta(), plan, settings)
+            reasons = [checked[key]] if checked[key] else []
         if reasons:
             dropped.append((plan, reasons[0]))
         else:
             ok.append(plan)
     return ok, dropped
+
+
+def _model_key(plan: ParallelPlan, settings: Settings) -> tuple:
+    """What :func:`tessel.parallelize.check_model` reads of ``plan``."""
+    rows = settings.global_batch // (plan.dp * plan.micro_batches) if plan.tp > 1 else None
+    return (plan.pieces, plan.bounds, plan.tp, plan.tp_mode, plan.tp_grid, rows, plan.recompute, plan.sparse.overrides)
+
+
+def _model_refusal(model: torch.nn.Module, plan: ParallelPlan, settings: Settings) -> str | None:
+    try:
+        check_model(model, plan, settings)
+    except (PlanError, TesselError) as e:
+        return str(e)
+    return None

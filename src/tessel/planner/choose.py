@@ -4,6 +4,7 @@ least), printed as a ranked table with why the winner wins."""
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -114,18 +115,19 @@ def choose(job: Job, topo: Topology, allow_async: bool = False, profile: Profile
     settings = job.settings
     plans = enumerate_plans(job.base, topo.ranks, settings.global_batch, allow_async)
 
-    def meta_model():
-        with on_meta():
-            return job.build()
+    built = []
 
-    ok, dropped, seen = [], [], {}
-    for plan in plans:
-        # what the model allows depends only on the cut, the grid and the rows per rank: check each once
-        key = (plan.pieces, plan.tp_mode, plan.tp_grid, plan.dp * plan.micro_batches, plan.schedule, plan.dp)
-        if key not in seen:
-            seen[key] = feasible([plan], settings, meta_model())[1]
-        why = seen[key] or feasible([plan], settings, None, model_checked=True)[1]
-        (dropped.extend if why else ok.append)(why if why else plan)
+    def meta_model():  # a fresh copy for each check, which changes it (a copy costs half a build)
+        if not built:
+            with on_meta():
+                built.append(job.build())
+        try:
+            return copy.deepcopy(built[0])
+        except (TypeError, RuntimeError, copy.Error):  # a model holding what cannot be copied: build it again
+            with on_meta():
+                return job.build()
+
+    ok, dropped = feasible(plans, settings, meta_model)
     sizes = tuple(sorted({settings.global_batch // (p.dp * p.micro_batches) for p in ok}))
     profile = profile or measure(job, sizes=sizes or None, dps=tuple(sorted({p.dp for p in ok})))
     ests = [estimate(p, settings, profile, topo) for p in ok]
