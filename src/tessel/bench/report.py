@@ -97,12 +97,9 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
         # torch's own collectives are not counted; where a counted strategy moves the same bytes, use its count,
         # else what the busiest host's interface sent (headers included), where the runs recorded it
         wire = _median_or_none([r.get("wire_max_host_per_step") for r in rs])
-        if strategy in scn.same_bytes:
-            twin = scn.same_bytes[strategy]
-            sent = (med((model, twin, hosts, rate), "max_rank_sent_per_step") or 0.0) if twin else (wire or 0.0)
-        else:
-            sent = med((model, strategy, hosts, rate), "max_rank_sent_per_step") or 0.0
-        on_wire = strategy in scn.same_bytes and not scn.same_bytes[strategy] and bool(wire)
+        counted_as = scn.same_bytes.get(strategy, strategy)  # whose count stands for its bytes (None: nobody's)
+        sent = (med((model, counted_as, hosts, rate), "max_rank_sent_per_step") or 0.0) if counted_as else (wire or 0.0)
+        on_wire = counted_as is None and bool(wire)
         compute = med((model, strategy, hosts, UNSHAPED), "step_time")
         bound = sent * 8 / parse_rate(rate) if rate != UNSHAPED else 0.0
         mine = _by_round(rs)

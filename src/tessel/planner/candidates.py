@@ -90,9 +90,9 @@ def _layouts(base: ParallelPlan, world: int, global_batch: int, allow_async: boo
 
 def feasible(plans: list[ParallelPlan], settings: Settings, build_meta: Callable[[], torch.nn.Module]
              ) -> tuple[list[ParallelPlan], list[tuple[ParallelPlan, str]]]:
-    """(plans that can run, (plan, reason) for those that cannot). ``build_meta``: the plain model on the meta
-    device, built afresh for each model check (a check changes it in place); what the model allows depends only on
-    the cut, the grid, the rows per rank and recompute, so each of those is checked once."""
+    """(plans that can run, (plan, reason) for those that cannot). ``build_meta``: a fresh plain model on the meta
+    device for each model check (a check changes it in place); what the model allows depends only on what
+    :func:`_model_key` names, so each such key is checked once."""
     ok, dropped, checked = [], [], {}
     for plan in plans:
         reasons = problems(plan, settings)
