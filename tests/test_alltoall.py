@@ -68,7 +68,9 @@ def check_alltoall_bytes(split: str, schedule: bool, elem: int = 8) -> list:
         forward = comm.counter.end_step()  # forward and backward pass
         tables.reduce()
         tables.step()
-        out.append({"ahead": ahead, "forward": forward, "reduce": comm.counter.end_step()})
+        busy, waits, work = tables.timing()
+        assert busy >= 0 and work >= 0 and all(v >= 0 for v in waits.values())
+        out.append({"ahead": ahead, "forward": forward, "reduce": comm.counter.end_step(), "waits": sorted(waits)})
     return out
 
 
@@ -87,6 +89,8 @@ def test_alltoall_exact_bytes_column_and_row(world2, b):
     assert col[0][0]["reduce"]["a2a.bwd"] == {"sent": 4 * 2 * b, "recv": 3 * 2 * b}  # no ids resent
     assert col[0][0]["reduce"]["sparse.norm"] == {"sent": i, "recv": i}
     assert not col[0][0]["ahead"]
+    # unscheduled, every exchange blocks: each step waits for its route, its rows and its gradients' exchange
+    assert all(step["waits"] == ["grads", "ids", "rows"] for r in col for step in r)
     # row split, rows owned alternately: rank 0 asks 1 and 5 of rank 1; rank 1 asks 4 of rank 0
     row = world2.run(check_alltoall_bytes, "row", False, b)
     f0 = row[0][0]["forward"]
@@ -101,13 +105,17 @@ def test_alltoall_exact_bytes_column_and_row(world2, b):
         assert set(sched[r][1]["forward"]) == {"a2a.bwd"}, sched[r][1]["forward"]
         assert "a2a.bwd" not in sched[r][1]["reduce"]
         for ch in ("a2a.fwd", "a2a.bwd"):  # the same rows move, in two priority phases
-            plain = sum(step[k].get(ch, {}).get("sent", 0) for step in col[r] for k in step)
-            ahead = sum(step[k].get(ch, {}).get("sent", 0) for step in sched[r] for k in step)
+            plain = sum(step[k].get(ch, {}).get("sent", 0) for step in col[r] for k in step if k != "waits")
+            ahead = sum(step[k].get(ch, {}).get("sent", 0) for step in sched[r] for k in step if k != "waits")
             assert plain == ahead, (ch, plain, ahead)
         # step 1 asks as usual (counts, unique ids); step 2's 5 raw ids go ahead as int32, no counts
         assert sched[r][0]["ahead"]["a2a.meta"] == {"sent": i, "recv": i}
         assert sched[r][0]["ahead"]["a2a.ids"]["sent"] == [4, 3][r] * i + 5 * 4
-        assert sum(step[k].get("a2a.meta", {}).get("sent", 0) for step in sched[r] for k in step) == i
+        assert sum(step[k].get("a2a.meta", {}).get("sent", 0) for step in sched[r] for k in step if k != "waits") == i
+        # step 2's route was known in step 1, and its rows came in two phases: those final before step 1's update
+        # (ids 6, 7 of rank 0; 9 of rank 1) and those the update made final (0 and 5, which step 1 touched)
+        assert sched[r][0]["waits"] == ["grads", "ids", "rows"] and sched[r][1]["waits"] == ["grads", "late_rows",
+                                                                                             "rows"], sched[r]
 
 
 def check_prefetch_mismatch():
@@ -178,7 +186,8 @@ def test_cost_model_bytes_and_choice():
 
 def test_clock_hidden_share():
     c = Clock()
-    c.sync(lambda: None)
+    with c.inside():
+        c.sync(lambda: None, "ids")
 
     class Done:
         def __init__(self):
@@ -192,9 +201,10 @@ def test_clock_hidden_share():
 
     w = c.launch(Done())
     w.f.set_result(None)
-    c.wait(w)
-    busy, waited = c.take()
-    assert busy >= 0 and waited >= 0 and c.take() == (0.0, 0.0)
+    with c.inside(), c.inside():  # nested calls count once
+        c.wait(w, "rows")
+    busy, waited, work = c.take()
+    assert busy >= 0 and set(waited) == {"ids", "rows"} and work >= 0 and c.take() == (0.0, {}, 0.0)
 
 
 def check_narrow_column_split():

@@ -495,6 +495,30 @@ def test_a_strategy_no_count_covers_takes_the_bytes_its_hosts_interfaces_sent():
     assert "wire/step busiest host" in text and "12.04 MiB (wire)" in text, text
 
 
+def test_where_the_tables_time_goes_is_the_median_of_each_wait_over_runs():
+    """The overlap scenario's tables-time table: each kind of wait's median over runs (a run that never waited for
+    late rows counts 0 there), their sum and the tables' own work, one row per shaped cell."""
+    scn = scenarios.get("overlap")
+    scn.models, scn.hosts, scn.rates = {"lm": []}, [2], ["50mbit"]
+    recs = []
+    for rep in range(3):
+        late = {"late_rows": 0.010 * (rep + 1)} if rep else {}  # the first run waited for no late rows
+        for rate in ("unshaped", "50mbit"):
+            recs += [{**_run("lm", "alltoall", 2, rate, rep, 0.2), "sparse_comm": 0.1, "sparse_hidden": 0.5,
+                      "sparse_waits": {"ids": 0.001, "rows": 0.004 + 0.001 * rep, "grads": 0.002, **late},
+                      "sparse_work": 0.003},
+                     {**_run("lm", "alltoall-unsched", 2, rate, rep, 0.25), "sparse_comm": 0.08,
+                      "sparse_hidden": 0.0, "sparse_waits": {"ids": 0.01, "rows": 0.03, "grads": 0.04},
+                      "sparse_work": 0.002}]
+    rows = report.aggregate(recs, scn)
+    text = report.tables_time_table(rows)
+    lines = [ln for ln in text.splitlines() if ln.startswith("| lm |")]
+    # ids, rows, late rows (median of 0, 20, 30 ms), grads, their sum, own work
+    assert "| lm | alltoall | 2 | 50mbit | 200.0 | 100.0 | 1.0 | 5.0 | 20.0 | 2.0 | 28.0 | 3.0 |" in lines, text
+    assert "| lm | alltoall-unsched | 2 | 50mbit | 250.0 | 80.0 | 10.0 | 30.0 | 0.0 | 40.0 | 80.0 | 2.0 |" in lines
+    assert len(lines) == 2  # compute-only runs feed other columns, not rows here
+
+
 def test_every_scenario_cell_is_a_valid_train_command_line():
     """Each benchmark cell's flags (common, model, strategy) parse and validate as `tessel train` would take them,
     so a scenario cannot ship a flag or value that fails only when its cell is reached hours into a run."""

@@ -58,7 +58,11 @@ def test_killed_or_stopped_worker_restarts_and_ends_bit_identical(world2, tmp_pa
     without --resume; after SIGTERM to one worker, every rank stops after the same step with a checkpoint there
     (off the every-N cadence) and the restart goes on from exactly that step. Both end with the weights and
     optimizer state of an uninterrupted run, and every step's record once in metrics.jsonl."""
-    train(world2, tmp_path, *ARGS, "--out", str(tmp_path / "full"))  # the reference: the same trainer, no faults
+    summary, printed = train(world2, tmp_path, *ARGS, "--out", str(tmp_path / "full"))  # the reference, no faults
+    # the scheduled alltoall tables say where their part of a step went: the waits by kind and their own work
+    assert set(summary["sparse_waits_per_step"]) <= {"ids", "rows", "late_rows", "grads"}, summary
+    assert {"rows", "grads"} <= set(summary["sparse_waits_per_step"]) and summary["sparse_work_per_step"] > 0
+    assert "tables' time    waited for " in printed, printed
     last = f"checkpoints/step-{STEPS:08d}"
     want = _load(tmp_path / "full" / last, tmp_path)
 

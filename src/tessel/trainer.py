@@ -36,6 +36,7 @@ from .planner import calibrate, probe
 from .preflight import check_fits, predicted_memory
 from .resolve import job_of, plan_of, saved_plan_for, settings_of, topology_of
 from .settings import Settings
+from .sparse.schedule import WAITS
 from .tensor.cost import step_formula
 from .train import checkpoint
 from .train.build import build, build_data, model_identity
@@ -51,7 +52,7 @@ from .train.memory import (
     resident_bytes,
     table_memory_bytes,
 )
-from .train.metrics import MetricsLogger, human_bytes
+from .train.metrics import WAIT_PREFIX, MetricsLogger, human_bytes
 from .train.preempt import StopOnSignal
 from .train.resume import Start, find_start, restart_count
 
@@ -264,7 +265,9 @@ def _with_state(record: dict, logger: MetricsLogger, tables) -> dict:
         # memory now: resident, its anonymous part, the allocator's bytes in use
         record.update(rss=resident_bytes(), anon=anonymous_bytes(), heap=allocator_bytes())
     if tables:
-        record["sparse_busy"], record["sparse_waited"] = tables.timing()
+        busy, waits, work = tables.timing()
+        record.update(sparse_busy=busy, sparse_waited=sum(waits.values()), sparse_work=work,
+                      **{f"{WAIT_PREFIX}{k}": waits.get(k, 0.0) for k in WAITS})  # WAITS' order, 0 if none
     return record
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..cluster.emulate import PERIOD_US, parse_rate
+from ..sparse.schedule import WAITS
 from ..train.metrics import human_bytes
 from .cells import versus
 from .compose_tables import compose_table
@@ -123,6 +124,8 @@ def aggregate(records: list[dict[str, Any]], scn: Scenario) -> list[dict[str, An
             "final_loss": statistics.median(r["final_loss"] for r in rs),
             "sparse_hidden": _median_or_none([r.get("sparse_hidden") for r in rs]),
             "sparse_comm": _median_or_none([r.get("sparse_comm") for r in rs]),
+            "sparse_waits": _median_waits([r.get("sparse_waits") for r in rs]),
+            "sparse_work": _median_or_none([r.get("sparse_work") for r in rs]),
             "plan": rs[0].get("sparse_plan") or {},
             "pipeline": _pipeline_stats([r.get("pipeline") for r in rs]),
             "act_mem": _median_or_none([r.get("act_mem") for r in rs]),
@@ -215,8 +218,43 @@ def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], com
             *([f"{r['sparse_comm'] * 1e3:.1f} ({r['sparse_hidden']:.0%})" if r.get("sparse_hidden") is not None
                else "–"] if hidden else []),
         ]) + " |")
-    return (head + "\n".join(lines) + "\n" + auto_table(rows) + pipeline_table(rows)
+    return (head + "\n".join(lines) + "\n" + auto_table(rows) + tables_time_table(rows) + pipeline_table(rows)
             + tensor_table(rows, projection=scn.name == "tensor") + compose_table(rows, scn))
+
+
+def _median_waits(runs: list[dict | None]) -> dict[str, float] | None:
+    """Each kind of wait's median over the runs that recorded waits (a run without a kind waited 0 for it).
+
+    >>> _median_waits([{"ids": 0.1, "rows": 0.3}, {"ids": 0.2}, {"ids": 0.4, "grads": 0.1}])
+    {'grads': 0.0, 'ids': 0.2, 'rows': 0.0}
+    """
+    runs = [w for w in runs if w is not None]
+    if not runs:
+        return None
+    return {k: statistics.median(w.get(k, 0.0) for w in runs) for k in sorted({k for w in runs for k in w})}
+
+
+def tables_time_table(rows: list[dict]) -> str:
+    """Where the alltoall tables' part of a step went (rank 0, medians over runs): the trainer's waits by what it
+    waited for, and the tables' own work outside them."""
+    mine = [r for r in rows if r.get("sparse_waits") is not None and r["rate"] != UNSHAPED]
+    if not mine:
+        return ""
+    out = ["", "Where the tables' part of a step goes (rank 0, ms per step, median over runs): the trainer's waits "
+           "for the route (ids to their owners), for rows (sent when asked, or, scheduled, before the owner's "
+           "update), for late rows (those only the update makes final), for the row gradients' exchange; and the "
+           "tables' own work outside those waits (index, copy, deduplicate, the row update).", "",
+           "| model | strategy | hosts | link | step ms | tables' traffic in flight | waits: ids | rows | late rows "
+           "| grads | all waits | own work |", "|" + "---|" * 12]
+    for r in mine:
+        w = r["sparse_waits"]
+        cells = [f"{w.get(k, 0.0) * 1e3:.1f}" for k in WAITS]
+        out.append("| " + " | ".join([
+            r["model"], r["strategy"], str(r["hosts"]), r["rate"], f"{r['step_time']['median'] * 1e3:.1f}",
+            f"{r['sparse_comm'] * 1e3:.1f}" if r.get("sparse_comm") is not None else "–", *cells,
+            f"{sum(w.values()) * 1e3:.1f}",
+            f"{r['sparse_work'] * 1e3:.1f}" if r.get("sparse_work") is not None else "–"]) + " |")
+    return "\n".join(out) + "\n"
 
 
 def _pipeline_stats(runs: list[dict | None]) -> dict[str, Any] | None:

@@ -69,6 +69,8 @@ def _record(summary: dict[str, Any], **keys) -> dict[str, Any]:
         "final_loss": summary["final_loss"],
         "sparse_hidden": summary.get("sparse_hidden"),
         "sparse_comm": summary.get("sparse_comm_per_step"),
+        "sparse_waits": summary.get("sparse_waits_per_step"),
+        "sparse_work": summary.get("sparse_work_per_step"),
         "sparse_plan": summary.get("sparse_plan") or {},
         "pipeline": summary.get("pipeline"),
         "act_mem": max((m for m in summary.get("activation_mem_per_rank") or [] if m), default=None),

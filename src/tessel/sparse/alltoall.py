@@ -15,6 +15,7 @@ table's gradient is never synchronised. Scheduling (``schedule=True``): see :mod
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass, field
 
@@ -28,6 +29,15 @@ from .partition import RowPlan
 from .rowopt import RowOptimizer
 from .schedule import Clock, priority
 from .tables import RowTable, gather_rows
+
+
+def _timed(method):
+    """Count ``method``'s time as the table's (its waits are told apart by the clock; the rest is its work)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self.clock.inside():
+            return method(self, *args, **kwargs)
+    return call
 
 
 @dataclass
@@ -144,8 +154,10 @@ class AllToAllTable(RowTable):
         comm.all_to_all(ids_in, uniq[order], "a2a.ids", n_in, n_out.tolist(), g)
         return Route(uniq, ids_in, n_in, n_out.tolist(), order)
 
-    def _serve(self, route: Route, fetch: Fetch, mask_in=None, mask_out=None, async_op: bool = False) -> None:
-        """Answer the ids of ``route`` (those in ``mask_in``) with this rank's part of each row."""
+    def _serve(self, route: Route, fetch: Fetch, mask_in=None, mask_out=None, async_op: bool = False,
+               what: str = "rows") -> None:
+        """Answer the ids of ``route`` (those in ``mask_in``) with this rank's part of each row; a wait for them
+        counts as ``what`` ("late_rows": the ones that could only travel after the owner's update)."""
         w_me = self.widths[self.me]
         ids, n_in = route.ids_in, route.n_in
         if mask_in is not None:
@@ -163,15 +175,15 @@ class AllToAllTable(RowTable):
         buf = vals.new_empty(sum(out_splits))
         call = lambda: comm.all_to_all(buf, vals, "a2a.fwd", out_splits, [n * w_me for n in n_in], self.group,
                                        async_op=async_op)
-        work = self.clock.launch(call()) if async_op else self.clock.sync(call)
-        fetch.phases.append((work, buf, mask_out, n_out))
+        work = self.clock.launch(call()) if async_op else self.clock.sync(call, "rows")
+        fetch.phases.append((work, buf, mask_out, n_out, what))
 
     def _assemble(self, fetch: Fetch) -> torch.Tensor:
         """Wait for the phases of ``fetch`` and place their pieces into ``fetch.rows``."""
         route = fetch.route
-        for work, buf, mask, n_out in fetch.phases:
+        for work, buf, mask, n_out, what in fetch.phases:
             if work is not None:
-                self.clock.wait(work)
+                self.clock.wait(work, what)
             pieces = buf.split([n * w for n, w in zip(n_out, self.widths)])
             if self.split == "column":
                 part = torch.cat([x.view(n_out[0], w) for x, w in zip(pieces, self.widths)], dim=1)
@@ -200,10 +212,11 @@ class AllToAllTable(RowTable):
         buf = grad.new_empty(sum(route.n_in) * w_me)
         call = lambda: comm.all_to_all(buf, send, "a2a.bwd", [n * w_me for n in route.n_in], out_splits, self.group,
                                        async_op=async_op)
-        return (self.clock.launch(call()) if async_op else self.clock.sync(call)), buf
+        return (self.clock.launch(call()) if async_op else self.clock.sync(call, "grads")), buf
 
     # -- lookahead (across iterations) --------------------------------------------------------------
 
+    @_timed
     def prefetch(self, ids_now: torch.Tensor | None, ids_next: torch.Tensor | None) -> None:
         """At the start of a step: make sure this step's rows are coming, and start the next step's.
 
@@ -216,7 +229,7 @@ class AllToAllTable(RowTable):
         elif ids_now is not None:
             uniq = torch.unique(ids_now.reshape(-1))
             self.check_ids(uniq)
-            route = self.clock.sync(lambda: self._ask(uniq))
+            route = self.clock.sync(lambda: self._ask(uniq), "ids")
             self._ready = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim))
             self._serve(route, self._ready, async_op=True)
         if ids_next is None or self._ready is None:
@@ -230,13 +243,14 @@ class AllToAllTable(RowTable):
         work = self.clock.launch(comm.all_gather_into(buf, raw, "a2a.ids", self.group, async_op=True))
         self._asked = (work, buf, touched)
 
+    @_timed
     def launch_next(self) -> None:
         """Turn the next step's ids into a route and send the rows that are final already (early phase)."""
         if self._asked is None:
             return
         work, buf, touched = self._asked
         self._asked = None
-        self.clock.wait(work)
+        self.clock.wait(work, "ids")
         self.check_ids(buf)
         uniqs = [torch.unique(x).long() for x in buf.view(self.world, -1)]
         uniq = uniqs[self.me]
@@ -248,6 +262,7 @@ class AllToAllTable(RowTable):
 
     # -- forward, backward, update ------------------------------------------------------------------
 
+    @_timed
     def _lookup(self, uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if self.training_step and (self._ready is not None or self._leaf is not None):
             return self._prefetched(uniq)
@@ -256,7 +271,7 @@ class AllToAllTable(RowTable):
         if last is not None and last[0]() is ids:
             route = last[1]
         else:
-            route = self.clock.sync(lambda: self._ask(uniq))
+            route = self.clock.sync(lambda: self._ask(uniq), "ids")
             self.routes[key] = (weakref.ref(ids), route)
         fetch = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim))
         self._serve(route, fetch)
@@ -287,9 +302,11 @@ class AllToAllTable(RowTable):
             def hook(t, sent=entry.sent):  # ``t`` is ``rows``; see Lookup.sent for why it is not captured
                 # A step's prefetched rows collect every micro-batch's gradient: send after the last.
                 if sent[0] is None and (self.final or not whole_step):
-                    sent[0] = self._send_grads(route, t.grad, async_op=True)
+                    with self.clock.inside():
+                        sent[0] = self._send_grads(route, t.grad, async_op=True)
             rows.register_post_accumulate_grad_hook(hook)
 
+    @_timed
     def reduce(self, upto: int | None = None) -> torch.Tensor:
         """Finish the gradient exchanges (of lookups tagged ``upto`` or earlier); returns the squared norm of
         this owner's part."""
@@ -304,7 +321,7 @@ class AllToAllTable(RowTable):
                 sent = self._send_grads(e.route, grad, async_op=False)
             work, buf = sent
             if work is not None:
-                self.clock.wait(work)
+                self.clock.wait(work, "grads")
             got_ids.append(self._local(e.route.ids_in))
             got.append(buf.view(-1, w_me))
         self._lookups, self._leaf = later, None
@@ -313,6 +330,7 @@ class AllToAllTable(RowTable):
                                  self.table.new_empty(0, w_me))
         return self._combine(torch.cat(got_ids), torch.cat(got))
 
+    @_timed
     def update(self, lr: float, scale: float = 1.0) -> None:
         """Apply the row update, then send the next step's rows that waited for it (the late phase)."""
         super().update(lr, scale)
@@ -320,7 +338,7 @@ class AllToAllTable(RowTable):
         if self._next is not None and self._next.late is not None:
             late_in, late_out = self._next.late
             self._next.late = None
-            self._serve(self._next.route, self._next, late_in, late_out, async_op=True)
+            self._serve(self._next.route, self._next, late_in, late_out, async_op=True, what="late_rows")
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, split={self.split}, schedule={self.schedule}, lookahead={self.lookahead}"

@@ -53,9 +53,10 @@ class SparseTables:
                 t.final = final
                 t.launch_next()
 
-    def timing(self) -> tuple[float, float]:
-        """(seconds with sparse collectives of ``alltoall`` tables in flight, seconds the trainer waited
-        for them) since the last call; 1 - waited/busy is the share hidden behind computation."""
+    def timing(self) -> tuple[float, dict[str, float], float]:
+        """Since the last call, for the ``alltoall`` tables: (seconds with their collectives in flight, seconds
+        the trainer waited for them by what it waited for (:data:`tessel.sparse.schedule.WAITS`), seconds of
+        their own work outside those waits); 1 - waited/busy is the share hidden behind computation."""
         return self.clock.take()
 
     def tag(self, batch: int) -> None:

@@ -34,6 +34,9 @@ def timed_steps(records: list) -> list:
     return records[min(3, len(records) - 1):] if len(records) > 4 else records
 
 
+WAIT_PREFIX = "sparse_wait_"  # a step record's seconds the trainer waited for the tables, one key per kind
+
+
 class Series:
     """What the summary and the plot need of each step, as flat columns of floats: a long run keeps 56 bytes a
     step here, not every step's record (100,000 steps of records were ~200 MB on the logging rank).
@@ -44,21 +47,33 @@ class Series:
     (1, 2.5, True)
     """
 
-    COLUMNS = ("step", "loss", "tokens_per_s", "step_time", "sparse_busy", "sparse_waited", "rss")
+    COLUMNS = ("step", "loss", "tokens_per_s", "step_time", "sparse_busy", "sparse_waited", "sparse_work", "rss")
 
     def __init__(self) -> None:
         self.cols = {k: array("d") for k in self.COLUMNS}
 
     def add(self, record: dict[str, Any]) -> None:
+        for k in record:  # the tables' waits by kind: a column from the first step that has it
+            if k.startswith(WAIT_PREFIX) and k not in self.cols:
+                self.cols[k] = array("d", [math.nan] * len(self))
         for k, col in self.cols.items():
             v = record.get(k)
             col.append(math.nan if v is None else float(v))
+
+    def waits(self) -> list[str]:
+        """The kinds of wait the tables recorded (see :data:`tessel.sparse.schedule.WAITS`)."""
+        return [k[len(WAIT_PREFIX):] for k in self.cols if k.startswith(WAIT_PREFIX)]
 
     def __getitem__(self, key: str) -> array:
         return self.cols[key]
 
     def __len__(self) -> int:
         return len(self.cols["step"])
+
+
+def _mean_over(col: array, steps: list[int]) -> float:
+    """Mean of ``col`` over ``steps``, a step without the value (nan: that wait did not happen) as 0."""
+    return sum(0.0 if math.isnan(col[i]) else col[i] for i in steps) / len(steps)
 
 
 def _keep_steps_upto(path: Path, step: int) -> None:
@@ -166,6 +181,9 @@ class MetricsLogger:
             # share of the alltoall tables' communication time the trainer did not wait for
             out["sparse_comm_per_step"] = busy / len(timed)
             out["sparse_hidden"] = max(0.0, 1 - waited / busy) if busy > 0 else None
+            # where the tables' part of a step goes: each wait by what it waited for, and their own work
+            out["sparse_waits_per_step"] = {k: _mean_over(s[WAIT_PREFIX + k], timed) for k in s.waits()}
+            out["sparse_work_per_step"] = _mean_over(s["sparse_work"], timed)
         return out
 
     def close(self, summary: dict[str, Any]) -> None:
@@ -184,6 +202,14 @@ class MetricsLogger:
             plot(self.series, self.out / "loss.png", summary.get("unit", "tokens"))
 
 
+def _tables_line(s: dict[str, Any]) -> str:
+    """Where the alltoall tables' part of a step went: the waits by kind, and their own work."""
+    if s.get("sparse_waits_per_step") is None:
+        return ""
+    waits = ", ".join(f"{k.replace('_', ' ')} {v * 1000:.1f}" for k, v in s["sparse_waits_per_step"].items())
+    return f"  tables' time    waited for {waits or 'nothing'}; own work {s['sparse_work_per_step'] * 1000:.1f} ms/step"
+
+
 def format_summary(s: dict[str, Any]) -> str:
     unit = s.get("unit", "tokens")
     lines = [
@@ -197,6 +223,7 @@ def format_summary(s: dict[str, Any]) -> str:
         _memory_line(s),
         f"  sparse comm     {s['sparse_comm_per_step'] * 1000:.1f} ms/step, {s['sparse_hidden']:.0%} hidden behind "
         "compute" if s.get("sparse_hidden") is not None else "",
+        _tables_line(s),
         _pipeline_line(s.get("pipeline")),
         "  bytes per channel, per step per rank:",
         f"    {'channel':<12} {'sent':>12} {'received':>12}",
