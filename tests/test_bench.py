@@ -447,6 +447,23 @@ def test_soak_report_only_runs_nothing_and_append_keeps_the_strategies_it_does_n
     assert "The runs of ps are kept from an earlier invocation" in (tmp_path / "report.md").read_text()
 
 
+def test_report_only_keeps_the_baseline_and_rates_the_run_had(tmp_path):
+    """A --strategies run without the scenario's baseline (sparse without dense) at a rate the scenario does not list
+    (50mbit) renders again as it first did: the first strategy that ran is the baseline, and the rate's rows are in
+    the report and its bytes plot."""
+    recs = []
+    for rep in range(3):
+        for rate, step in (("unshaped", 0.1), ("50mbit", 0.4)):
+            recs += [_run("lstm_lm", "torch-sparse", 2, rate, rep, step * 1.2),
+                     _run("lstm_lm", "ps", 2, rate, rep, step, 1e6)]
+    (tmp_path / "results.json").write_text(json.dumps({"runs": recs, "commands": [], "environment": {}}))
+    assert main(["bench", "sparse", "--report-only", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "Baseline for ratios: `torch-sparse`" in text, text
+    assert "| lstm_lm | ps | 2 | 50mbit | 3 | 400.0 (400.0–400.0) |" in text and "| 1.20x (1.20–1.20) |" in text, text
+    assert (tmp_path / "bytes.png").stat().st_size > 5000  # ps's bytes at 50mbit are drawn
+
+
 def test_a_cluster_a_live_process_holds_is_not_torn_down(tmp_path, monkeypatch):
     """up() of a prefix whose state file names a live owner (another benchmark) refuses in one line, before
     touching anything; a dead owner's cluster is a leftover as before."""
@@ -509,14 +526,17 @@ def test_where_the_tables_time_goes_is_the_median_of_each_wait_over_runs():
                       "sparse_work": 0.003},
                      {**_run("lm", "alltoall-unsched", 2, rate, rep, 0.25), "sparse_comm": 0.08,
                       "sparse_hidden": 0.0, "sparse_waits": {"ids": 0.01, "rows": 0.03, "grads": 0.04},
-                      "sparse_work": 0.002}]
+                      "sparse_work": 0.002},
+                     # ps tables run no collective on the clock: their runs record it empty
+                     {**_run("lm", "ps", 2, rate, rep, 0.25), "sparse_comm": 0.0, "sparse_hidden": None,
+                      "sparse_waits": dict.fromkeys(("ids", "rows", "late_rows", "grads"), 0.0), "sparse_work": 0.0}]
     rows = report.aggregate(recs, scn)
     text = report.tables_time_table(rows)
     lines = [ln for ln in text.splitlines() if ln.startswith("| lm |")]
     # ids, rows, late rows (median of 0, 20, 30 ms), grads, their sum, own work
     assert "| lm | alltoall | 2 | 50mbit | 200.0 | 100.0 | 1.0 | 5.0 | 20.0 | 2.0 | 28.0 | 3.0 |" in lines, text
     assert "| lm | alltoall-unsched | 2 | 50mbit | 250.0 | 80.0 | 10.0 | 30.0 | 0.0 | 40.0 | 80.0 | 2.0 |" in lines
-    assert len(lines) == 2  # compute-only runs feed other columns, not rows here
+    assert len(lines) == 2  # compute-only runs feed other columns, not rows here; ps has no row
 
 
 def test_every_scenario_cell_is_a_valid_train_command_line():

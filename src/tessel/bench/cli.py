@@ -128,7 +128,7 @@ def _read_results(saved: Path) -> dict:
 
 
 def main(ns, argv: list[str]) -> int:
-    from .report import write
+    from .report import UNSHAPED, write
     from .runner import fill_step_times, run_scenario
 
     _check_extras()
@@ -202,11 +202,13 @@ def main(ns, argv: list[str]) -> int:
         scn.hosts = sorted({r["hosts"] for r in records})
         scn.models = {m: f for m, f in full.models.items() if m in {r["model"] for r in records}}
         scn.strategies = {s: f for s, f in full.strategies.items() if s in {r["strategy"] for r in records}}
-        scn.rates = [r for r in full.rates if r in {x["rate"] for x in records}] or scn.rates
+        ran = list(dict.fromkeys(x["rate"] for x in records if x["rate"] != UNSHAPED))
+        # the scenario's own rates in its order, then any a --rates run added (50mbit on the sparse scenario)
+        scn.rates = [r for r in full.rates if r in ran] + [r for r in ran if r not in full.rates] or scn.rates
         scn.steps = prev["environment"].get("steps_per_run", scn.steps) if ns.report_only else scn.steps
         scn.cluster = prev["environment"].get("cluster", scn.cluster) if ns.report_only else scn.cluster
-        if full.baseline in scn.strategies:
-            scn.baseline = full.baseline
+        # the scenario's baseline where it ran, else the first strategy that did (as a --strategies run chose)
+        scn.baseline = full.baseline if full.baseline in scn.strategies else next(iter(scn.strategies))
     repeats = max(r["repeat"] for r in records) + 1
     saved_env = prev.get("environment") if ns.report_only and prev else None  # the runs' machine, not today's
     print(write(records, scn, out, repeats, commands, Path(ns.doc) if ns.doc else None, saved_env))

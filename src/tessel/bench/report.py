@@ -237,7 +237,8 @@ def _median_waits(runs: list[dict | None]) -> dict[str, float] | None:
 def tables_time_table(rows: list[dict]) -> str:
     """Where the alltoall tables' part of a step went (rank 0, medians over runs): the trainer's waits by what it
     waited for, and the tables' own work outside them."""
-    mine = [r for r in rows if r.get("sparse_waits") is not None and r["rate"] != UNSHAPED]
+    # only strategies whose tables ran collectives on the clock (alltoall); ps and the rest record an empty one
+    mine = [r for r in rows if r.get("sparse_waits") is not None and r.get("sparse_comm") and r["rate"] != UNSHAPED]
     if not mine:
         return ""
     out = ["", "Where the tables' part of a step goes (rank 0, ms per step, median over runs): the trainer's waits "
