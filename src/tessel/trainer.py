@@ -266,7 +266,7 @@ def _with_state(record: dict, logger: MetricsLogger, tables) -> dict:
         record.update(rss=resident_bytes(), anon=anonymous_bytes(), heap=allocator_bytes())
     if tables:
         busy, waits, work = tables.timing()
-        record.update(sparse_busy=busy, sparse_waited=sum(waits.values()), sparse_work=work,
+        record.update(sparse_busy=busy, sparse_work=work,
                       **{f"{WAIT_PREFIX}{k}": waits.get(k, 0.0) for k in WAITS})  # WAITS' order, 0 if none
     return record
 

@@ -47,7 +47,7 @@ class Series:
     (1, 2.5, True)
     """
 
-    COLUMNS = ("step", "loss", "tokens_per_s", "step_time", "sparse_busy", "sparse_waited", "sparse_work", "rss")
+    COLUMNS = ("step", "loss", "tokens_per_s", "step_time", "sparse_busy", "sparse_work", "rss")
 
     def __init__(self) -> None:
         self.cols = {k: array("d") for k in self.COLUMNS}
@@ -176,13 +176,13 @@ class MetricsLogger:
             "bytes": per_channel,
         }
         if timed and self.sparse:
-            busy = sum(s["sparse_busy"][i] for i in timed)
-            waited = sum(s["sparse_waited"][i] for i in timed)
-            # share of the alltoall tables' communication time the trainer did not wait for
-            out["sparse_comm_per_step"] = busy / len(timed)
-            out["sparse_hidden"] = max(0.0, 1 - waited / busy) if busy > 0 else None
+            busy = _mean_over(s["sparse_busy"], timed)
             # where the tables' part of a step goes: each wait by what it waited for, and their own work
-            out["sparse_waits_per_step"] = {k: _mean_over(s[WAIT_PREFIX + k], timed) for k in s.waits()}
+            waits = {k: _mean_over(s[WAIT_PREFIX + k], timed) for k in s.waits()}
+            out["sparse_comm_per_step"] = busy
+            # share of the alltoall tables' communication time the trainer did not wait for
+            out["sparse_hidden"] = max(0.0, 1 - sum(waits.values()) / busy) if busy > 0 else None
+            out["sparse_waits_per_step"] = waits
             out["sparse_work_per_step"] = _mean_over(s["sparse_work"], timed)
         return out
 
