@@ -6,6 +6,9 @@ difference bf16-mixed vs fp32 per seed with its 95% interval over seeds (a t int
     python examples/precision_accuracy.py --seeds 0,1,2 --out runs/precision-zipf -- --data.source zipf --steps 2400
 
 Arguments after ``--`` go to every `tessel train` (both precisions alike). Runs alternate precisions seed by seed.
+``--report-only`` trains nothing: it reads each run's summary.json under ``--out`` (``fp32-s0``, ``bf16-mixed-s0``,
+...), so runs made one `tessel train` at a time (or several at once) are reported the same way; flags after ``--``
+are then only recorded (give the ones the runs were made with).
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ def launch(args: list[str]) -> None:
     subprocess.run([sys.executable, "-m", "tessel", *args], check=True, stdout=subprocess.DEVNULL)
 
 
-def run(seed: int, precision: str, extra: list[str], out: Path) -> float:
-    """One `tessel train`; its final held-out loss."""
+def run(seed: int, precision: str, extra: list[str], out: Path, train: bool = True) -> float:
+    """One `tessel train` (unless ``train`` is false: a finished one's); its final held-out loss."""
     folder = out / f"{precision}-s{seed}"
-    launch(["train", "--seed", str(seed), "--train.precision", precision, "--metrics.progress", "log", "--metrics.plot",
-           "false", "--metrics.memory", "false", *extra, "--out", str(folder)])
+    if train:
+        launch(["train", "--seed", str(seed), "--train.precision", precision, "--metrics.progress", "log",
+                "--metrics.plot", "false", "--metrics.memory", "false", *extra, "--out", str(folder)])
     return json.loads((folder / "summary.json").read_text())["heldout"]["final"]["loss"]
 
 
@@ -47,12 +51,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--out", default="runs/precision-accuracy")
+    p.add_argument("--report-only", action="store_true", help="read the finished runs under --out; train nothing")
     p.add_argument("extra", nargs="*", help="after --: flags for every tessel train")
     ns = p.parse_args()
     out, rows = Path(ns.out), []
     for seed in (int(s) for s in ns.seeds.split(",")):
         order = ("fp32", "bf16-mixed") if seed % 2 == 0 else ("bf16-mixed", "fp32")
-        losses = {prec: run(seed, prec, ns.extra, out) for prec in order}
+        losses = {prec: run(seed, prec, ns.extra, out, not ns.report_only) for prec in order}
         rows.append((seed, losses["fp32"], losses["bf16-mixed"]))
         print(f"seed {seed}: held-out loss fp32 {losses['fp32']:.4f}, bf16-mixed {losses['bf16-mixed']:.4f}, "
               f"{100 * (losses['bf16-mixed'] / losses['fp32'] - 1):+.2f}%", flush=True)

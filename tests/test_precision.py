@@ -354,6 +354,11 @@ def test_precision_accuracy_example_pairs_each_seed_in_both_precisions(tmp_path,
         summary = json.loads((tmp_path / f"{prec}-s0" / "summary.json").read_text())
         assert summary["heldout"]["final"]["loss"] == loss and summary["steps_run"] == 3
     assert abs(got["mean_pct"] - 100 * (bf16 / fp32 - 1)) < 1e-12 and "seed 0:" in capsys.readouterr().out
+    (tmp_path / "results.json").unlink()  # --report-only rebuilds it from the runs' summaries, training nothing
+    made = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*-s0/summary.json")}
+    trained.script_main(protocol, ["--seeds", "0", "--out", str(tmp_path), "--report-only"], monkeypatch)
+    assert json.loads((tmp_path / "results.json").read_text())["rows"] == got["rows"]
+    assert len(made) == 2 and all(p.stat().st_mtime_ns == t for p, t in made.items())
 
 
 def test_row_gradient_width_example_measures_each_way_of_summing(tmp_path, monkeypatch, capsys):
