@@ -108,6 +108,25 @@ def test_header_states_the_runs_each_cell_had(tmp_path):
     assert statistics.median([0.125, 0.135, 0.115, 0.125]) * 1e3 == 125.0 and "| 4 | 125.0 (115.0–135.0) |" in text
 
 
+def test_environment_names_the_cpu_and_its_bf16_arithmetic(monkeypatch, tmp_path):
+    """bf16-mixed's speed on CPU turns on the ISA, so a run records it; a run saved before it was recorded renders
+    without it."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx512f avx512_bf16\n\n"
+                    "processor\t: 1\nmodel name\t: Some CPU\nflags\t\t: fpu avx512f avx512_bf16\n")
+    real = report.Path
+    monkeypatch.setattr(report, "Path", lambda p: info if p == "/proc/cpuinfo" else real(p))
+    env = report.environment(_scenario(), 2)
+    assert env["cpu"] == {"model": "Some CPU", "bf16": True}
+    info.write_text("model name\t: Other CPU\nflags\t\t: fpu avx2 avx512f\n")
+    assert report.cpu() == {"model": "Other CPU", "bf16": False}
+    rows = report.aggregate(_records(), _scenario())
+    text = report.markdown(rows, _scenario(), env, [])
+    assert f"{env['cores']} cores (Some CPU, bf16 arithmetic: yes) shared" in text
+    del env["cpu"]
+    assert " cores shared by the emulated hosts" in report.markdown(rows, _scenario(), env, [])
+
+
 def test_every_row_has_a_cell_under_each_header(tmp_path):
     # A row with one cell more than its header shifts every later column under the wrong name.
     text = report.write(_records(), _scenario(), tmp_path, 3, ["tessel bench ddp"])

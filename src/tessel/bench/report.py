@@ -39,13 +39,34 @@ from .tensor_tables import tensor_plot, tensor_table
 UNSHAPED = "unshaped"
 
 
+def cpu() -> dict[str, Any]:
+    """The CPU's model and whether it has bf16 arithmetic (avx512_bf16 or AMX): bf16-mixed's speed on CPU turns on
+    it (docs/benchmarks.md, mixed precision), and sandboxes of the same kind have differed in it."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"model": platform.processor() or None, "bf16": None}
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), None)
+    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    return {"model": model, "bf16": bool(flags & {"avx512_bf16", "amx_bf16"})}
+
+
 def environment(scn: Scenario, repeats: int) -> dict[str, Any]:
     return {
-        "torch": torch.__version__, "python": platform.python_version(), "kernel": platform.release(),
+        "torch": torch.__version__, "python": platform.python_version(), "kernel": platform.release(), "cpu": cpu(),
         "cores": os.cpu_count(), "hosts": scn.hosts, "rates": scn.rates, "steps_per_run": scn.steps,
         "repeats": repeats, "cpus_per_host": "cores / hosts", "threads_per_worker": 1,
         "cluster": {"period_us": PERIOD_US, "burst_us": 0, "pin": False, **scn.cluster},
     }
+
+
+def _cpu_model(env: dict) -> str:
+    """' (MODEL, bf16 arithmetic: yes/no)' where the run recorded its CPU (older runs did not)."""
+    c = env.get("cpu")
+    if not c:
+        return ""
+    bf16 = {True: "yes", False: "no"}.get(c.get("bf16"), "unknown")
+    return f" ({c.get('model') or 'CPU model unknown'}, bf16 arithmetic: {bf16})"
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -175,8 +196,8 @@ def _counted(scn: Scenario) -> str:
 def markdown(rows: list[dict[str, Any]], scn: Scenario, env: dict[str, Any], commands: list[str]) -> str:
     head = (f"Scenario `{scn.name}`: {scn.about}. Baseline for ratios: `{scn.baseline}`.\n\n"
             "Reproduce (as root, on an idle machine): " + "; then ".join(f"`{c}`" for c in commands) + "\n\n"
-            f"Environment: torch {env['torch']}, Python {env['python']}, {env['cores']} cores shared by the "
-            f"emulated hosts (each host {_host_cpus(env)} CPU"
+            f"Environment: torch {env['torch']}, Python {env['python']}, {env['cores']} cores{_cpu_model(env)} "
+            f"shared by the emulated hosts (each host {_host_cpus(env)} CPU"
             f"{_cpu_settings(env)}, "
             f"{env['threads_per_worker']} thread per worker), "
             f"{env['steps_per_run']} steps per run (median over steps after 3 warm-up steps), "
