@@ -114,12 +114,14 @@ def test_environment_names_the_cpu_and_its_bf16_arithmetic(monkeypatch, tmp_path
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx512f avx512_bf16\n\n"
                     "processor\t: 1\nmodel name\t: Some CPU\nflags\t\t: fpu avx512f avx512_bf16\n")
-    real = report.Path
-    monkeypatch.setattr(report, "Path", lambda p: info if p == "/proc/cpuinfo" else real(p))
+    from tessel.bench import machine
+
+    real = machine.Path
+    monkeypatch.setattr(machine, "Path", lambda p: info if p == "/proc/cpuinfo" else real(p))
     env = report.environment(_scenario(), 2)
     assert env["cpu"] == {"model": "Some CPU", "bf16": True}
     info.write_text("model name\t: Other CPU\nflags\t\t: fpu avx2 avx512f\n")
-    assert report.cpu() == {"model": "Other CPU", "bf16": False}
+    assert machine.cpu() == {"model": "Other CPU", "bf16": False}
     rows = report.aggregate(_records(), _scenario())
     text = report.markdown(rows, _scenario(), env, [])
     assert f"{env['cores']} cores (Some CPU, bf16 arithmetic: yes) shared" in text

@@ -32,23 +32,12 @@ from ..sparse.schedule import WAITS
 from ..train.metrics import human_bytes
 from .cells import versus
 from .compose_tables import compose_table
+from .machine import cpu
 from .scenarios import Scenario
 from .stats import Ratio, interval, jitter_spread, paired_ratio, spread
 from .tensor_tables import tensor_plot, tensor_table
 
 UNSHAPED = "unshaped"
-
-
-def cpu() -> dict[str, Any]:
-    """The CPU's model and whether it has bf16 arithmetic (avx512_bf16 or AMX): bf16-mixed's speed on CPU turns on
-    it (docs/benchmarks.md, mixed precision), and sandboxes of the same kind have differed in it."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {"model": platform.processor() or None, "bf16": None}
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), None)
-    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
-    return {"model": model, "bf16": bool(flags & {"avx512_bf16", "amx_bf16"})}
 
 
 def environment(scn: Scenario, repeats: int) -> dict[str, Any]:
