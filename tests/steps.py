@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from tessel import comm
 
@@ -91,7 +92,7 @@ def torch_optimizer(params, cfg) -> torch.optim.Optimizer:
 
 class TorchReference:
     """One process training ``model`` with a plain torch loop: ``step(inputs, targets, step)`` splits the batch
-    into ``train_cfg.micro_batches`` with ``chunk``, sums ``model(x, y) / m`` over them (every micro-batch
+    into ``train_cfg.micro_batches`` with ``chunk``, sums the loss (:meth:`loss`) / m over them (every micro-batch
     starting from the random state the first one started from, so the sampled softmax draws alike), clips with
     ``clip_grad_norm_`` when ``clip > 0``, sets this step's LR on every group, steps and zeroes the gradients.
 
@@ -118,7 +119,15 @@ class TorchReference:
 
         self.activation_bytes = 0
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            return self.model(x, y) / m
+            return self.loss(x, y) / m
+
+    def loss(self, x, y):
+        """The model's mean loss; a full softmax's as F.cross_entropy over the whole logits, written here, so the
+        models' fused head and loss (tessel.models.vocab_head) are checked by every comparison."""
+        if getattr(self.model, "softmax", None) == "full":
+            logits = self.model.logits(x)
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        return self.model(x, y)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int) -> RefResult:
         self.model.train()
@@ -139,7 +148,7 @@ class TorchReference:
                 if self.activation_bytes is None:
                     loss = self._forward_counting_saved(x, y, m)
                 else:
-                    loss = self.model(x, y) / m
+                    loss = self.loss(x, y) / m
             loss.backward()
             total += float(loss.detach())
         if self.cfg.clip > 0:  # returns the total norm before clipping

@@ -120,9 +120,10 @@ def _transformer(m: TransformerLM) -> Chain:
     layers = [Layer("embed", ("tok_emb", "pos_emb", "drop"), lambda r, x: r.embed(x))]
     for i in range(len(m.blocks)):
         layers.append(Layer(f"blocks.{i}", (f"blocks.{i}",), lambda r, x, i=i: r.blocks[i](x)))
-    if m.softmax == "sampled":
-        # the sampled softmax draws its candidates where the targets are, on the last stage: the last layer
-        # owns it (so the stage keeps it) and the loss runs it on the hidden states (B, T, dim)
+    if m.softmax == "sampled" or m.fused_loss:
+        # the sampled softmax draws its candidates where the targets are, and the full one's loss runs fused in
+        # the head (models.vocab_head): either way on the last stage, whose last layer owns the head (so the
+        # stage keeps it) and whose loss runs it on the hidden states (B, T, dim)
         layers.append(Layer("head", ("ln_f", "head"), lambda r, x: r.ln_f(x)))
         return Chain(layers, lambda h, y: m.head(h, y))
     layers.append(Layer("head", ("ln_f", "head"), lambda r, x: r.head(r.ln_f(x))))
@@ -135,9 +136,10 @@ def _lstm(m: LSTMLM) -> Chain:
     if m.softmax == "sampled":  # as for the Transformer: the loss is the sampled head, on the last stage
         layers.append(Layer("lstm", ("lstm", "drop", "head"), lambda r, x: r.drop(r.lstm(x)[0])))
         return Chain(layers, lambda h, y: m.head(h, y))
+    # the full softmax's loss runs fused in the head (models.vocab_head): the head's layer hands its input on
     layers += [Layer("lstm", ("lstm", "drop"), lambda r, x: r.drop(r.lstm(x)[0])),
-               Layer("head", ("head",), lambda r, x: r.head(x))]
-    return Chain(layers, _lm_loss)
+               Layer("head", ("head",), lambda r, x: x)]
+    return Chain(layers, lambda h, y: m.head(h, y))
 
 
 def _sequential(seq: nn.Sequential, prefix: str) -> list[Layer]:

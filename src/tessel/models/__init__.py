@@ -21,9 +21,10 @@ from .classifier import DenseClassifier
 from .lstm_lm import LSTMLM
 from .sampled_softmax import SampledSoftmax, log_uniform_sample
 from .transformer_lm import TransformerLM
+from .vocab_head import VocabHead, linear_cross_entropy
 
 __all__ = ["MODELS", "DenseClassifier", "LSTMLM", "SampledSoftmax", "TransformerLM", "build_model",
-           "count_parameters", "log_uniform_sample"]
+           "count_parameters", "linear_cross_entropy", "log_uniform_sample", "VocabHead"]
 
 # the width used when hidden is 0 or None, per model
 _DEFAULT_HIDDEN = {"transformer_lm": lambda dim: 4 * dim, "lstm_lm": lambda dim: 4 * dim,

@@ -17,13 +17,13 @@ Example::
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tessel.errors import ConfigError
 
 from ._checks import check_dropout, check_int, check_softmax
 from .sampled_softmax import SampledSoftmax
+from .vocab_head import VocabHead
 
 # CPU builds with oneDNN fall back to the native kernel for projected LSTMs and say so on every run;
 # the fallback is exact, so the notice is noise in training logs
@@ -55,7 +55,7 @@ class LSTMLM(nn.Module):
         if softmax == "sampled":
             self.head = SampledSoftmax(vocab_size, dim, num_sampled)
         else:
-            self.head = nn.Linear(dim, vocab_size)
+            self.head = VocabHead(dim, vocab_size)
             # small output weights start the loss near log(vocab_size), i.e. a uniform prediction
             nn.init.normal_(self.head.weight, mean=0.0, std=0.02)
             nn.init.zeros_(self.head.bias)
@@ -76,4 +76,4 @@ class LSTMLM(nn.Module):
         h = self.hidden_states(inputs)
         if self.softmax == "sampled":
             return self.head(h.reshape(-1, self.dim), targets.reshape(-1))
-        return F.cross_entropy(self.head(h).reshape(-1, self.vocab_size), targets.reshape(-1))
+        return self.head(h, targets)  # fused: the (B*T, vocab) logits never whole (models.vocab_head)

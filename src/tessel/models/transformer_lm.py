@@ -26,6 +26,7 @@ from tessel.errors import ConfigError
 
 from ._checks import check_dropout, check_int, check_softmax
 from .sampled_softmax import SampledSoftmax
+from .vocab_head import VocabHead
 
 
 class CausalSelfAttention(nn.Module):
@@ -80,6 +81,10 @@ class Block(nn.Module):
 class TransformerLM(nn.Module):
     """Token + learned position embeddings -> ``layers`` blocks -> LayerNorm -> full or sampled softmax."""
 
+    # the full softmax's loss runs fused in the head (models.vocab_head); False makes the logits whole first, for
+    # a wrapper that needs them (torch's loss_parallel takes the head's vocabulary-sharded logits)
+    fused_loss = True
+
     def __init__(self, vocab_size: int, seq_len: int, dim: int = 128, layers: int = 2, heads: int = 4,
                  hidden: int | None = None, dropout: float = 0.0, tie_embeddings: bool = False,
                  softmax: str = "full", num_sampled: int = 256):
@@ -108,7 +113,7 @@ class TransformerLM(nn.Module):
         if softmax == "sampled":
             self.head = SampledSoftmax(vocab_size, dim, num_sampled)
         else:
-            self.head = nn.Linear(dim, vocab_size, bias=False)
+            self.head = VocabHead(dim, vocab_size, bias=False)
 
         if tie_embeddings:
             self.head.weight = self.tok_emb.weight
@@ -164,4 +169,6 @@ class TransformerLM(nn.Module):
         h = self.hidden_states(inputs)
         if self.softmax == "sampled":
             return self.head(h.reshape(-1, self.dim), targets.reshape(-1))
+        if self.fused_loss:  # the (B*T, vocab) logits made and dropped a block of rows at a time
+            return self.head(h, targets)
         return F.cross_entropy(self.head(h).reshape(-1, self.vocab_size), targets.reshape(-1))

@@ -170,9 +170,13 @@ def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Ten
         out = layer.run(model, inp)
         kept = peak.live - peak.entry - out.numel() * out.element_size() if memory else 0
         loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
+        ahead = peak.bytes - peak.entry if memory else 0  # the most its forward (and loss) added at once
         loss.backward()
     made = peak.bytes - peak.entry if memory else 0  # the most the layer's step added at once
-    work = max(made - saved.bytes - params - out.numel() * out.element_size(), 0)
+    size = out.numel() * out.element_size()
+    # beyond what it saves: the backward's transients (its gradients, ``params``, are counted apart), or the
+    # forward's where they are larger (a fused loss makes its weight's gradient, a saved tensor, in the forward)
+    work = max(made - saved.bytes - params - size, ahead - saved.bytes - size, 0)
     while repeats and (len(times) < repeats or (sum(times) < 0.02 and len(times) < 50)):  # (0: memory only)
         t0 = clock()
         out = layer.run(model, inp)

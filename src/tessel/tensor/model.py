@@ -13,6 +13,7 @@ sharded GEMM split by heads, exactly as in the plain model's code path.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -160,6 +161,9 @@ def apply_transformer(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, reg
             replicated(root.head)
         else:
             root.head = TPLinear(root.head, plan.up, grid, regather, "head", channel="tp.head")
+    if not sampled:  # the split head makes logits, for the vocabulary-parallel loss
+        end = chain.layers[-1]
+        chain = replace(chain, layers=[*chain.layers[:-1], Layer(end.name, end.owns, lambda r, x: r.head(r.ln_f(x)))])
     # embedding and blocks hand on the residual stream; the head's logits are cut like an up-projection's output
     last = plan.residual if sampled else plan.up.out
     return tp_chain(chain, grid, [plan.residual] * (len(chain.layers) - 1) + [last],

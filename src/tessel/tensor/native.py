@@ -28,6 +28,7 @@ def parallelize_native(model, mesh, sequence_parallel: bool = False) -> torch.nn
         raise PlanError("tensor.mode 'torch-1d' applies to transformer_lm with softmax 'full'")
     if mesh is None:
         return model
+    model.fused_loss = False  # loss_parallel takes the head's logits, sharded by vocabulary
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
