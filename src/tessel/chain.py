@@ -85,7 +85,7 @@ def recomputed(chain: Chain, root: nn.Module, keep_matmuls: bool = False) -> Cha
     recurrent layer (torch's LSTM cell changes its product's output in place, which a kept output must not be)
     and in the last layer (its output, the logits, the loss keeps already), which are recomputed whole."""
     def keeps(layer: Layer) -> bool:
-        # the last layer's product is what the loss keeps anyway (a vocabulary's logits): kept twice, not once
+        # the last layer's output is what the loss keeps anyway (a classifier's or an unfused head's logits)
         if not keep_matmuls or layer is chain.layers[-1]:
             return False
         found = dict(root.named_modules())  # a pipeline stage's root holds only its own layers' modules
