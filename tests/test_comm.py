@@ -110,6 +110,55 @@ def test_ddp_traffic_is_counted(world2, world4):
     assert world2.run(check_ddp_hook_bytes)[0] == world4.run(check_ddp_hook_bytes)[0] == (16 * 32 + 32 + 32 * 8 + 8) * 4
 
 
+class Terms(torch.nn.Module):
+    """Parameters whose gradients are chosen tensors: d/dw of sum(w * c) is c."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        self.w = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(n)) for n in sizes)
+
+    def forward(self, cs):
+        return sum((w * c).sum() for w, c in zip(self.w, cs))
+
+
+def check_ddp_half_sum():
+    """bf16 gradient buckets summed in fp32 and rounded once, over several buckets and two backwards."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    sizes = [4096, 4096, 2048, 64]  # divisible by 4: every rank sums an equal slice of every bucket
+    model = Terms(sizes)
+    ddp = DDP(model, init_sync=False, forward_sync_buffers=False, bucket_cap_mb=0.01, gradient_as_bucket_view=True)
+    hook, buckets = comm.ddp_comm_hook("dp.dense", torch.bfloat16), []
+
+    def counted(state, bucket):  # DDP reads the parameter names
+        buckets.append(bucket.index())
+        return hook(state, bucket)
+
+    ddp.register_comm_hook(None, counted)
+    # element e: 1 on rank e % p, 2^-8 elsewhere (times p: the hook divides by p first, exactly). Summed in fp32
+    # and rounded once: 1 + (p-1) 2^-8; a bf16 sum that adds 2^-8 to 1 first rounds it away (ties to even)
+    cs = [torch.where(torch.arange(n) % p == r, 1.0, 2.0 ** -8) * p for n in sizes]
+    for _ in range(2):
+        comm.counter.end_step()
+        buckets.clear()
+        ddp(cs).backward()
+        step = comm.counter.end_step()
+        moved = 2 * (p - 1) * sum(sizes) * 2 // p  # a ring's bytes at 2 bytes an element
+        assert step == {"dp.dense": {"sent": moved, "recv": moved}}, step
+        exact = torch.tensor(1 + (p - 1) * 2.0 ** -8).to(torch.bfloat16).float()
+        for w in model.w:
+            assert torch.equal(w.grad, exact.expand_as(w.grad)), (w.grad.unique(), exact)
+        for w in model.w:
+            w.grad = None
+    return buckets
+
+
+def test_ddp_bf16_hook_sums_in_fp32_and_rounds_once(world2, world4):
+    assert len(world4.run(check_ddp_half_sum)[0]) > 1  # several buckets: each finished by the next one's hook
+    assert len(world2.run(check_ddp_half_sum)[0]) > 1
+
+
 def check_mesh():
     dims = ParallelDims(dp=2, pp=1, tp=2, world_size=4)
     mesh = build_mesh(dims, timeout=10)

@@ -370,18 +370,70 @@ def ddp_comm_hook(channel: str = "dp.dense", dtype: torch.dtype | None = None):
 
     Register with ``ddp_model.register_comm_hook(dp_group, ddp_comm_hook())``: DDP's own gradient
     traffic is then counted on ``channel`` like every other byte. ``dtype`` (bf16, when asked): each bucket
-    crosses in it, as torch's ``bf16_compress_hook`` sends it (each rank's share rounded, the sum made by the
-    backend in bf16), and is widened back into the gradients.
+    crosses in it and is summed in fp32 (see :class:`_HalfSum`), then widened back into the gradients.
     """
+    half = _HalfSum(channel, dtype) if dtype is not None else None
 
     def hook(group, bucket):  # no annotations: DDP checks them and this module defers them
         buf = bucket.buffer()
-        if dtype is None or buf.dtype == dtype:
-            buf.div_(_size(group))
-            work = all_reduce(buf, channel, group=group, async_op=True)
-            return work.get_future().then(lambda fut: fut.value()[0])
-        low = buf.to(dtype).div_(_size(group))
-        work = all_reduce(low, channel, group=group, async_op=True)
-        return work.get_future().then(lambda fut: buf.copy_(fut.value()[0]))
+        if half is not None and buf.dtype != dtype:
+            return half(group, bucket)
+        buf.div_(_size(group))
+        work = all_reduce(buf, channel, group=group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
 
     return hook
+
+
+class _HalfSum:
+    """A bucket's average with half-width terms and an fp32 sum, rounded once, in the ring's bytes.
+
+    torch's ``bf16_compress_hook`` lets the backend sum in bf16, which rounds at every hop. Here each bucket is
+    reduce-scattered (its bf16 terms cross, each rank sums its slice in fp32) and then all-gathered in bf16.
+    The all-gather cannot be issued from the reduce-scatter's completion callback: those run on the backend's
+    threads in a different order on each rank, and gloo then deadlocks. So every collective is issued here, on
+    the autograd thread, in DDP's bucket order (the same on every rank): bucket k's hook starts its
+    reduce-scatter and then finishes bucket k-1 (waits for its slice, starts its all-gather), so each
+    reduce-scatter overlaps the next bucket's backward; the last bucket finishes itself. The slices are
+    uneven where the bucket does not split evenly, so no padding crosses.
+    """
+
+    def __init__(self, channel: str, dtype: torch.dtype) -> None:
+        self.channel, self.dtype = channel, dtype
+        self.pending = None  # the bucket whose reduce-scatter is in flight and all-gather not yet issued
+
+    def __call__(self, group, bucket) -> torch.futures.Future:
+        buf = bucket.buffer()
+        p = _size(group)
+        low = buf.reshape(-1).to(self.dtype).div_(p)  # (n,) this rank's terms, in the wire's width
+        n = low.numel()
+        sizes = [n // p + (j < n % p) for j in range(p)]  # slice j is summed on rank j
+        mine = sizes[dist.get_rank(group)]
+        terms = low.new_empty(p * mine)  # (p * mine,) every rank's terms of this rank's slice
+        sent = all_to_all(terms, low, self.channel, [mine] * p, sizes, group, async_op=True)
+        done = torch.futures.Future(devices=[buf.device] if buf.is_cuda else None)
+        # a backward that failed part-way left its bucket behind; DDP starts every backward at bucket 0
+        previous = self.pending if bucket.index() > 0 else None
+        self.pending = (group, buf, low, sizes, terms, sent, done)
+        if previous is not None:
+            self._gather(*previous)
+        if bucket.is_last():
+            self._gather(*self.pending)
+            self.pending = None
+        return done
+
+    def _gather(self, group, buf, low, sizes, terms, sent, done) -> None:
+        p = _size(group)
+        sent.wait()
+        part = terms.view(p, -1).sum(0, dtype=torch.float32).to(self.dtype)  # (mine,) rounded once
+        whole = low.new_empty(low.numel())  # (n,) every rank's rounded slice, in rank order
+        work = all_to_all(whole, part.repeat(p), self.channel, sizes, [part.numel()] * p, group, async_op=True)
+
+        def finish(fut):
+            try:
+                fut.value()
+                done.set_result(buf.copy_(whole.view_as(buf)))
+            except Exception as exc:  # a failed or timed-out gather reaches DDP's wait, not a lost callback
+                done.set_exception(exc)
+
+        work.get_future().then(finish)

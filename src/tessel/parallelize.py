@@ -81,7 +81,8 @@ def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 0.0, *, hook:
     ``bucket_mb=0`` picks :func:`auto_bucket_mb` for tessel's wrapper. ``hook=False`` leaves DDP exactly as
     torch ships it (its own broadcast and all-reduce, bytes not counted, 25 MB buckets unless ``bucket_mb`` is
     given): the peer that benchmarks compare tessel's wrapper against. ``reduce_dtype`` (bf16, when asked):
-    gradients cross in it, as torch's ``bf16_compress_hook`` sends them (torch's own hook where ``hook=False``).
+    gradients cross in it and are summed in fp32 (``comm.ddp_comm_hook``; torch's own ``bf16_compress_hook``, which
+    sums in bf16, where ``hook=False``).
     """
     device_ids = [torch.cuda.current_device()] if next(model.parameters()).is_cuda else None
     if not hook:
