@@ -256,8 +256,8 @@ class Cell:
 
 def pick_lrs(names: list[str], lrs: list[str], trial, log: list[str], fixed=None) -> dict[str, str]:
     """Each run's LR from the grid ``lrs``: the one whose mean held-out loss over PLATEAU_SEEDS is lowest
-    (``trial(name, lr, seed)`` trains and evaluates one), unless ``fixed`` gives it. ``1f1b`` takes ``single``'s:
-    their updates are equal."""
+    (``trial(name, lr, seed)`` trains and evaluates one; a diverged one, NaN, loses), unless ``fixed`` gives it.
+    ``1f1b`` takes ``single``'s: their updates are equal."""
     chosen = dict(fixed or {})
     for name in names:
         if name in chosen:
@@ -266,7 +266,8 @@ def pick_lrs(names: list[str], lrs: list[str], trial, log: list[str], fixed=None
             chosen[name] = chosen["single"]
             continue
         means = {lr: statistics.mean(trial(name, lr, s)["loss"] for s in PLATEAU_SEEDS) for lr in lrs}
-        chosen[name] = min(means, key=means.get)
+        # a run that diverged (NaN) is the worst, not a min() that NaN's comparisons leave in first place
+        chosen[name] = min(means, key=lambda lr: means[lr] if means[lr] == means[lr] else float("inf"))
         log.append(f"{name}: held-out loss on seeds {', '.join(map(str, PLATEAU_SEEDS))} at lr "
                    + ", ".join(f"{lr}: {v:.4f}" for lr, v in means.items()) + f" -> lr {chosen[name]}")
         print(log[-1], flush=True)

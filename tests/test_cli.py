@@ -388,6 +388,9 @@ def test_pipeline_accuracy_gives_each_run_its_best_lr_on_the_plateau_seeds(monke
     assert protocol.pick_lrs(["single", "1f1b", "async"], ["3e-3", "1e-3"], trial, log, {"single": "3e-3"}) == {
         "single": "3e-3", "1f1b": "3e-3", "async": "1e-3"}
     assert {n for n, _, _ in asked} == {"async"}
+    # a run that diverged at an LR (held-out loss NaN) is the worst there, wherever the grid lists it
+    loss["async", "3e-3"] = float("nan")
+    assert protocol.pick_lrs(["async"], ["3e-3", "1e-3"], trial, log)["async"] == "1e-3"
     # the Nesterov method: its optimizer flushed in one process, and stale under PipeDream's stashing
     runs = protocol.schedules(["nag-flushed:0.08", "nag:0.08"], 1, "2,2,1,1", {"1f1b"})
     assert list(runs) == ["1f1b", "single-nag-psi0.08", "async-nag-psi0.08"]
