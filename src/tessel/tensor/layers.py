@@ -214,22 +214,27 @@ class _VocabCrossEntropy(torch.autograd.Function):
         m = logits.max(-1).values
         if group is not None:
             comm.all_reduce(m, ops.current(), op=dist.ReduceOp.MAX, group=group)
+        # one (rows, V/p) tensor beside the logits: shifted, then exponentiated and normalised in place into the
+        # softmax the backward keeps
         z = logits - m.unsqueeze(-1)
-        e = z.exp()
         local = targets - lo
         inside = (local >= 0) & (local < logits.shape[-1])
         idx = local.clamp(0, logits.shape[-1] - 1)
         picked = z.gather(-1, idx.unsqueeze(-1)).squeeze(-1) * inside
+        e = z.exp_()
         s = ops.all_reduce_raw(torch.stack([e.sum(-1), picked]), group)
         ctx.save_for_backward(e.div_(s[0].unsqueeze(-1)), idx, inside)
         return s[0].log() - s[1]
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dloss):
-        softmax, idx, inside = ctx.saved_tensors
-        grad = softmax.clone()
+        # the saved softmax becomes the logits' gradient in place (Megatron's way: no second (rows, V/p) tensor);
+        # a graph through this loss is differentiated once, which once_differentiable and autograd's freeing of
+        # saved tensors (no retain_graph) hold to
+        grad, idx, inside = ctx.saved_tensors
         grad.scatter_add_(-1, idx.unsqueeze(-1), -inside.to(grad.dtype).unsqueeze(-1))
-        return grad * dloss.unsqueeze(-1), None, None, None
+        return grad.mul_(dloss.unsqueeze(-1)), None, None, None
 
 
 def vocab_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, layout: Layout, grid: Grid,
