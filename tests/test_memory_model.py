@@ -46,6 +46,12 @@ LAYOUTS |= {
     "w256-tp4-3d-2x1x2": [*WIDE, "parallel.tp=4", "tensor.mode=3d", "tensor.grid=2x1x2", "sparse.strategy=dense"],
     "w256-pp2-tp2-1d-m4": [*WIDE, "parallel.pp=2", "parallel.tp=2", "tensor.mode=1d", "train.micro_batches=4",
                            "sparse.strategy=dense"],
+    # a vocabulary 64x the width, as in the default model: the peak is in the head and its vocabulary-parallel loss
+    # (3-D: the head's forward, where its partial logits are reduce-scattered; predicted 15% short while the
+    # profile subtracted the last layer's logits as if they were the stand-in loss's)
+    "v4096-tp4-3d-2x2x1": ["data.vocab_size=4096", "parallel.tp=4", "tensor.mode=3d", "tensor.grid=2x2x1",
+                           "sparse.strategy=dense"],
+    "v4096-tp4-2d": ["data.vocab_size=4096", "parallel.tp=4", "tensor.mode=2d", "sparse.strategy=dense"],
 }
 
 

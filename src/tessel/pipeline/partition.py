@@ -175,11 +175,11 @@ def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Ten
     made = peak.bytes - peak.entry if memory else 0  # the most the layer's step added at once
     size = out.numel() * out.element_size()
     # beyond what it saves: the backward's transients (its gradients, ``params``, are counted apart), or the
-    # forward's where they are larger (a fused loss makes its weight's gradient, a saved tensor, in the forward);
-    # less the stand-in loss's ones and their gradient, which a run does not make (the last layer's output and its
-    # gradient are the run's own: unfused logits, (rows, classes), are the largest tensor of a step)
-    dummy = 0 if last else size
-    work = max(made - saved.bytes - params - dummy, ahead - saved.bytes - dummy, 0)
+    # forward's where they are larger (a fused loss makes its weight's gradient, a saved tensor, in the forward).
+    # Less ``size``: in the backward, the output this profile holds on to (the next layer's input; a run frees the
+    # last layer's once the loss has it); in the forward, the stand-in loss's ones, where there is one (the last
+    # layer's output is alive while the loss runs: unfused logits, (rows, classes), are a step's largest tensor)
+    work = max(made - saved.bytes - params - size, ahead - saved.bytes - (0 if last else size), 0)
     while repeats and (len(times) < repeats or (sum(times) < 0.02 and len(times) < 50)):  # (0: memory only)
         t0 = clock()
         out = layer.run(model, inp)
