@@ -34,27 +34,31 @@ def causal_lm_loss_fp64(logits, labels, vocab_size, ignore_index=-100, **kwargs)
     return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab_size), shift, ignore_index=ignore_index)
 
 
-def _fp64(model):
-    model._loss_function = causal_lm_loss_fp64
+def _fp64(model, stock=False):
+    """``model`` in fp64; ``stock``: with transformers' own loss (which tessel's chain fuses with lm_head; the
+    reference then computes causal_lm_loss_fp64 from the model's logits itself), else with causal_lm_loss_fp64 set
+    as the model's loss (which tessel's chain runs on whole logits)."""
+    if not stock:
+        model._loss_function = causal_lm_loss_fp64
     return model.double()
 
 
-def llama():
+def llama(stock=False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(3)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
-    return _fp64(LlamaForCausalLM(cfg))
+    return _fp64(LlamaForCausalLM(cfg), stock)
 
 
-def gpt2():
+def gpt2(stock=False):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(3)
     cfg = GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=32, resid_pdrop=0.0,
                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-    return _fp64(GPT2LMHeadModel(cfg))
+    return _fp64(GPT2LMHeadModel(cfg), stock)
 
 
 MODELS = {"llama": llama, "gpt2": gpt2}
@@ -73,18 +77,22 @@ def batches(n=STEPS):
     return out
 
 
-def _setup(name, opt_name):
-    model = MODELS[name]()
+def _setup(name, opt_name, stock=False):
+    model = MODELS[name](stock)
     opt = OPTIMIZERS[opt_name](model.parameters())
     return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
 
 
-def reference(name, opt_name):
-    """The model's own single-process loop: (losses, weights after STEPS steps)."""
-    model, opt, sched = _setup(name, opt_name)
+def reference(name, opt_name, stock=False):
+    """The model's own single-process loop: (losses, weights after STEPS steps); ``stock``: the loss written here
+    from the model's logits."""
+    model, opt, sched = _setup(name, opt_name, stock)
     losses = []
     for batch in batches():
-        loss = model(**batch).loss
+        if stock:
+            loss = causal_lm_loss_fp64(model(input_ids=batch["input_ids"]).logits, batch["labels"], VOCAB)
+        else:
+            loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
@@ -94,10 +102,10 @@ def reference(name, opt_name):
     return losses, model.state_dict()
 
 
-def run(name, opt_name, plan, save_to=None):
+def run(name, opt_name, plan, save_to=None, stock=False):
     """The same loop prepared on this world: (losses, the unwrapped model's weights, its held-out loss and that of
     the folder save_pretrained wrote, loaded with from_pretrained)."""
-    model, opt, sched = _setup(name, opt_name)
+    model, opt, sched = _setup(name, opt_name, stock)
     axes = isinstance(plan, ParallelPlan) and (plan.pp > 1 or plan.tp > 1)
     model, opt, loader = tessel.prepare(model, opt, batches(), plan=plan, max_norm=CLIP if axes else 0.0,
                                         lazy=False, verbose=False)
@@ -133,7 +141,7 @@ def _compare(got, want):
         torch.testing.assert_close(got["state"][n], w, rtol=0, atol=ATOL, msg=n)
 
 
-CASES = {  # id -> (model, optimizer, plan, world)
+CASES = {  # id -> (model, optimizer, plan, world[, transformers' own loss: fused with lm_head by tessel's chain])
     "llama-pp2": ("llama", "adamw", ParallelPlan(dp=1, pp=2, micro_batches=2), 2),
     "llama-tp2": ("llama", "adamw", ParallelPlan(dp=1, tp=2, tp_grid=(2,)), 2),
     "llama-dp2-ps-adagrad": ("llama", "adagrad", "ps", 2),
@@ -143,15 +151,45 @@ CASES = {  # id -> (model, optimizer, plan, world)
     "gpt2-dp2": ("gpt2", "adamw", "auto", 2),
     "gpt2-pp2": ("gpt2", "adamw", ParallelPlan(dp=1, pp=2, micro_batches=2), 2),
     "llama-dp2-pp2-tp2": ("llama", "adamw", ParallelPlan(dp=2, pp=2, tp=2, tp_grid=(2,), micro_batches=2), 8),
+    "llama-pp2-fused": ("llama", "adamw", ParallelPlan(dp=1, pp=2, micro_batches=2), 2, True),
+    "llama-tp2-fused": ("llama", "adamw", ParallelPlan(dp=1, tp=2, tp_grid=(2,)), 2, True),
+    "gpt2-pp2-fused": ("gpt2", "adamw", ParallelPlan(dp=1, pp=2, micro_batches=2), 2, True),
 }
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if CASES[c][3] == 2])
 def test_hf_model_under_prepare_equals_its_own_loop(world2, case):
-    name, opt_name, plan, _ = CASES[case]
-    want = reference(name, opt_name)
-    for got in world2.run(run, name, opt_name, plan):
+    name, opt_name, plan, _, *stock = CASES[case]
+    want = reference(name, opt_name, *stock)
+    for got in world2.run(run, name, opt_name, plan, None, *stock):
         _compare(got, want)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_transformers_own_loss_is_fused_with_the_head_and_a_users_runs_on_logits(name):
+    """The chain's last layer hands on the final norm's hidden states where the model computes transformers' own
+    loss (the loss then runs lm_head a block at a time), and the logits where the user set a loss of their own;
+    both give the loss and gradients of the cross-entropy written here, with ignored labels."""
+    from tessel.registry import spec_of
+
+    batch = batches(1)[0]
+    batch["labels"][:, :3] = -100
+    for stock in (True, False):
+        model = MODELS[name](stock)
+        chain = spec_of(model).chain(model)
+        h = batch["input_ids"]
+        for layer in chain.layers:
+            h = layer.run(model, h)
+        assert h.shape == (BATCH, SEQ, 16 if stock else VOCAB), (stock, h.shape)
+        loss = chain.loss(h, batch["labels"])
+        loss.backward()
+        got = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        want = causal_lm_loss_fp64(model(input_ids=batch["input_ids"]).logits, batch["labels"], VOCAB)
+        want.backward()
+        assert abs(float(loss) - float(want)) < 1e-12, (stock, float(loss), float(want))
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(got[n], p.grad, rtol=0, atol=1e-12, msg=n)
 
 
 def test_llama_on_dp2_pp2_tp2_equals_its_own_loop_and_saves_as_a_hf_model(world8, tmp_path):

@@ -6,10 +6,12 @@ Imported by :mod:`tessel.registry` the first time a model from the ``transformer
 
 - ``LlamaForCausalLM`` and the families with its layout (``MistralForCausalLM``, ``Qwen2ForCausalLM``): chain
   embed_tokens → decoder layers → final norm and lm_head, the loss the model computes from ``labels`` (shifted
-  cross-entropy). Each decoder layer recomputes its rotary embedding and causal mask from the sequence (what
-  ``LlamaModel.forward`` hands every layer), so only the hidden states cross a stage boundary. 1-D tensor
-  parallelism: q/k/v and gate/up by columns, o and down by rows, query heads split with their key/value heads
-  (grouped-query attention keeps its grouping on every rank); embedding, norms and lm_head whole on every rank.
+  cross-entropy; transformers' own is computed fused with lm_head, a block of rows at a time, so the whole
+  logits are never made; a ``loss_function`` the user set runs on whole logits). Each decoder layer recomputes
+  its rotary embedding and causal mask from the sequence (what ``LlamaModel.forward`` hands every layer), so only
+  the hidden states cross a stage boundary. 1-D tensor parallelism: q/k/v and gate/up by columns, o and down by
+  rows, query heads split with their key/value heads (grouped-query attention keeps its grouping on every rank);
+  embedding, norms and lm_head whole on every rank.
 - ``GPT2LMHeadModel``: chain wte + wpe → blocks → ln_f and the tied lm_head (the token table and the head are one
   weight on two stages: their gradients are summed between the stages, see :func:`tessel.pipeline.ties`). Its
   fused ``Conv1D`` attention has no tensor-parallel plan here (refused with the reason).
@@ -23,10 +25,12 @@ from __future__ import annotations
 import importlib
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .chain import Chain, Layer
 from .errors import PlanError
+from .models.vocab_head import IGNORE, linear_cross_entropy
 from .registry import register_model
 from .tensor.grid import Grid
 from .tensor.layers import TPLinear
@@ -47,11 +51,37 @@ def _mask(config, h: torch.Tensor, pos: torch.Tensor):
     return create_causal_mask(config, h, None, None, pos)
 
 
-def _loss(model: nn.Module):
-    """The loss ``model(input_ids, labels=...)`` computes, from the last layer's logits."""
+def _stock_loss(model: nn.Module) -> bool:
+    """Whether ``model`` computes transformers' own causal-LM loss (not one its user set in its place)."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    return model.loss_function is ForCausalLMLoss
+
+
+def _fused_loss(model: nn.Module):
+    """transformers' causal-LM loss (token t predicts label t + 1, -100 ignored, the mean over counted tokens, the
+    softmax in fp32) computed in blocks from the final norm's hidden states (B, T, dim) and lm_head's weight
+    (:func:`tessel.models.vocab_head.linear_cross_entropy`): the (B·T, vocab) logits are never made whole."""
+    def loss(h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        shifted = F.pad(labels, (0, 1), value=IGNORE)[:, 1:]  # (B, T)
+        head = model.lm_head
+        return linear_cross_entropy(h.reshape(-1, h.shape[-1]), head.weight, head.bias, shifted.reshape(-1))
+    return loss
+
+
+def _own_loss(model: nn.Module):
+    """The loss a user set as ``model.loss_function``, from the last layer's whole logits."""
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return model.loss_function(logits=logits, labels=labels, vocab_size=model.config.vocab_size)
     return loss
+
+
+def _head(m: nn.Module, norm: str, run_norm) -> tuple[Layer, object]:
+    """The last layer and the chain's loss: the final norm, then the stock loss fused with lm_head, or lm_head's
+    logits for a loss of the user's."""
+    if _stock_loss(m):
+        return Layer("head", (norm, "lm_head"), lambda r, h: run_norm(r)(h)), _fused_loss(m)
+    return Layer("head", (norm, "lm_head"), lambda r, h: r.lm_head(run_norm(r)(h))), _own_loss(m)
 
 
 def _decoder_layer(i: int):
@@ -67,8 +97,8 @@ def llama_chain(m: nn.Module) -> Chain:
     layers = [Layer("embed", ("model.embed_tokens",), lambda r, x: r.model.embed_tokens(x))]
     for i in range(len(m.model.layers)):
         layers.append(Layer(f"layers.{i}", (f"model.layers.{i}", "model.rotary_emb"), _decoder_layer(i)))
-    layers.append(Layer("head", ("model.norm", "lm_head"), lambda r, h: r.lm_head(r.model.norm(h))))
-    return Chain(layers, _loss(m))
+    head, loss = _head(m, "model.norm", lambda r: r.model.norm)
+    return Chain([*layers, head], loss)
 
 
 def _gpt2_embed(r: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -88,8 +118,8 @@ def gpt2_chain(m: nn.Module) -> Chain:
     layers = [Layer("embed", ("transformer.wte", "transformer.wpe", "transformer.drop"), _gpt2_embed)]
     for i in range(len(m.transformer.h)):
         layers.append(Layer(f"h.{i}", (f"transformer.h.{i}",), _gpt2_block(i)))
-    layers.append(Layer("head", ("transformer.ln_f", "lm_head"), lambda r, h: r.lm_head(r.transformer.ln_f(h))))
-    return Chain(layers, _loss(m))
+    head, loss = _head(m, "transformer.ln_f", lambda r: r.transformer.ln_f)
+    return Chain([*layers, head], loss)
 
 
 def llama_tensor(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, regather: bool = False) -> Chain:
@@ -119,7 +149,7 @@ def llama_tensor(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, regather
                 replicated(norm)
     for path in ("model.embed_tokens", "model.norm", "lm_head"):
         replicated(root.get_submodule(path))  # whole on every rank (an Identity on stages that do not hold it)
-    # every layer hands on whole hidden states; the head's logits are whole too, so the model's own loss runs
+    # every layer hands on whole hidden states (the head's logits too, where the user's own loss needs them)
     return tp_chain(chain, grid, [plan.residual] * len(chain.layers), loss=chain.loss)
 
 
