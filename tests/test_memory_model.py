@@ -52,6 +52,20 @@ LAYOUTS |= {
     "v4096-tp4-3d-2x2x1": ["data.vocab_size=4096", "parallel.tp=4", "tensor.mode=3d", "tensor.grid=2x2x1",
                            "sparse.strategy=dense"],
     "v4096-tp4-2d": ["data.vocab_size=4096", "parallel.tp=4", "tensor.mode=2d", "sparse.strategy=dense"],
+    # the rest of issue 38's layouts: sharding under GPipe, an all-to-all table beside FSDP
+    "pp2-fsdp2-gpipe-m4": ["parallel.pp=2", "parallel.dp_shard=0", "pipeline.schedule=gpipe", "train.micro_batches=4",
+                           "sparse.strategy=dense"],
+    "fsdp4-alltoall": ["parallel.dp_shard=0", "sparse.strategy=alltoall", "train.optimizer=adagrad"],
+}
+# on 8 ranks: sharding beside 3-D tensor parallelism, and beside pipeline and tensor parallelism with a ps table
+LAYOUTS8 = {
+    "fsdp2-tp4-3d-2x2x1": ["parallel.tp=4", "tensor.mode=3d", "tensor.grid=2x2x1", "parallel.dp_shard=0",
+                           "sparse.strategy=dense"],
+    "fsdp2-pp2-tp2-ps": ["parallel.pp=2", "parallel.tp=2", "tensor.mode=1d", "parallel.dp_shard=0",
+                         "train.micro_batches=2", "sparse.strategy=ps", "train.optimizer=adagrad"],
+    "fsdp2-pp2-tp2-ps-sampled": ["parallel.pp=2", "parallel.tp=2", "tensor.mode=1d", "parallel.dp_shard=0",
+                                 "train.micro_batches=2", "sparse.strategy=ps", "train.optimizer=adagrad",
+                                 "model.softmax=sampled"],
 }
 
 
@@ -77,9 +91,11 @@ def measured_and_predicted(keys: list[str]) -> tuple[int, float]:
     return peak.bytes, predicted[mesh.get_local_rank("pp")]
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_predicted_peak_within_ten_percent_of_measured(world4, layout):
-    for rank, (measured, predicted) in enumerate(world4.run(measured_and_predicted, LAYOUTS[layout])):
+@pytest.mark.parametrize("layout", [*LAYOUTS, *LAYOUTS8])
+def test_predicted_peak_within_ten_percent_of_measured(request, layout):
+    size, keys = (4, LAYOUTS[layout]) if layout in LAYOUTS else (8, LAYOUTS8[layout])
+    world = request.getfixturevalue(f"world{size}")
+    for rank, (measured, predicted) in enumerate(world.run(measured_and_predicted, keys)):
         error = (predicted - measured) / measured
         print(f"{layout} rank {rank}: measured {measured / 2**20:.2f} MiB, predicted {predicted / 2**20:.2f} MiB "
               f"({error:+.1%})")
