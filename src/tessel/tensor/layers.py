@@ -229,9 +229,9 @@ class _VocabCrossEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dloss):
-        # the saved softmax becomes the logits' gradient in place (Megatron's way: no second (rows, V/p) tensor);
-        # a graph through this loss is differentiated once, which once_differentiable and autograd's freeing of
-        # saved tensors (no retain_graph) hold to
+        # the saved softmax becomes the logits' gradient in place (Megatron's way: no second (rows, V/p) tensor), so
+        # a graph through this loss is differentiated once: tessel never retains one, and once_differentiable
+        # refuses a backward of this backward
         grad, idx, inside = ctx.saved_tensors
         grad.scatter_add_(-1, idx.unsqueeze(-1), -inside.to(grad.dtype).unsqueeze(-1))
         return grad.mul_(dloss.unsqueeze(-1)), None, None, None
