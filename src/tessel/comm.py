@@ -389,13 +389,14 @@ class _HalfSum:
     """A bucket's average with half-width terms and an fp32 sum, rounded once, in the ring's bytes.
 
     torch's ``bf16_compress_hook`` lets the backend sum in bf16, which rounds at every hop. Here each bucket is
-    reduce-scattered (its bf16 terms cross, each rank sums its slice in fp32) and then all-gathered in bf16.
+    reduce-scattered (its bf16 terms cross, each rank sums its slice in fp32) and then gathered in bf16 (both
+    all-to-alls, since the slices may be uneven).
     The all-gather cannot be issued from the reduce-scatter's completion callback: those run on the backend's
     threads in a different order on each rank, and gloo then deadlocks. So every collective is issued here, on
     the autograd thread, in DDP's bucket order (the same on every rank): bucket k's hook starts its
     reduce-scatter and then finishes bucket k-1 (waits for its slice, starts its all-gather), so each
     reduce-scatter overlaps the next bucket's backward; the last bucket finishes itself. The slices are
-    uneven where the bucket does not split evenly, so no padding crosses.
+    uneven where the bucket does not split evenly, so no padding crosses: over all ranks, a ring's bytes.
     """
 
     def __init__(self, channel: str, dtype: torch.dtype) -> None:

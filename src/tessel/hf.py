@@ -23,6 +23,7 @@ pp or tp (see :func:`tessel.prepare_axes.pair`).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -76,7 +77,7 @@ def _own_loss(model: nn.Module):
     return loss
 
 
-def _head(m: nn.Module, norm: str, run_norm) -> tuple[Layer, object]:
+def _head(m: nn.Module, norm: str, run_norm: Callable) -> tuple[Layer, Callable]:
     """The last layer and the chain's loss: the final norm, then the stock loss fused with lm_head, or lm_head's
     logits for a loss of the user's."""
     if _stock_loss(m):
