@@ -80,13 +80,15 @@ def measured_and_predicted(keys: list[str]) -> tuple[int, float]:
     par = parallelize(build(cfg, data.vocab_size), plan, mesh, [loader.peek()], settings)
     for step in range(2):
         x, y = loader.next_batch()
-        with PeakTensors(held_tensors(par.module, par.optimizer), par.tables.memory_bytes() if par.tables else 0) \
-                as peak:
+        held = [*held_tensors(par.module, par.optimizer), *(par.tables.held_tensors() if par.tables else ())]
+        with PeakTensors(held) as peak:
             par.engine.step(x, y, step)
     predicted = None
+    seen = comm.all_gather_object(par.tables.looked_up() if par.tables else {}, "meta")  # each stage's tables
     if dist.get_rank() == 0:  # (as a run does: once, for every stage)
         profile = measure_memory(job_of(cfg, data), batch // (plan.dp * plan.micro_batches))
-        predicted = stage_memory(par.plan, settings, profile)
+        rows = {n: max(e.get(n, 0.0) for e in seen) for d in seen for n in d}
+        predicted = stage_memory(par.plan, settings, profile, rows)
     predicted = comm.all_gather_object(predicted, "meta")[0]
     return peak.bytes, predicted[mesh.get_local_rank("pp")]
 

@@ -84,16 +84,18 @@ def _check_memory(cfg: Config, model: torch.nn.Module) -> None:
                       f"{' x '.join(map(str, big.shape))}: make model.* or data.* smaller")
 
 
-def predicted_memory(cfg: Config, plan: ParallelPlan, dataset=None) -> list[float] | None:
+def predicted_memory(cfg: Config, plan: ParallelPlan, dataset=None,
+                     looked_up: dict[str, float] | None = None) -> list[float] | None:
     """The planner's peak bytes per rank of each pipeline stage under ``plan`` (its bounds), from the plain
     model's layers measured at the run's micro-batch; None where a rank holds several stages or the model has
-    no chain of layers."""
+    no chain of layers. ``looked_up``: the served tables' unique rows per step on a rank, where measured (before
+    the workers start they are not, and the rows a step looks up go unpriced)."""
     if plan.schedule.stages_per_rank > 1 and plan.pp > 1:
         return None
     job = job_of(cfg, dataset)
     samples = max(1, job.settings.global_batch // (plan.dp * plan.micro_batches))
     try:
-        return stage_memory(plan, job.settings, measure_memory(job, samples))
+        return stage_memory(plan, job.settings, measure_memory(job, samples), looked_up)
     except PlanError:
         return None
 

@@ -166,7 +166,10 @@ def _predicted(cfg: Config, par: Parallelized, dataset) -> list[float] | None:
     where the run reports memory or holds plans to a limit; a plan over ``plan.memory_gib`` is refused here,
     the stage cut being made by now (a cut from timings could not be checked before the workers)."""
     wanted = cfg.metrics.memory or cfg.plan.memory_gib
-    mine = predicted_memory(cfg, par.plan, dataset) if dist.get_rank() == 0 and wanted else None
+    # each stage's ranks know the rows their own tables look up; rank 0 predicts every stage
+    seen = comm.all_gather_object(par.tables.looked_up() if par.tables and wanted else {}, "meta")
+    rows = {name: max(d.get(name, 0.0) for d in seen) for d in seen for name in d}
+    mine = predicted_memory(cfg, par.plan, dataset, rows) if dist.get_rank() == 0 and wanted else None
     predicted = comm.all_gather_object(mine, "meta")[0]
     if cfg.plan.memory_gib:
         check_fits(par.plan, predicted, cfg.plan.memory_gib)
@@ -321,7 +324,7 @@ def run(cfg: Config) -> dict[str, Any]:
         # scheduled alltoall tables fetch the next batch's rows during this step
         upcoming = loader.peek()[0] if tables and step + 1 < cfg.train.steps else None
         # the run's second step (the optimizer's state exists by then) counts the tensor bytes alive at its peak
-        with (PeakTensors(held_tensors(par.module, par.optimizer), tables.memory_bytes() if tables else 0)
+        with (PeakTensors([*held_tensors(par.module, par.optimizer), *(tables.held_tensors() if tables else ())])
               if step == start + 1 and cfg.metrics.memory else contextlib.nullcontext()) as peak:
             result = engine.step(inputs, targets, step, upcoming)
         if engine.reads == "batch" and step + 1 < cfg.train.steps:

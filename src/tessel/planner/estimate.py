@@ -248,7 +248,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     nbytes["tp.grads"] = max(b for b, _ in tp_step)
     if table_bytes:
         nbytes["sparse"] = table_bytes
-    mem = _memory(plan, settings, profile, bounds, samples, served, wire)
+    mem = max(_stage_memory(plan, settings, profile, bounds, samples, wire, served, _looked_up(profile, plan)))
     tp_grads_s = max(s for _, s in tp_step)
     return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s, bubble,
                     {k: v for k, v in nbytes.items() if v}, mem, picks)
@@ -294,19 +294,38 @@ def _table_parts(profile: Profile, plan: ParallelPlan, name: str) -> int:
     return profile.tp_layers(plan.tp_mode, plan.tp_grid).table_parts.get(name, plan.tp)
 
 
-def _memory(plan: ParallelPlan, settings: Settings, profile: Profile, bounds, samples: float,
-            served: set[str], wire: int) -> float:
-    """Bytes the fullest rank holds at its peak (see :func:`stage_memory`)."""
-    return max(_stage_memory(plan, settings, profile, bounds, samples, wire, served))
+def _looked_up(profile: Profile, plan: ParallelPlan) -> dict[str, float]:
+    """Table -> unique rows one rank looks up in a step of the rows it serves (a 1-D vocabulary shard's part),
+    where the profile measured them at the plan's dp."""
+    return {t.name: t.unique[plan.dp] / _table_parts(profile, plan, t.name) for t in profile.tables
+            if plan.dp in t.unique}
 
 
-def stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile) -> list[float]:
+def stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile,
+                 looked_up: dict[str, float] | None = None) -> list[float]:
     """Per pipeline stage, the bytes one of its ranks holds at its peak under ``plan`` (its bounds, or one
-    stage): what a run prints beside the peak it measures."""
+    stage): what a run prints beside the peak it measures. ``looked_up``: table -> unique rows one rank looks
+    up in a step of the rows it serves (a run's survey of its tables); by default what the profile measured."""
     bounds = plan.bounds if plan.pp > 1 else ((0, len(profile.layers)),)
     samples = settings.global_batch / (plan.dp * plan.micro_batches)
     served = {t.name for t in plan.tables if t.strategy.served}
-    return _stage_memory(plan, settings, profile, bounds, samples, settings.wire_dtype.itemsize, served)
+    rows = _looked_up(profile, plan) if looked_up is None else looked_up
+    return _stage_memory(plan, settings, profile, bounds, samples, settings.wire_dtype.itemsize, served, rows)
+
+
+def _rows_held(plan: ParallelPlan, profile: Profile, layer, served: set[str], looked_up: dict[str, float]
+               ) -> tuple[float, float]:
+    """(Elements held through a step, elements of gradient from the layer's backward on) for the served tables
+    of ``layer``: the rows a rank looked up (a leaf per lookup, at least the step's unique rows) and a scheduled
+    all-to-all table's next step's rows, fetched during this one (its 2-D schedule); then the rows' gradients."""
+    held = grad = 0.0
+    for t in profile.tables:
+        if t.name in layer.tables and t.name in served and t.name in looked_up:
+            ahead = plan.sparse.schedule and any(c.name == t.name and c.strategy.name == "alltoall"
+                                                  for c in plan.tables)
+            rows = looked_up[t.name] * t.dim
+            held, grad = held + (1 + ahead) * rows, grad + rows
+    return held, grad
 
 
 def _activations(plan: ParallelPlan, profile: Profile, layers, shares: list[float], samples: float
@@ -325,7 +344,7 @@ def _activations(plan: ParallelPlan, profile: Profile, layers, shares: list[floa
 
 
 def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, bounds, samples: float,
-                  wire: int, served: set[str]) -> list[float]:
+                  wire: int, served: set[str], looked_up: dict[str, float]) -> list[float]:
     """Weights, optimizer state and the asynchronous schedules' weight copies, plus the most of the rest at once:
     the gradients (all of them in the optimizer's step), or, while a layer runs backward, the gradients made so
     far, the activations autograd keeps (every other micro-batch in flight whole, this one's up to the layer;
@@ -334,7 +353,7 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
     weights and their state, one unit gathered whole at a time, and the gradients whole where micro-batches or
     stages defer the reduce-scatter to the step's last backward. Under tensor parallelism a layer's activations
     are cut as below. A table served by rows (``served``) is held as 1/dp of its rows and their row state,
-    outside FSDP."""
+    outside FSDP (which gathers only the dense weights), with the rows a step looks up (``looked_up``)."""
     states = settings.state_tensors
     recompute = plan.recompute.layers
     shares, per_layer, out = _out_share(profile, plan), _layer_params(profile, plan), []
@@ -355,7 +374,10 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
             base = params * (1 + states) / plan.dp_shard  # (+ the unit gathered whole for a layer's backward)
             if not (m > 1 or plan.pp > 1):  # reduce-scattered as each unit's backward ends
                 grads = [g / plan.dp_shard for g in grads]
-        base = (base + tables / plan.dp * (1 + states)) * profile.elem  # + a row shard of each served table
+        rows, row_grads = zip(*(_rows_held(plan, profile, layer, served, looked_up)
+                                for layer in profile.layers[lo:hi]))
+        # + a row shard of each served table, and the rows the step looked up
+        base = (base + tables / plan.dp * (1 + states) + sum(rows)) * profile.elem
         layers = list(enumerate(profile.layers[lo:hi], start=lo))
         saved, works = _activations(plan, profile, layers, shares, samples * scale)
         inputs = [profile.layers[i - 1].out_per_sample * shares[i - 1] * wire * samples if i > 0 else 0.0
@@ -371,20 +393,20 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
         # hook, a bucket at a time; a stage's step tail, all of them flattened)
         copy = 0.0 if plan.dp == 1 or plan.dp_shard > 1 else params if plan.pp > 1 else min(
             params, plan.bucket_mb * 2**20 / profile.elem)
-        peak = (sum(grads) + copy) * profile.elem
+        peak = (sum(grads) + copy + sum(row_grads)) * profile.elem
         ddp = plan.pp == 1 and plan.dp > 1 and plan.dp_shard == 1
         for j in range(len(layers)):  # layer j's backward: what is alive at once
             now = sum(kept[:j]) + saved[j]  # this micro-batch's activations up to it (recomputed: its own whole)
             work = works[j]
-            made = sum(grads) if ddp else sum(grads[j:])  # DDP's gradients are views of its buckets, held always
-            gathered = per_layer[lo + j] if plan.dp_shard > 1 else 0.0  # FSDP: this layer's weights whole
+            made = sum(row_grads[j:]) + (sum(grads) if ddp else sum(grads[j:]))  # (DDP's: views of its buckets)
+            gathered = whole[j] if plan.dp_shard > 1 else 0.0  # FSDP: this layer's dense weights whole
             first = (made + gathered) * profile.elem + (in_flight - 1) * sum(kept) + now + work
             if plan.dp_shard > 1 and grads is not whole:  # and as its backward ends: its gradients whole, their
                 # copy the reduce-scatter sends and one layer's weights whole (this one's, or the next one's that
                 # FSDP2 gathers ahead), while the earlier layers' activations wait (the peak measured under FSDP)
-                scatter = (sum(grads[j + 1:]) + 2 * whole[j] + per_layer[lo + j]) * profile.elem
+                scatter = (sum(grads[j + 1:]) + 3 * whole[j] + sum(row_grads[j:])) * profile.elem
                 first = max(first, scatter + (in_flight - 1) * sum(kept) + sum(kept[:j]))
-            later = (sum(grads) + gathered) * profile.elem + max(
+            later = (sum(grads) + sum(row_grads) + gathered) * profile.elem + max(
                 in_flight - (1 if m > in_flight else 2), 0) * sum(kept) + now  # a later micro-batch's
             peak = max(peak, first, later + work if m > 1 else 0.0)
         out.append(base + peak)

@@ -113,6 +113,13 @@ class AllToAllTable(RowTable):
         self._asked = None  # the next step's raw ids in flight: (work, buffer, rows this step touches)
         self._leaf: tuple[Route, torch.Tensor] | None = None  # this step's prefetched rows, once assembled
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        """As a row table's, with the lookups waiting for their gradients' exchange and the rows fetched ahead
+        (this step's and the next one's, which a scheduled table holds across the step's end)."""
+        rows = [e.rows for e in self._lookups] + [f.rows for f in (self._ready, self._next) if f is not None]
+        out = [*super().held_tensors(), *rows, *(r.grad for r in rows if r.grad is not None)]
+        return out + ([self._leaf[1]] if self._leaf is not None else [])
+
     @property
     def weight(self) -> torch.Tensor:
         raise AttributeError(f"table '{self.name}' is split over {self.world} ranks (strategy alltoall); "

@@ -118,6 +118,15 @@ class SparseTables:
             load_table_state(t, {"weight": state[f"{n}.weight"], **{
                 f"row.{k}": state[f"state.{n}.weight.{k}"] for k in t.state}})
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the replaced tables hold now (what a peak measured from here on starts with)."""
+        return [t for table in self.tables.values() for t in table.held_tensors()]
+
+    def looked_up(self) -> dict[str, float]:
+        """Table -> unique rows this rank looked up per step, of the rows it serves (a vocabulary shard's part),
+        in the batches its tables were measured on."""
+        return {c.info.name: c.info.unique_per_step for c in self.choices if c.info.name in self.tables}
+
     def memory_bytes(self) -> int:
         """Bytes this rank holds for the replaced tables: table or shard, row-optimizer state, and the
         rows (and their gradients) of its last batch."""

@@ -66,6 +66,14 @@ class RowTable(nn.Module, metaclass=ABCMeta):
         """Move this step's row gradients (of forwards tagged ``upto`` or earlier); returns this rank's share
         of their squared norm."""
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        """The tensors this table holds now: its rows (or shard), their row-optimizer state, and the looked-up rows
+        (with their gradients) and reduced gradients that wait for the update (an asynchronous pipeline runs the
+        next step's first forwards before this step's update)."""
+        rows = [r for _, _, r in self._pending]
+        out = [self.table, *self.state.values(), *rows, *(r.grad for r in rows if r.grad is not None)]
+        return out + list(self._update or ())
+
     @property
     def training_step(self) -> bool:
         return torch.is_grad_enabled() and self.training
