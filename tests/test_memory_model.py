@@ -20,6 +20,7 @@ from tessel.parallelize import parallelize
 from tessel.planner.estimate import stage_memory
 from tessel.planner.profile import measure_memory
 from tessel.resolve import job_of
+from tessel.sparse.served import surveyed_rows
 from tessel.train.build import build, build_data
 from tessel.train.memory import PeakTensors, held_tensors
 
@@ -84,10 +85,9 @@ def measured_and_predicted(keys: list[str]) -> tuple[int, float]:
         with PeakTensors(held) as peak:
             par.engine.step(x, y, step)
     predicted = None
-    seen = comm.all_gather_object(par.tables.looked_up() if par.tables else {}, "meta")  # each stage's tables
+    rows = surveyed_rows(par.tables)  # every stage's tables' survey
     if dist.get_rank() == 0:  # (as a run does: once, for every stage)
         profile = measure_memory(job_of(cfg, data), batch // (plan.dp * plan.micro_batches))
-        rows = {n: max(e.get(n, 0.0) for e in seen) for d in seen for n in d}
         predicted = stage_memory(par.plan, settings, profile, rows)
     predicted = comm.all_gather_object(predicted, "meta")[0]
     return peak.bytes, predicted[mesh.get_local_rank("pp")]

@@ -37,6 +37,7 @@ from .preflight import check_fits, predicted_memory
 from .resolve import job_of, plan_of, saved_plan_for, settings_of, topology_of
 from .settings import Settings
 from .sparse.schedule import WAITS
+from .sparse.served import surveyed_rows
 from .tensor.cost import step_formula
 from .train import checkpoint
 from .train.build import build, build_data, model_identity
@@ -166,9 +167,7 @@ def _predicted(cfg: Config, par: Parallelized, dataset) -> list[float] | None:
     where the run reports memory or holds plans to a limit; a plan over ``plan.memory_gib`` is refused here,
     the stage cut being made by now (a cut from timings could not be checked before the workers)."""
     wanted = cfg.metrics.memory or cfg.plan.memory_gib
-    # each stage's ranks know the rows their own tables look up; rank 0 predicts every stage
-    seen = comm.all_gather_object(par.tables.looked_up() if par.tables and wanted else {}, "meta")
-    rows = {name: max(d.get(name, 0.0) for d in seen) for d in seen for name in d}
+    rows = surveyed_rows(par.tables if wanted else None)
     mine = predicted_memory(cfg, par.plan, dataset, rows) if dist.get_rank() == 0 and wanted else None
     predicted = comm.all_gather_object(mine, "meta")[0]
     if cfg.plan.memory_gib:

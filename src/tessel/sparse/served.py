@@ -150,3 +150,10 @@ class SparseTables:
                 line += f"\n{plan}"
             lines.append(line)
         return "\n".join(lines)
+
+
+def surveyed_rows(tables: SparseTables | None) -> dict[str, float]:
+    """Table -> the most unique rows a rank looks up per step, over every rank's survey (collective: each pipeline
+    stage's ranks survey only the tables they serve, and one rank predicts every stage's memory)."""
+    seen = comm.all_gather_object(tables.looked_up() if tables else {}, "meta")
+    return {name: max(d.get(name, 0.0) for d in seen) for d in seen for name in d}
