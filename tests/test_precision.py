@@ -9,11 +9,18 @@ rounding on this model and trajectory, which the single process measures (bf16 a
 by the triangle inequality the two bf16 runs are at most the sum of their distances from fp32 apart, and allowing
 the distributed run's distance to be twice the single process's (it rounds at the boundaries too) gives
 ``3 x |bf16 - fp32|`` of the single process, for the loss of every step and for every fp32 master after the steps.
+The yardstick run rounds at every product, attention's included, as autocast does: on CPU tessel computes attention
+in fp32 (tessel/models/attention.py, for speed), which takes two products' roundings out of both runs but none of
+the distributed run's own (a partial sum before it crosses), so a yardstick measured with it would shrink while
+what it bounds did not. Both compared runs round at a subset of the yardstick's places plus, for the distributed
+one, its boundaries: the same bound holds.
 A dropped gradient, a wrong scale or a stale weight moves a run by a share of the gradient, far above that: with
 SGD, whose update is linear in the gradient, a learning rate 10% off moves the one-process weights 23-27x and its
 losses 35-200x further than bf16 does (measured on these cases). An optimizer that normalizes (Adam, Adagrad) turns
 the rounding of a tiny gradient into a sign flip of a whole step, which would hide a bug of that size: SGD here.
 """
+
+from unittest import mock
 
 import pytest
 import torch
@@ -127,8 +134,10 @@ def _blocks(full: torch.Tensor, split, coords, mode, shape):
 
 def _tolerances(overrides):
     bf16, fp32 = _reference(overrides, "bf16-mixed"), _reference(overrides, "fp32")
-    loss_gap = max(abs(a - b) for a, b in zip(bf16[0], fp32[0]))
-    weight_gap = max(float((bf16[1][n] - fp32[1][n]).abs().max()) for n in bf16[1])
+    with mock.patch("tessel.models.attention._widened", lambda q: False):  # every product rounds: the yardstick
+        every = _reference(overrides, "bf16-mixed")
+    loss_gap = max(abs(a - b) for a, b in zip(every[0], fp32[0]))
+    weight_gap = max(float((every[1][n] - fp32[1][n]).abs().max()) for n in every[1])
     return bf16, SLACK * loss_gap, SLACK * weight_gap
 
 
@@ -376,3 +385,39 @@ def test_row_gradient_width_example_measures_each_way_of_summing(tmp_path, monke
     assert len(rows) == 4 and all(0 < v < 1 for errs in rows.values() for v in errs), printed
     own = rows["bf16 push, each rank, against the fp32 push (the push's own rounding)"]
     assert own[0] < rows["bf16 compute, fp32 push"][0], printed
+
+
+def test_attention_widens_to_fp32_under_cpu_autocast_and_recomputes_alike():
+    """On CPU, bf16 autocast's attention computes in fp32 (tessel/models/attention.py, where torch's CPU kernel is the
+    faster one): the output is fp32 attention of the same bf16 q, k, v, rounded once to bf16, not the bf16 kernel's.
+    A recomputed layer (activation checkpointing restores autocast, nothing else) computes it the same way, so its
+    output and gradients equal the kept forward's bit for bit. Without autocast it is torch's attention as is."""
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    from tessel.models.attention import causal_attention
+    from tessel.models.transformer_lm import CausalSelfAttention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 16, 32).bfloat16() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = causal_attention(q, k, v)
+    wide = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True).bfloat16()
+    assert y.dtype == torch.bfloat16 and torch.equal(y, wide)
+    assert not torch.equal(wide, F.scaled_dot_product_attention(q, k, v, is_causal=True))  # the test can fail
+    x64 = torch.randn(2, 16, 32, dtype=torch.float64)
+    assert torch.equal(causal_attention(x64[:, None], x64[:, None], x64[:, None]),
+                       F.scaled_dot_product_attention(x64[:, None], x64[:, None], x64[:, None], is_causal=True))
+
+    attn = CausalSelfAttention(32, 2, 0.0)
+    outs, grads = [], []
+    for recompute in (False, True):
+        x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = checkpoint(attn, x, use_reentrant=False) if recompute else attn(x)
+        out.float().square().sum().backward()
+        outs.append(out.detach())
+        grads.append([x.grad, *(p.grad.clone() for p in attn.parameters())])
+        attn.zero_grad()
+    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

@@ -25,6 +25,7 @@ from torch import nn
 from tessel.errors import ConfigError
 
 from ._checks import check_dropout, check_int, check_softmax
+from .attention import causal_attention
 from .sampled_softmax import SampledSoftmax
 from .vocab_head import VocabHead
 
@@ -49,8 +50,7 @@ class CausalSelfAttention(nn.Module):
             return y.view(b, t, -1, self.head_dim).transpose(1, 2)
 
         q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = causal_attention(q, k, v, self.dropout if self.training else 0.0)  # (B, heads, T, head_dim)
         return self.resid_drop(self.out_proj(y.transpose(1, 2).reshape(b, t, -1)))
 
 

@@ -22,6 +22,7 @@ from torch import nn
 from ..chain import Chain, Layer
 from ..errors import PlanError
 from ..models import LSTMLM, DenseClassifier, TransformerLM
+from ..models.attention import causal_attention
 from ..models.transformer_lm import CausalSelfAttention
 from ..registry import register_model
 from . import cost, ops
@@ -60,7 +61,7 @@ class TPAttention(nn.Module):
         qkv = linear(x, [p.weight for p in projs], [p.bias for p in projs], self.plan.up, self.grid, self.regather)
         b, t, _ = qkv.shape
         q, k, v = (y.reshape(b, t, -1, self.head_dim).transpose(1, 2) for y in qkv.chunk(3, -1))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = causal_attention(q, k, v)  # (B, this rank's heads, T, head_dim)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
