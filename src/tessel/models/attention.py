@@ -15,13 +15,13 @@ import torch.nn.functional as F
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
-    """softmax(q kᵀ / √hd, causal) v: (B, H, T, hd) each -> (B, H, T, hd), in q's dtype."""
+    """softmax(q kᵀ / √hd, causal) v: (B, H, T, hd) each -> (B, H, T, hd), in autocast's dtype where widened."""
     if not _widened(q):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
     low = torch.get_autocast_dtype("cpu")
     with torch.autocast("cpu", enabled=False):
         # rounded to autocast's dtype first, as autocast would hand them to the op (a no-op for its products'
-        # outputs; a tensor-parallel shard's may arrive wider), then widened exactly
+        # outputs, which they are in tessel's models), then widened exactly
         q, k, v = (t.to(low).float() for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
     return y.to(low)
