@@ -317,12 +317,15 @@ def _rows_held(plan: ParallelPlan, profile: Profile, layer, served: set[str], lo
                ) -> tuple[float, float]:
     """(Elements held through a step, elements of gradient from the layer's backward on) for the served tables
     of ``layer``: the rows a rank looked up (a leaf per lookup, at least the step's unique rows) and a scheduled
-    all-to-all table's next step's rows, fetched during this one (its 2-D schedule); then the rows' gradients."""
+    all-to-all table's next step's rows, fetched during this one (its 2-D schedule, on a column split and a
+    synchronous schedule only, as the table runs it; whether the batch feeds the table is not known here, so a
+    column-split head is counted as fetching ahead too); then the rows' gradients."""
     held = grad = 0.0
     for t in profile.tables:
         if t.name in layer.tables and t.name in served and t.name in looked_up:
-            ahead = plan.sparse.schedule and any(c.name == t.name and c.strategy.name == "alltoall"
-                                                  for c in plan.tables)
+            ahead = (plan.sparse.schedule and not plan.schedule.asynchronous
+                     and any(c.name == t.name and c.strategy.name == "alltoall" and c.split == "column"
+                             for c in plan.tables))
             rows = looked_up[t.name] * t.dim
             held, grad = held + (1 + ahead) * rows, grad + rows
     return held, grad
