@@ -7,6 +7,7 @@ of every worker into one line and exit code 2.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -18,12 +19,18 @@ from .config import Config
 from .errors import ConfigError, PlanError
 from .meta import on_meta
 from .parallelize import check_model
-from .plan import ParallelPlan, saved_plan
+from .plan import ParallelPlan, TableChoice, saved_plan
 from .planner.estimate import stage_memory
-from .planner.profile import measure_memory
+from .planner.job import Job
+from .planner.profile import Profile, TableProfile, measure_memory
 from .resolve import job_of, plan_of, settings_of
 from .settings import DTYPES
+from .sparse import find_tables
 from .sparse.cost import env_link_mbit
+from .sparse.detect import measure as measure_tables
+from .sparse.plan import forced
+from .sparse.serve import split_of
+from .sparse.served import TableUse
 from .train.build import build, build_data, model_identity
 from .train.resume import find_start
 
@@ -84,20 +91,46 @@ def _check_memory(cfg: Config, model: torch.nn.Module) -> None:
                       f"{' x '.join(map(str, big.shape))}: make model.* or data.* smaller")
 
 
-def predicted_memory(cfg: Config, plan: ParallelPlan, dataset=None,
-                     looked_up: dict[str, float] | None = None) -> list[float] | None:
+def predicted_memory(cfg: Config, plan: ParallelPlan, dataset=None, use: TableUse | None = None
+                     ) -> list[float] | None:
     """The planner's peak bytes per rank of each pipeline stage under ``plan`` (its bounds), from the plain
     model's layers measured at the run's micro-batch; None where a rank holds several stages or the model has
-    no chain of layers. ``looked_up``: the served tables' unique rows per step on a rank, where measured (before
-    the workers start they are not, and the rows a step looks up go unpriced)."""
+    no chain of layers. ``use``: what the run's tables measured and do; without it (before the workers start)
+    the tables the plan's strategy will serve are decided and measured here as the workers will."""
     if plan.schedule.stages_per_rank > 1 and plan.pp > 1:
         return None
     job = job_of(cfg, dataset)
     samples = max(1, job.settings.global_batch // (plan.dp * plan.micro_batches))
     try:
-        return stage_memory(plan, job.settings, measure_memory(job, samples), looked_up)
+        profile = measure_memory(job, samples)
+        if use is None:
+            plan = _served_tables(job, plan, profile)
+        return stage_memory(plan, job.settings, profile, use)
     except PlanError:
         return None
+
+
+def _served_tables(job: Job, plan: ParallelPlan, profile: Profile) -> ParallelPlan:
+    """Before the workers start: ``plan`` with the tables its strategy will serve, decided as the workers decide
+    them (:func:`tessel.sparse.plan.forced` on the plain model's tables measured at the plan's dp, rank 0's
+    batch), and ``profile``'s tables with the rows a rank looks up and whether the batch feeds them. ``auto``
+    weighs costs on the live link and is left to the workers, and so are tensor-parallel layouts (whose layers
+    may hold a table's rows cut): their tables stay priced as dense weights, the larger of the two."""
+    policy = plan.sparse
+    if plan.tables or not policy.strategy.served or not plan.serves_tables or plan.tp > 1 or not profile.tables:
+        return plan
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(job.settings.seed)
+        model = job.build()
+    infos = [i for i in find_tables(model) if i.unsupported is None]
+    measure_tables(model, infos, [job.batch(job.settings.global_batch, plan.dp)])
+    modules, overrides = dict(model.named_modules()), dict(policy.overrides)
+    picks = [forced(i, modules[i.name], policy.strategy, overrides.get(i.name), policy.max_touched) for i in infos]
+    tables = tuple(TableChoice(c.info.name, c.strategy, split_of(c.info.dim, plan.dp, policy.split)
+                               if c.strategy.splits else "")
+                   for c in picks if c is not None and c.strategy.served)
+    profile.tables = [TableProfile(i.name, i.rows, i.dim, i.fed, {plan.dp: i.unique_per_step}) for i in infos]
+    return dataclasses.replace(plan, tables=tables)
 
 
 def check_fits(plan: ParallelPlan, predicted: list[float] | None, memory_gib: float) -> None:

@@ -37,7 +37,7 @@ from .preflight import check_fits, predicted_memory
 from .resolve import job_of, plan_of, saved_plan_for, settings_of, topology_of
 from .settings import Settings
 from .sparse.schedule import WAITS
-from .sparse.served import surveyed_rows
+from .sparse.served import table_use
 from .tensor.cost import step_formula
 from .train import checkpoint
 from .train.build import build, build_data, model_identity
@@ -167,8 +167,8 @@ def _predicted(cfg: Config, par: Parallelized, dataset) -> list[float] | None:
     where the run reports memory or holds plans to a limit; a plan over ``plan.memory_gib`` is refused here,
     the stage cut being made by now (a cut from timings could not be checked before the workers)."""
     wanted = cfg.metrics.memory or cfg.plan.memory_gib
-    rows = surveyed_rows(par.tables if wanted else None)
-    mine = predicted_memory(cfg, par.plan, dataset, rows) if dist.get_rank() == 0 and wanted else None
+    use = table_use(par.tables if wanted else None)
+    mine = predicted_memory(cfg, par.plan, dataset, use) if dist.get_rank() == 0 and wanted else None
     predicted = comm.all_gather_object(mine, "meta")[0]
     if cfg.plan.memory_gib:
         check_fits(par.plan, predicted, cfg.plan.memory_gib)

@@ -28,6 +28,7 @@ sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .. import choices
 from ..pipeline.partition import balance
@@ -39,6 +40,9 @@ from ..sparse.plan import AUTO_OPTIONS
 from ..tensor.cost import grad_sum_traffic, linear_traffic, norm_sum_traffic
 from .profile import Profile
 from .topology import Topology
+
+if TYPE_CHECKING:
+    from ..sparse.served import TableUse
 
 DDP_BUCKETS = 8  # tessel's DDP cuts the gradients into about this many all-reduces (parallelize.auto_bucket_mb)
 
@@ -248,7 +252,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     nbytes["tp.grads"] = max(b for b, _ in tp_step)
     if table_bytes:
         nbytes["sparse"] = table_bytes
-    mem = max(_stage_memory(plan, settings, profile, bounds, samples, wire, served, _looked_up(profile, plan)))
+    mem = max(_stage_memory(plan, settings, profile, bounds, samples, wire, served, _rows_of(profile, plan)))
     tp_grads_s = max(s for _, s in tp_step)
     return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s, bubble,
                     {k: v for k, v in nbytes.items() if v}, mem, picks)
@@ -294,40 +298,47 @@ def _table_parts(profile: Profile, plan: ParallelPlan, name: str) -> int:
     return profile.tp_layers(plan.tp_mode, plan.tp_grid).table_parts.get(name, plan.tp)
 
 
-def _looked_up(profile: Profile, plan: ParallelPlan) -> dict[str, float]:
-    """Table -> unique rows one rank looks up in a step of the rows it serves (a 1-D vocabulary shard's part),
-    where the profile measured them at the plan's dp."""
-    return {t.name: t.unique[plan.dp] / _table_parts(profile, plan, t.name) for t in profile.tables
-            if plan.dp in t.unique}
-
-
-def stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile,
-                 looked_up: dict[str, float] | None = None) -> list[float]:
+def stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, use: TableUse | None = None
+                 ) -> list[float]:
     """Per pipeline stage, the bytes one of its ranks holds at its peak under ``plan`` (its bounds, or one
-    stage): what a run prints beside the peak it measures. ``looked_up``: table -> unique rows one rank looks
-    up in a step of the rows it serves (a run's survey of its tables); by default what the profile measured."""
+    stage): what a run prints beside the peak it measures. ``use``: what the run's tables measured and do (the
+    rows a rank looks up per step, which tables fetch ahead); by default what the profile measured and the
+    tables' own rule."""
     bounds = plan.bounds if plan.pp > 1 else ((0, len(profile.layers)),)
     samples = settings.global_batch / (plan.dp * plan.micro_batches)
     served = {t.name for t in plan.tables if t.strategy.served}
-    rows = _looked_up(profile, plan) if looked_up is None else looked_up
+    rows = _rows_of(profile, plan, use)
     return _stage_memory(plan, settings, profile, bounds, samples, settings.wire_dtype.itemsize, served, rows)
 
 
-def _rows_held(plan: ParallelPlan, profile: Profile, layer, served: set[str], looked_up: dict[str, float]
+def _rows_of(profile: Profile, plan: ParallelPlan, use: TableUse | None = None) -> dict[str, tuple[float, bool]]:
+    """Table -> (unique rows one rank looks up in a step of the rows it serves, whether it also fetches the next
+    step's during this one): the run's (``use``) where given, else the profile's measurement at the plan's dp (a 1-D
+    vocabulary shard's part) and the table's rule: a scheduled all-to-all table on a column split, whole (a
+    shard's ids are not the batch's), fed from the batch, under a synchronous schedule."""
+    if use is not None:
+        return {name: (n, name in use.ahead) for name, n in use.rows.items()}
+    out = {}
+    for t in profile.tables:
+        if plan.dp in t.unique:
+            parts = _table_parts(profile, plan, t.name)
+            ahead = (t.fed and parts == 1 and plan.sparse.schedule and not plan.schedule.asynchronous
+                     and any(c.name == t.name and c.strategy.name == "alltoall" and c.split == "column"
+                             for c in plan.tables))
+            out[t.name] = (t.unique[plan.dp] / parts, ahead)
+    return out
+
+
+def _rows_held(profile: Profile, layer, served: set[str], looked_up: dict[str, tuple[float, bool]]
                ) -> tuple[float, float]:
     """(Elements held through a step, elements of gradient from the layer's backward on) for the served tables
-    of ``layer``: the rows a rank looked up (a leaf per lookup, at least the step's unique rows) and a scheduled
-    all-to-all table's next step's rows, fetched during this one (its 2-D schedule, on a column split and a
-    synchronous schedule only, as the table runs it; whether the batch feeds the table is not known here, so a
-    column-split head is counted as fetching ahead too); then the rows' gradients."""
+    of ``layer``: the rows a rank looked up (a leaf per lookup, at least the step's unique rows) and, for a table
+    that fetches ahead, the next step's rows too; then the rows' gradients."""
     held = grad = 0.0
     for t in profile.tables:
         if t.name in layer.tables and t.name in served and t.name in looked_up:
-            ahead = (plan.sparse.schedule and not plan.schedule.asynchronous
-                     and any(c.name == t.name and c.strategy.name == "alltoall" and c.split == "column"
-                             for c in plan.tables))
-            rows = looked_up[t.name] * t.dim
-            held, grad = held + (1 + ahead) * rows, grad + rows
+            n, ahead = looked_up[t.name]
+            held, grad = held + (1 + ahead) * n * t.dim, grad + n * t.dim
     return held, grad
 
 
@@ -347,7 +358,7 @@ def _activations(plan: ParallelPlan, profile: Profile, layers, shares: list[floa
 
 
 def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, bounds, samples: float,
-                  wire: int, served: set[str], looked_up: dict[str, float]) -> list[float]:
+                  wire: int, served: set[str], looked_up: dict[str, tuple[float, bool]]) -> list[float]:
     """Weights, optimizer state and the asynchronous schedules' weight copies, plus the most of the rest at once:
     the gradients (all of them in the optimizer's step), or, while a layer runs backward, the gradients made so
     far, the activations autograd keeps (every other micro-batch in flight whole, this one's up to the layer;
@@ -377,7 +388,7 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
             base = params * (1 + states) / plan.dp_shard  # (+ the unit gathered whole for a layer's backward)
             if not (m > 1 or plan.pp > 1):  # reduce-scattered as each unit's backward ends
                 grads = [g / plan.dp_shard for g in grads]
-        rows, row_grads = zip(*(_rows_held(plan, profile, layer, served, looked_up)
+        rows, row_grads = zip(*(_rows_held(profile, layer, served, looked_up)
                                 for layer in profile.layers[lo:hi]))
         # + a row shard of each served table, and the rows the step looked up
         base = (base + tables / plan.dp * (1 + states) + sum(rows)) * profile.elem

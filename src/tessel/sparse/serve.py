@@ -170,8 +170,14 @@ def _first_choice(place: _Place, policy: TablePolicy, fixed: dict[str, TableChoi
         c = Choice(info, choices.table_strategy("dense"), "no row optimizer mirrors this run's optimizer")
     if c is not None and c.strategy.splits:
         # a column split needs a column per rank; narrower tables (a bias) go by rows
-        c.split = ("column" if info.dim >= size else "row") if policy.split == "auto" else policy.split
+        c.split = split_of(info.dim, size, policy.split)
     return c
+
+
+def split_of(dim: int, ranks: int, given: str) -> str:
+    """An all-to-all table's split: the given one, or by columns where each of ``ranks`` gets one, else by rows
+    (a bias)."""
+    return ("column" if dim >= ranks else "row") if given == "auto" else given
 
 
 def _row_split(c: Choice) -> bool:

@@ -8,6 +8,8 @@ whole tables for checkpoints.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 
@@ -152,8 +154,19 @@ class SparseTables:
         return "\n".join(lines)
 
 
-def surveyed_rows(tables: SparseTables | None) -> dict[str, float]:
-    """Table -> the most unique rows a rank looks up per step, over every rank's survey (collective: each pipeline
-    stage's ranks survey only the tables they serve, and one rank predicts every stage's memory)."""
-    seen = comm.all_gather_object(tables.looked_up() if tables else {}, "meta")
-    return {name: max(d.get(name, 0.0) for d in seen) for d in seen for name in d}
+class TableUse(NamedTuple):
+    """What the ranks' tables measured and do, for the memory prediction: table -> the most unique rows a rank looks
+    up per step (of the rows it serves), and the tables that fetch the next step's rows during this one."""
+
+    rows: dict[str, float]
+    ahead: frozenset[str]
+
+
+def table_use(tables: SparseTables | None) -> TableUse:
+    """Every rank's tables' survey, as one (collective: each pipeline stage's ranks survey only the tables they
+    serve, and one rank predicts every stage's memory)."""
+    mine = ({}, ()) if not tables else (tables.looked_up(), tuple(
+        n for n, t in tables.tables.items() if isinstance(t, AllToAllTable) and t.lookahead))
+    seen = comm.all_gather_object(mine, "meta")
+    rows = {name: max(r.get(name, 0.0) for r, _ in seen) for r, _ in seen for name in r}
+    return TableUse(rows, frozenset(n for _, ahead in seen for n in ahead))
