@@ -102,3 +102,30 @@ def test_gradient_squares_are_the_fp64_sum_in_every_width():
     params = [torch.nn.Parameter(torch.zeros(n)) for n in (3, 2, 1)]
     params[0].grad, params[1].grad = torch.tensor([1.0, 2.0, 2.0]), torch.tensor([4.0, 0.0]).to_sparse()
     assert local_sq(params).tolist() == [25.0]  # 1 + 4 + 4 + 16; a parameter without a gradient adds nothing
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_fused_step_takes_gradients_laid_out_unlike_their_weights(optimizer):
+    """On the CPU the dense optimizer is torch's fused kernel, which steps a gradient whose strides differ from its
+    weight's wrong (2-D tensor parallelism under torch-zbv hands such over); the step tail lays each out as its
+    weight first. One step from zero state, against the rule written here: SGD w - lr g; AdamW's first step
+    w (1 - lr wd) - lr g / (|g| + eps) (bias-corrected moments m = g, v = g^2)."""
+    from tessel.settings import Settings
+    from tessel.train.optim import build_optimizer
+    from tessel.train.tail import StepTail
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.float64))
+    start, lr = w.detach().clone(), 0.1
+    settings = Settings(optimizer=optimizer, dtype="float64", lr=lr, weight_decay=0.01)
+    optimizer_ = build_optimizer([w], settings)
+    assert optimizer_.defaults.get("fused") is True
+    big = torch.randn(24, 8, dtype=torch.float64)
+    w.grad = big[8:16].t()  # a transposed view of a larger buffer: strides (1, 8), the weight's (8, 1)
+    g = w.grad.clone()
+    StepTail([w], optimizer_)(lr)
+    if optimizer == "sgd":
+        want = start - lr * (g + 0.01 * start)  # torch's SGD adds weight decay to the gradient
+    else:
+        want = start * (1 - lr * 0.01) - lr * g / (g.abs() + 1e-8)
+    assert torch.allclose(w.detach(), want, rtol=0, atol=1e-12)

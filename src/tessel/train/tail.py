@@ -151,7 +151,7 @@ class StepTail:
                 for device in {g.device for g in grads}:
                     torch._foreach_mul_([g for g in grads if g.device == device], scale.to(device))
         if self.optimizer.defaults.get("fused"):
-            _as_laid_out(self.params)
+            _as_laid_out([p for group in self.optimizer.param_groups for p in group["params"]])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
