@@ -177,3 +177,21 @@ def test_planted_pickle_is_refused_and_never_run(tmp_path):
     except Exception:
         pass
     assert marker.exists()
+
+
+def test_how_to_step_is_the_loading_runs_choice_not_the_saving_runs(tmp_path):
+    """A run on plain tensors steps with torch's fused kernel; one whose weights are DTensors (FSDP2, torch's
+    tensor parallelism) cannot. torch's optimizer state carries those flags in its parameter groups, so a
+    checkpoint saved by the first, resumed by the second, would hand it the fused kernel; loading keeps the
+    loading optimizer's own."""
+    m, _ = _model()
+    fused = torch.optim.AdamW(m.parameters(), lr=0.1, fused=True)
+    m(torch.randn(3, 4)).sum().backward()
+    fused.step()
+    checkpoint.save(tmp_path, 1, m, fused, {"position": 1, "dp_size": 1, "global_batch": 8}, {**META, "run": "r1"})
+    fresh, _ = _model()
+    looping = torch.optim.AdamW(fresh.parameters(), lr=0.1, foreach=False)
+    looping.step()  # (state to load into, as a resuming run has)
+    checkpoint.load(checkpoint.latest(tmp_path), fresh, looping, {**META, "run": "r1"})
+    assert [(g["fused"], g["foreach"]) for g in looping.param_groups] == [(None, False)]
+    assert torch.equal(looping.state[next(fresh.parameters())]["exp_avg"], fused.state[next(m.parameters())]["exp_avg"])

@@ -229,6 +229,10 @@ def load(path: str | Path, model, optimizer, expected_meta: dict[str, Any], tabl
     if _has_state(model):
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=_OPTIONS)
+        # torch's groups carry how to step (fused, foreach) and the saved ones came back with the state: that is this
+        # run's choice (a run on DTensor weights cannot take a fused kernel a run on plain tensors saved)
+        for group in optimizer.param_groups:
+            group.update({k: optimizer.defaults[k] for k in ("fused", "foreach") if k in optimizer.defaults})
     if tables:
         tables.load_state_dict({**weights, **state["tables"]})
     torch.set_rng_state(state[f"rank{r}.rng"])
