@@ -45,6 +45,7 @@ def _setup(opt_name):
     torch.manual_seed(3)
     model = Plain().double()
     opt = {"sgd": lambda p: torch.optim.SGD(p, lr=0.5),
+           "sgd-fused": lambda p: torch.optim.SGD(p, lr=0.5, fused=True),
            "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.3)}[opt_name](model.parameters())
     return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
 
@@ -130,8 +131,10 @@ def _sharded(dp: int, shard: int, strategy: str) -> ParallelPlan:
 def test_prepared_loop_sharded_equals_single_process(world4):
     """plan=ParallelPlan(dp_shard=...): the loop's model under FSDP (the Sequential's layers each a unit, then the
     root), the user's optimizer stepping the shards, tessel.clip_grad_norm_ summing over them, tables still served
-    by rows; FSDP over 4 ranks and HSDP 2 x 2 (two replicas of a 2-way shard)."""
-    cases = [(_sharded(4, 4, "ps"), "adagrad"), (_sharded(4, 2, "alltoall"), "sgd")]
+    by rows; FSDP over 4 ranks and HSDP 2 x 2 (two replicas of a 2-way shard); a user's fused optimizer (torch's
+    fused kernels take no DTensor shard) steps the shards one tensor at a time."""
+    cases = [(_sharded(4, 4, "ps"), "adagrad"), (_sharded(4, 2, "alltoall"), "sgd"),
+             (_sharded(4, 4, "ps"), "sgd-fused")]
     assert world4.run(check_parity, cases) == [0, 1, 2, 3]
 
 

@@ -100,6 +100,8 @@ def _sharded(model: nn.Module, optimizer: torch.optim.Optimizer, plan: ParallelP
     now = dict(model.named_parameters())
     for grp in optimizer.param_groups:
         grp["params"] = [now[names[id(p)]] for p in grp["params"]]
+        if grp.get("fused"):  # torch 2.13's fused kernels have no rule for DTensor shards: one tensor at a time
+            grp["fused"], grp["foreach"] = False, False
     for old in list(optimizer.state):
         new = now[names[id(old)]]
         optimizer.state[new] = {k: fsdp.shard_like(v, new, group) if torch.is_tensor(v) and v.shape == old.shape
