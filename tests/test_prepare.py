@@ -132,7 +132,7 @@ def test_prepared_loop_sharded_equals_single_process(world4):
     """plan=ParallelPlan(dp_shard=...): the loop's model under FSDP (the Sequential's layers each a unit, then the
     root), the user's optimizer stepping the shards, tessel.clip_grad_norm_ summing over them, tables still served
     by rows; FSDP over 4 ranks and HSDP 2 x 2 (two replicas of a 2-way shard); a user's fused optimizer (torch's
-    fused kernels take no DTensor shard) steps the shards one tensor at a time."""
+    fused SGD has no DTensor rule) steps the shards one tensor at a time."""
     cases = [(_sharded(4, 4, "ps"), "adagrad"), (_sharded(4, 2, "alltoall"), "sgd"),
              (_sharded(4, 4, "ps"), "sgd-fused")]
     assert world4.run(check_parity, cases) == [0, 1, 2, 3]

@@ -54,7 +54,9 @@ MODELS = {  # name -> (model, one global batch from a generator)
 OPTIMIZERS = {"sgd": lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9),
               "plain-sgd": lambda p: torch.optim.SGD(p, lr=0.5),  # exact on served rows, as Adagrad
               "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.3),
-              "adam": lambda p: torch.optim.Adam(p, lr=0.02)}
+              "adam": lambda p: torch.optim.Adam(p, lr=0.02),
+              "adam-fused": lambda p: torch.optim.Adam(p, lr=0.02, fused=True),
+              "sgd-fused": lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9, fused=True)}
 
 
 def _setup(name, opt_name):
@@ -166,9 +168,12 @@ def check_sharded(cases):
 
 def test_sharded_stages_and_blocks_through_model_step_at_4_ranks(world4):
     """tessel.prepare shards a user's pipeline stages and tensor-parallel blocks (FSDP over dp_shard ranks), as
-    tessel train does: ZeRO-3 memory in the user's own loop, equal to the single-process loop."""
+    tessel train does: ZeRO-3 memory in the user's own loop, equal to the single-process loop; fused optimizers
+    (torch's fused SGD has no DTensor rule) step the shards one tensor at a time."""
     cases = [("tower", "adam", ParallelPlan(dp=2, dp_shard=2, pp=2, micro_batches=2)),
-             ("lm", "adam", ParallelPlan(dp=2, dp_shard=2, tp=2, tp_grid=(2,)))]
+             ("lm", "adam", ParallelPlan(dp=2, dp_shard=2, tp=2, tp_grid=(2,))),
+             ("tower", "adam-fused", ParallelPlan(dp=2, dp_shard=2, pp=2, micro_batches=2)),
+             ("tower", "sgd-fused", ParallelPlan(dp=2, dp_shard=2, pp=2, micro_batches=2))]
     assert world4.run(check_sharded, cases) == [0, 1, 2, 3]
 
 

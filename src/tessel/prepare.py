@@ -52,6 +52,7 @@ from .prepare_axes import checkpoint_plan, identity_of, prepare_axes
 from .settings import Settings
 from .sparse.rowopt import auto_mirror
 from .train.memory import release_free
+from .train.optim import without_fused_on_shards
 from .train.tail import clip_coef, local_sq
 from .unwrap import skeleton
 
@@ -100,8 +101,7 @@ def _sharded(model: nn.Module, optimizer: torch.optim.Optimizer, plan: ParallelP
     now = dict(model.named_parameters())
     for grp in optimizer.param_groups:
         grp["params"] = [now[names[id(p)]] for p in grp["params"]]
-        if grp.get("fused"):  # torch 2.13's fused kernels have no rule for DTensor shards: one tensor at a time
-            grp["fused"], grp["foreach"] = False, False
+        grp.update(without_fused_on_shards(grp, grp["params"]))
     for old in list(optimizer.state):
         new = now[names[id(old)]]
         optimizer.state[new] = {k: fsdp.shard_like(v, new, group) if torch.is_tensor(v) and v.shape == old.shape

@@ -41,6 +41,7 @@ from .registry import registered, spec_of
 from .settings import DTYPES, Settings
 from .sparse.rowopt import auto_mirror, record_of
 from .train.memory import release_free
+from .train.optim import without_fused_on_shards
 from .unwrap import skeleton
 
 KEEP_LRS = 64
@@ -160,6 +161,12 @@ def _constructor(optimizer: torch.optim.Optimizer) -> dict:
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "ASGD", "NAdam", "RAdam", "RMSprop", "Rprop")
 
 
+def _rebuilt(cls: type, params, given: dict) -> torch.optim.Optimizer:
+    """The user's optimizer class with their settings over a rank's share of the weights."""
+    params = [p for p in params if p.requires_grad]
+    return cls(params or [{"params": []}], **without_fused_on_shards(given, params))
+
+
 def _check_rebuilt(cls: type, given: dict, plan: ParallelPlan) -> None:
     """One line unless ``cls`` rebuilt with the user's settings over a rank's share of the weights steps as it
     would over the whole model: without a closure, on a matrix and a vector, and elementwise under tp."""
@@ -276,8 +283,7 @@ def prepare_axes(model: nn.Module, optimizer: torch.optim.Optimizer, loader, pla
     identity = identity_of(model)  # the whole plain model, before a cut or shards change it
     plain = skeleton(model)
     par = parallelize(model, plan, mesh, [pair(b) for b in prepared.samples(samples)], settings, rows=rows,
-                      make_optimizer=lambda params: cls([p for p in params if p.requires_grad] or [{"params": []}],
-                                                        **given))
+                      make_optimizer=lambda params: _rebuilt(cls, params, given))
     for group in optimizer.param_groups:  # the weights now live in each rank's own optimizer
         group["params"] = []
     optimizer.state.clear()

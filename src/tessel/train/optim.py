@@ -28,9 +28,8 @@ def build_optimizer(params, settings: Settings) -> torch.optim.Optimizer:
     if not any(p.is_cuda for p in tensors):
         # on the CPU torch's fused kernel where the class has one (Adam, AdamW, SGD, Adagrad: one pass over each
         # tensor, 6.5x faster than one op at a time on the default model's AdamW step) and the weights are plain
-        # tensors (torch 2.13's fused kernels take no DTensor: FSDP2's and torch's tensor parallelism's), else one
-        # tensor at a time (torch's foreach path is no faster on the CPU); either is within 3e-16 of the loop the
-        # fp64 parity tests write, so their 1e-10 holds
+        # tensors (see without_fused_on_shards), else one tensor at a time (torch's foreach path is no faster on
+        # the CPU); either is within 3e-16 of the loop the fp64 parity tests write, so their 1e-10 holds
         if "fused" in takes and not any(isinstance(p, DTensor) for p in tensors):
             given["fused"] = True
         else:
@@ -42,3 +41,13 @@ def build_optimizer(params, settings: Settings) -> torch.optim.Optimizer:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def without_fused_on_shards(options: dict, params) -> dict:
+    """``options`` (an optimizer's constructor arguments, or one of its groups) with torch's fused kernel turned
+    off where ``params`` hold a DTensor: not every fused kernel has a DTensor rule in torch 2.13 (SGD's has none;
+    AdamW's refused torch's tensor parallelism's mix of DTensor and plain tensors), so shards step one tensor at a
+    time."""
+    if options.get("fused") and any(isinstance(p, DTensor) for p in params):
+        return {**options, "fused": False, "foreach": False}
+    return options
