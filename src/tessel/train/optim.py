@@ -30,10 +30,8 @@ def build_optimizer(params, settings: Settings) -> torch.optim.Optimizer:
         # tensor, 6.5x faster than one op at a time on the default model's AdamW step) and the weights are plain
         # tensors (see without_fused_on_shards), else one tensor at a time (torch's foreach path is no faster on
         # the CPU); either is within 3e-16 of the loop the fp64 parity tests write, so their 1e-10 holds
-        if "fused" in takes and not any(isinstance(p, DTensor) for p in tensors):
-            given["fused"] = True
-        else:
-            given["foreach"] = False
+        given = without_fused_on_shards({**given, **({"fused": True} if "fused" in takes else {"foreach": False})},
+                                        tensors)
     # the settings the name fixes go in unfiltered: a torch without one fails here rather than running another rule
     return cls(params, **{k: v for k, v in given.items() if k in takes}, **dict(settings.optimizer.options))
 

@@ -150,8 +150,7 @@ class StepTail:
                 grads = [local(p.grad) for p in self.params if p.grad is not None]
                 for device in {g.device for g in grads}:
                     torch._foreach_mul_([g for g in grads if g.device == device], scale.to(device))
-        if self.optimizer.defaults.get("fused"):
-            _as_laid_out([p for group in self.optimizer.param_groups for p in group["params"]])
+        _as_laid_out([p for group in self.optimizer.param_groups if group.get("fused") for p in group["params"]])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
