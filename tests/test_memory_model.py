@@ -35,9 +35,16 @@ LAYOUTS = {  # name -> config keys, on 4 ranks
     "hsdp2x2-ps": ["parallel.dp_shard=2", "sparse.strategy=ps", "train.optimizer=adagrad"],
     "fsdp4-recompute": ["parallel.dp_shard=0", "train.recompute=layers", "sparse.strategy=dense"],
     "ddp4-selective": ["train.recompute=selective", "sparse.strategy=dense"],
-    "pp2-fsdp2-1f1b-m2": ["parallel.pp=2", "parallel.dp_shard=0", "train.micro_batches=2", "sparse.strategy=dense"],
-    "pp2-dp2-gpipe-m4": ["parallel.pp=2", "pipeline.schedule=gpipe", "train.micro_batches=4",
+    # (a pipeline's cut is given: the planner's own cut follows the layers' timing, and each cut peaks elsewhere)
+    "pp2-fsdp2-1f1b-m2": ["parallel.pp=2", "pipeline.split=2,2", "parallel.dp_shard=0", "train.micro_batches=2",
+                          "sparse.strategy=dense"],
+    "pp2-dp2-gpipe-m4": ["parallel.pp=2", "pipeline.split=2,2", "pipeline.schedule=gpipe", "train.micro_batches=4",
                          "sparse.strategy=dense"],
+    # the fused head alone on the last stage: the peak is a forward's (the logits made and dropped there, the
+    # earlier micro-batches' weight gradients kept), no gradient yet (predicted 11% over while the profile put
+    # the forward's transient in the backward, beside the gradients)
+    "pp2-dp2-gpipe-m4-head": ["parallel.pp=2", "pipeline.split=3,1", "pipeline.schedule=gpipe",
+                              "train.micro_batches=4", "sparse.strategy=dense"],
     "tp2-1d-fsdp2": ["parallel.tp=2", "tensor.mode=1d", "parallel.dp_shard=0", "sparse.strategy=dense"],
 }
 # at width 256 the blocks outweigh the head, and what tensor parallelism leaves whole or gathers shows: a 1-D
@@ -48,8 +55,8 @@ LAYOUTS |= {
     "w256-fsdp4": [*WIDE, "parallel.dp_shard=0", "sparse.strategy=dense"],
     "w256-tp4-1d": [*WIDE, "parallel.tp=4", "tensor.mode=1d", "sparse.strategy=dense"],
     "w256-tp4-3d-2x1x2": [*WIDE, "parallel.tp=4", "tensor.mode=3d", "tensor.grid=2x1x2", "sparse.strategy=dense"],
-    "w256-pp2-tp2-1d-m4": [*WIDE, "parallel.pp=2", "parallel.tp=2", "tensor.mode=1d", "train.micro_batches=4",
-                           "sparse.strategy=dense"],
+    "w256-pp2-tp2-1d-m4": [*WIDE, "parallel.pp=2", "pipeline.split=3,3", "parallel.tp=2", "tensor.mode=1d",
+                           "train.micro_batches=4", "sparse.strategy=dense"],
     # a vocabulary 64x the width, as in the default model: the peak is in the head and its vocabulary-parallel loss
     # (3-D: the head's forward, where its partial logits are reduce-scattered; predicted 15% short while the
     # profile subtracted the last layer's logits as if they were the stand-in loss's)
@@ -57,8 +64,12 @@ LAYOUTS |= {
                            "sparse.strategy=dense"],
     "v4096-tp4-2d": ["data.vocab_size=4096", "parallel.tp=4", "tensor.mode=2d", "sparse.strategy=dense"],
     # the rest of issue 38's layouts: sharding under GPipe, an all-to-all table beside FSDP
-    "pp2-fsdp2-gpipe-m4": ["parallel.pp=2", "parallel.dp_shard=0", "pipeline.schedule=gpipe", "train.micro_batches=4",
-                           "sparse.strategy=dense"],
+    "pp2-fsdp2-gpipe-m4": ["parallel.pp=2", "pipeline.split=2,2", "parallel.dp_shard=0", "pipeline.schedule=gpipe",
+                           "train.micro_batches=4", "sparse.strategy=dense"],
+    # the token table alone on the first stage: fed ids, its unit is reduce-scattered by FSDP's final callback,
+    # the whole gradient, the copy sent and the copy received at once (predicted 27% short without them)
+    "pp2-fsdp2-gpipe-m4-embed": ["parallel.pp=2", "pipeline.split=1,3", "parallel.dp_shard=0",
+                                 "pipeline.schedule=gpipe", "train.micro_batches=4", "sparse.strategy=dense"],
     "fsdp4-alltoall": ["parallel.dp_shard=0", "sparse.strategy=alltoall", "train.optimizer=adagrad"],
 }
 # the sparse LSTM, whose tables (input embedding, sampled softmax) are most of the model: before the launcher's
@@ -71,11 +82,12 @@ LAYOUTS |= {"lstm-ps": [*LSTM, "sparse.strategy=ps"], "lstm-alltoall": [*LSTM, "
 LAYOUTS8 = {
     "fsdp2-tp4-3d-2x2x1": ["parallel.tp=4", "tensor.mode=3d", "tensor.grid=2x2x1", "parallel.dp_shard=0",
                            "sparse.strategy=dense"],
-    "fsdp2-pp2-tp2-ps": ["parallel.pp=2", "parallel.tp=2", "tensor.mode=1d", "parallel.dp_shard=0",
-                         "train.micro_batches=2", "sparse.strategy=ps", "train.optimizer=adagrad"],
-    "fsdp2-pp2-tp2-ps-sampled": ["parallel.pp=2", "parallel.tp=2", "tensor.mode=1d", "parallel.dp_shard=0",
-                                 "train.micro_batches=2", "sparse.strategy=ps", "train.optimizer=adagrad",
-                                 "model.softmax=sampled"],
+    "fsdp2-pp2-tp2-ps": ["parallel.pp=2", "pipeline.split=2,2", "parallel.tp=2", "tensor.mode=1d",
+                         "parallel.dp_shard=0", "train.micro_batches=2", "sparse.strategy=ps",
+                         "train.optimizer=adagrad"],
+    "fsdp2-pp2-tp2-ps-sampled": ["parallel.pp=2", "pipeline.split=2,2", "parallel.tp=2", "tensor.mode=1d",
+                                 "parallel.dp_shard=0", "train.micro_batches=2", "sparse.strategy=ps",
+                                 "train.optimizer=adagrad", "model.softmax=sampled"],
 }
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from . import tensor
+from .chain import chain_of
 from .config import Config
 from .errors import ConfigError, PlanError
 from .meta import on_meta
@@ -29,7 +31,7 @@ from .sparse import find_tables
 from .sparse.cost import env_link_mbit
 from .sparse.detect import measure as measure_tables
 from .sparse.plan import forced
-from .sparse.serve import split_of
+from .sparse.serve import rows_whole, split_of
 from .sparse.served import TableUse
 from .train.build import build, build_data, model_identity
 from .train.resume import find_start
@@ -113,11 +115,11 @@ def predicted_memory(cfg: Config, plan: ParallelPlan, dataset=None, use: TableUs
 def _served_tables(job: Job, plan: ParallelPlan, profile: Profile) -> ParallelPlan:
     """Before the workers start: ``plan`` with the tables its strategy will serve, decided as the workers decide
     them (:func:`tessel.sparse.plan.forced` on the plain model's tables measured at the plan's dp, rank 0's
-    batch), and ``profile``'s tables with the rows a rank looks up and whether the batch feeds them. ``auto``
-    weighs costs on the live link and is left to the workers, and so are tensor-parallel layouts (whose layers
-    may hold a table's rows cut): their tables stay priced as dense weights, the larger of the two."""
+    batch), and ``profile``'s tables with the rows a rank looks up and whether the batch feeds them. Under tensor
+    parallelism a table a layer cuts by columns stays dense, as the workers keep it. ``auto`` weighs costs on the
+    live link and is left to the workers: its tables stay priced as dense weights, the larger of the two."""
     policy = plan.sparse
-    if plan.tables or not policy.strategy.served or not plan.serves_tables or plan.tp > 1 or not profile.tables:
+    if plan.tables or not policy.strategy.served or not plan.serves_tables or not profile.tables:
         return plan
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(job.settings.seed)
@@ -125,12 +127,25 @@ def _served_tables(job: Job, plan: ParallelPlan, profile: Profile) -> ParallelPl
     infos = [i for i in find_tables(model) if i.unsupported is None]
     measure_tables(model, infos, [job.batch(job.settings.global_batch, plan.dp)])
     modules, overrides = dict(model.named_modules()), dict(policy.overrides)
-    picks = [forced(i, modules[i.name], policy.strategy, overrides.get(i.name), policy.max_touched) for i in infos]
+    whole = _whole_rows(job, plan, infos)
+    picks = [forced(i, modules[i.name], policy.strategy, overrides.get(i.name), policy.max_touched) for i in infos
+             if i.name in whole]
     tables = tuple(TableChoice(c.info.name, c.strategy, split_of(c.info.dim, plan.dp, policy.split)
                                if c.strategy.splits else "")
                    for c in picks if c is not None and c.strategy.served)
     profile.tables = [TableProfile(i.name, i.rows, i.dim, i.fed, {plan.dp: i.unique_per_step}) for i in infos]
     return dataclasses.replace(plan, tables=tables)
+
+
+def _whole_rows(job: Job, plan: ParallelPlan, infos) -> set[str]:
+    """The tables of ``infos`` whose rows ``plan``'s tensor-parallel layers leave whole (all of them without
+    tensor parallelism): the layers applied to the model built on the meta device, as the workers apply them."""
+    if plan.tp == 1:
+        return {i.name for i in infos}
+    with on_meta():
+        model = job.build()
+    tensor.apply(model, chain_of(model), tensor.GridSpec(plan.tp_mode.name, tuple(plan.tp_grid)))
+    return {i.name for i in infos if rows_whole(model, i) is not None}
 
 
 def check_fits(plan: ParallelPlan, predicted: list[float] | None, memory_gib: float) -> None:

@@ -44,6 +44,8 @@ class LayerCost:
     work: int = 0  # bytes its backward holds at once beyond those and its gradients (the peak's transients)
     kept: int = 0  # bytes alive after its forward beyond its input, weights and output, however kept (autograd's
     #                saved tensors, or what a recompute keeps: a selective one its matrix products' outputs)
+    ahead: int = 0  # bytes its forward (and loss) holds at once beyond what it saves and hands on (a fused
+    #                 loss's logits, made and dropped in the forward)
 
 
 @dataclass
@@ -171,15 +173,19 @@ def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Ten
         kept = peak.live - peak.entry - out.numel() * out.element_size() if memory else 0
         loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
         ahead = peak.bytes - peak.entry if memory else 0  # the most its forward (and loss) added at once
+        if memory:  # from here the backward's own peak
+            peak.bytes = peak.live
         loss.backward()
-    made = peak.bytes - peak.entry if memory else 0  # the most the layer's step added at once
+    made = peak.bytes - peak.entry if memory else 0  # the most the layer's backward held at once
     size = out.numel() * out.element_size()
-    # beyond what it saves: the backward's transients (its gradients, ``params``, are counted apart), or the
-    # forward's where they are larger (a fused loss makes its weight's gradient, a saved tensor, in the forward).
-    # Less ``size``: in the backward, the output this profile holds on to (the next layer's input; a run frees the
-    # last layer's once the loss has it); in the forward, the stand-in loss's ones, where there is one (the last
-    # layer's output is alive while the loss runs: unfused logits, (rows, classes), are a step's largest tensor)
-    work = max(made - saved.bytes - params - size, ahead - saved.bytes - (0 if last else size), 0)
+    # beyond what it saves: the backward's transients (its gradients, ``params``, are counted apart) and the
+    # forward's apart (a fused loss makes its weight's gradient, a saved tensor, in the forward, beside the
+    # logits it drops there; no gradient exists yet then). Less ``size``: in the backward, the output this
+    # profile holds on to (the next layer's input; a run frees the last layer's once the loss has it); in the
+    # forward, the stand-in loss's ones, where there is one (the last layer's output is alive while the loss
+    # runs: unfused logits, (rows, classes), are a step's largest tensor)
+    work = max(made - saved.bytes - params - size, 0)
+    ahead = max(ahead - saved.bytes - (0 if last else size), 0)
     while repeats and (len(times) < repeats or (sum(times) < 0.02 and len(times) < 50)):  # (0: memory only)
         t0 = clock()
         out = layer.run(model, inp)
@@ -191,7 +197,7 @@ def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Ten
     model.zero_grad(set_to_none=True)
     return _Run(LayerCost(layer.name, min(times, default=0.0), params, tuple(out.shape[1:]),
                           str(out.dtype).removeprefix("torch."), out.numel() * out.element_size(),
-                          saved.bytes, work, max(kept, 0)), out.detach())
+                          saved.bytes, work, max(kept, 0), ahead), out.detach())
 
 
 def balance(seconds: list[float], stages: int) -> list[tuple[int, int]]:

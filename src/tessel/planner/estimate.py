@@ -343,18 +343,19 @@ def _rows_held(profile: Profile, layer, served: set[str], looked_up: dict[str, t
 
 
 def _activations(plan: ParallelPlan, profile: Profile, layers, shares: list[float], samples: float
-                 ) -> tuple[list[float], list[float]]:
-    """Per layer of ``layers`` ((index, LayerProfile)), the bytes one rank's forward saves and its backward holds
-    beyond them at ``samples`` a micro-batch: under tensor parallelism as its layers hold them (measured on
-    stand-in groups: a 1-D layer's norms and residual stay whole, a 3-D one keeps its gathered blocks), else
-    the plain layer's (or, where the layers' memory was not measured, cut as the output is cut)."""
+                 ) -> tuple[list[float], list[float], list[float]]:
+    """Per layer of ``layers`` ((index, LayerProfile)), the bytes one rank's forward saves, its backward holds
+    beyond them and its forward holds beyond them, at ``samples`` a micro-batch: under tensor parallelism as its
+    layers hold them (measured on stand-in groups: a 1-D layer's norms and residual stay whole, a 3-D one keeps
+    its gathered blocks), else the plain layer's (or, where the layers' memory was not measured, cut as the output
+    is cut)."""
     dry = profile.tp_memory(plan.tp_mode.name, tuple(plan.tp_grid), plan.regather) if plan.tp > 1 else None
     if dry is not None:
-        pairs = [dry[i].at(samples) for i, _ in layers]
-        return [max(a, 0.0) for a, _ in pairs], [max(b, 0.0) for _, b in pairs]
+        rows = [dry[i].at(samples) for i, _ in layers]
+        return tuple([max(row[c], 0.0) for row in rows] for c in range(3))
     inner = [1.0 if plan.tp == 1 else shares[i] for i, _ in layers]
-    return ([layer.saved_per_sample * samples * inner[j] for j, (_, layer) in enumerate(layers)],
-            [layer.work_per_sample * samples * inner[j] for j, (_, layer) in enumerate(layers)])
+    return tuple([getattr(layer, f) * samples * inner[j] for j, (_, layer) in enumerate(layers)]
+                 for f in ("saved_per_sample", "work_per_sample", "ahead_per_sample"))
 
 
 def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, bounds, samples: float,
@@ -393,7 +394,7 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
         # + a row shard of each served table, and the rows the step looked up
         base = (base + tables / plan.dp * (1 + states) + sum(rows)) * profile.elem
         layers = list(enumerate(profile.layers[lo:hi], start=lo))
-        saved, works = _activations(plan, profile, layers, shares, samples * scale)
+        saved, works, aheads = _activations(plan, profile, layers, shares, samples * scale)
         inputs = [profile.layers[i - 1].out_per_sample * shares[i - 1] * wire * samples if i > 0 else 0.0
                   for i, _ in layers]
         kept = inputs if recompute else saved  # what one micro-batch keeps until its backward
@@ -409,17 +410,31 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
             params, plan.bucket_mb * 2**20 / profile.elem)
         peak = (sum(grads) + copy + sum(row_grads)) * profile.elem
         ddp = plan.pp == 1 and plan.dp > 1 and plan.dp_shard == 1
+        s = plan.dp_shard
+        # a forward meets the gradients where it runs after a backward (a later micro-batch's, 1F1B's or
+        # accumulation's), and DDP's buckets (the gradients' storage) always
+        grads_ahead = (sum(grads) + sum(row_grads) if m > in_flight else 0.0) or (sum(grads) if ddp else 0.0)
         for j in range(len(layers)):  # layer j's backward: what is alive at once
             now = sum(kept[:j]) + saved[j]  # this micro-batch's activations up to it (recomputed: its own whole)
             work = works[j]
             made = sum(row_grads[j:]) + (sum(grads) if ddp else sum(grads[j:]))  # (DDP's: views of its buckets)
-            gathered = whole[j] if plan.dp_shard > 1 else 0.0  # FSDP: this layer's dense weights whole
+            gathered = whole[j] if s > 1 else 0.0  # FSDP: this layer's dense weights whole
             first = (made + gathered) * profile.elem + (in_flight - 1) * sum(kept) + now + work
-            if plan.dp_shard > 1 and grads is not whole:  # and as its backward ends: its gradients whole, their
+            # its forward, the last in flight's: what the forward makes and drops (a fused loss's logits)
+            forward = (grads_ahead + gathered) * profile.elem + (in_flight - 1) * sum(kept) + now + aheads[j]
+            first = max(first, forward)
+            if s > 1 and grads is not whole:  # and as its backward ends: its gradients whole, their
                 # copy the reduce-scatter sends and one layer's weights whole (this one's, or the next one's that
                 # FSDP2 gathers ahead), while the earlier layers' activations wait (the peak measured under FSDP)
                 scatter = (sum(grads[j + 1:]) + 3 * whole[j] + sum(row_grads[j:])) * profile.elem
                 first = max(first, scatter + (in_flight - 1) * sum(kept) + sum(kept[:j]))
+            elif s > 1:  # deferred to the last micro-batch, as its backward ends: the earlier layers' gradients
+                # still whole, the later ones' shards, this one's copy the reduce-scatter sends, the copy
+                # tessel.comm receives into, its shard, and the next layer's weights FSDP2 gathers ahead (the
+                # first layer, fed ids, is reduce-scattered last, by FSDP's final callback: nothing ahead)
+                scatter = (sum(grads[:j + 1]) + sum(grads[j + 1:]) / s + (2 + 1 / s) * whole[j]
+                           + (whole[j - 1] if j else 0.0) + sum(row_grads)) * profile.elem
+                first = max(first, scatter + sum(kept[:j]))
             later = (sum(grads) + sum(row_grads) + gathered) * profile.elem + max(
                 in_flight - (1 if m > in_flight else 2), 0) * sum(kept) + now  # a later micro-batch's
             peak = max(peak, first, later + work if m > 1 else 0.0)

@@ -52,6 +52,7 @@ class LayerProfile:
     measured: dict = field(default_factory=dict)  # samples -> seconds, where profiled
     saved_per_sample: float = 0.0  # bytes autograd keeps for its backward, per sample (weights not counted)
     work_per_sample: float = 0.0  # bytes its backward holds at once beyond those and its gradients, per sample
+    ahead_per_sample: float = 0.0  # bytes its forward holds at once beyond what it saves and hands on, per sample
     selective_per_sample: float = 0.0  # bytes a selective recompute keeps (its matrix products' outputs), per sample
 
     def seconds(self, samples: float) -> float:
@@ -158,9 +159,11 @@ class TensorMemory:
 
     saved: tuple[float, float]  # (bytes fixed, per sample) its forward keeps for its backward
     work: tuple[float, float]  # (bytes fixed, per sample) its backward holds at once beyond those
+    ahead: tuple[float, float] = (0.0, 0.0)  # (bytes fixed, per sample) its forward holds at once beyond them
 
-    def at(self, samples: float) -> tuple[float, float]:
-        return self.saved[0] + self.saved[1] * samples, self.work[0] + self.work[1] * samples
+    def at(self, samples: float) -> tuple[float, float, float]:
+        """(Saved, the backward's transients, the forward's) at ``samples`` a micro-batch."""
+        return tuple(a + b * samples for a, b in (self.saved, self.work, self.ahead))
 
 
 def _dry_memory(job: Job, mode: str, grid: tuple[int, ...], regather: bool, samples: int) -> list[TensorMemory]:
@@ -181,7 +184,8 @@ def _dry_memory(job: Job, mode: str, grid: tuple[int, ...], regather: bool, samp
     def line(a: float, b: float) -> tuple[float, float]:  # (bytes at no sample, per sample) through both sizes
         return a - (b - a) * lo / (hi - lo), (b - a) / (hi - lo)
 
-    return [TensorMemory(line(a.saved, b.saved), line(a.work, b.work)) for a, b in zip(*runs)]
+    return [TensorMemory(line(a.saved, b.saved), line(a.work, b.work), line(a.ahead, b.ahead))
+            for a, b in zip(*runs)]
 
 
 @dataclass
@@ -242,7 +246,8 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
                 top = costs[large][i]
                 layers.append(LayerProfile(layer.name, points[small] - per * small, per, params,
                                            _numel(top.out_shape), owns, tuple(linears[i]), points,
-                                           top.saved / large, top.work / large, selective[i] / large))
+                                           top.saved / large, top.work / large, selective[i] / large,
+                                           top.ahead / large))
             tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
             opt = _optimizer_cost(model, settings)
             whole = sum(layer.measured[b] for layer in layers) + opt * sum(p.numel() for p in model.parameters())
@@ -274,7 +279,8 @@ def measure_memory(job: Job, samples: int) -> Profile:
         layers.append(LayerProfile(c.name, 0.0, 0.0, sum(p.numel() for p in stage_params(model, chain, i, i + 1)
                                                           .values()), _numel(c.out_shape), owns,
                                    saved_per_sample=c.saved / samples, work_per_sample=c.work / samples,
-                                   selective_per_sample=selective[i] / samples))
+                                   selective_per_sample=selective[i] / samples,
+                                   ahead_per_sample=c.ahead / samples))
     tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
     return Profile(layers, tables, next(model.parameters()).element_size(), 0.0, tokens, job=job,
                    memory_samples=samples)

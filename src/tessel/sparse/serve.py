@@ -70,6 +70,12 @@ def _target(model: nn.Module, info: TableInfo) -> tuple[nn.Module | None, TableI
     return source, info.restrict(lo, source.num_embeddings), module
 
 
+def rows_whole(model: nn.Module, info: TableInfo) -> nn.Module | None:
+    """The nn.Embedding through which ``model`` (tensor-parallel or not) holds table ``info``'s rows whole, so that
+    they can be served by rows (a 1-D vocabulary shard's own rows), or None where a layer cuts their columns."""
+    return _target(model, info)[0]
+
+
 def check_overrides(names: list[str], overrides) -> None:
     """PlanError unless every table ``overrides`` ((name, strategy) pairs or a dict) names is one of ``names``."""
     for name, _ in (overrides.items() if isinstance(overrides, dict) else overrides):
