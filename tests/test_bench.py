@@ -645,3 +645,46 @@ def test_memory_search_brackets_the_largest_depth_from_the_hosts_peaks(monkeypat
     tried.clear()
     planned = fit.search("planner", None, tmp_path, 100 * mib, lambda msg: None)
     assert tried[:3] == [2, 4, 8] and planned["largest"] == 12 and planned["bracketed"], tried
+
+
+def test_memory_timing_only_keeps_the_searches_and_times_the_named_plans_again(monkeypatch, tmp_path):
+    """``tessel bench memory --timing-only``: the saved searches and depth are kept, only the plans named are
+    timed again (rounds in alternating order), and the report says which were timed; elsewhere it is refused."""
+    import argparse
+    import contextlib
+    import json
+
+    from tessel.bench import cli, fit
+    from tessel.cluster import emulate
+    from tessel.errors import ConfigError
+
+    found = [{"strategy": s, "largest": d, "params": d * 1000, "runs": [{"layers": d, "fits": True, "measured": 1,
+                                                                         "predicted": [1], "host_peak": 2}]}
+             for s, d in (("ddp", 5), ("fsdp", 23), ("planner", 36))]
+    (tmp_path / "results.json").write_text(json.dumps({"found": found, "timed": [], "depth": 5, "budget": 7,
+                                                       "argv": []}))
+    order = []
+
+    def fake_run(emu, args, where):
+        order.append(where.name)
+        return {"fits": True, "step_time": 1.0 if "ddp" in where.name else 1.02, "measured": 1, "predicted": [1]}
+
+    monkeypatch.setattr(fit, "_run", fake_run)
+    monkeypatch.setattr(fit, "_plan", lambda layers, budget, where: (where / "plan.json", {"dp": 8}))
+    monkeypatch.setattr(emulate, "EmulatedCluster", lambda *a, **k: contextlib.nullcontext())
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers())
+    ns = parser.parse_args(["bench", "memory", "--timing-only", "--strategies", "ddp,planner", "--repeats", "2",
+                            "--out", str(tmp_path)])
+    assert fit.main(ns, ["bench", "memory"], lambda out, doc: None) == 0
+    assert order == ["time-ddp-l5-r0", "time-planner-l5-r0", "time-planner-l5-r1", "time-ddp-l5-r1"]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["found"] == found and saved["depth"] == 5 and len(saved["timed"]) == 4
+    report = (tmp_path / "report.md").read_text()
+    assert "timed here: ddp, planner" in report and "| fsdp | 23 |" in report
+    for bad in (["plan", "--timing-only"], ["memory", "--timing-only", "--report-only"]):
+        with pytest.raises(ConfigError, match="--timing-only"):
+            cli.main(parser.parse_args(["bench", *bad]), [])
+    ns = parser.parse_args(["bench", "memory", "--timing-only", "--out", str(tmp_path / "none")])
+    with pytest.raises(ConfigError, match="no saved search"):
+        fit.main(ns, [], lambda out, doc: None)

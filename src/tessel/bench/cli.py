@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
     p.add_argument("--compute-only", action="store_true",
                    help="also run each host count > 1 on unshaped links, for the scenarios that do not by default "
                         "(pipeline, tensor, compose, tables-*): their compute-only time, balanced link and efficiency")
+    p.add_argument("--timing-only", action="store_true",
+                   help="memory only: keep OUT/results.json's searches and time again, at their common depth, the "
+                        "plans --strategies names (default all), --repeats rounds in alternating order")
     p.add_argument("--reprice", action="store_true",
                    help="plan only, with --report-only: price the saved candidates again with the planner as it is "
                         "now (a fresh profile, each cell's saved topology) against the run's measurements")
@@ -134,6 +137,9 @@ def main(ns, argv: list[str]) -> int:
     _check_extras()
     if ns.reprice and not (ns.scenario == "plan" and ns.report_only):
         raise ConfigError("--reprice re-prices a saved planner check: use it with 'plan --report-only'")
+    if ns.timing_only and (ns.scenario != "memory" or ns.report_only or ns.append):
+        raise ConfigError("--timing-only times a saved memory search again: use it with 'memory', without "
+                          "--report-only or --append")
     if ns.scenario == "plan":  # the planner's predictions against measurement (its own cells and report)
         from . import plan_check
 

@@ -241,9 +241,10 @@ def report(found: list[dict], timed: list[dict], depth: int, budget: int, argv: 
         best = min(statistics.median(v) for v in by.values())
         fastest = min(by, key=lambda n: statistics.median(by[n]))
         rounds = max(len(v) for v in by.values())
-        lines += [f"Step time at {depth} layers (the largest depth every plan trains; {TIME_STEPS} steps a run, median "
-                  f"of the steps after 3 warm-up, then the median over {rounds} rounds run in alternating order, the "
-                  "same depth, data and steps for every plan"
+        some = "" if len(by) == len(found) else f", timed here: {', '.join(by)}"
+        lines += [f"Step time at {depth} layers (the largest depth every plan trains{some}; {TIME_STEPS} steps a run, "
+                  f"median of the steps after 3 warm-up, then the median over {rounds} rounds run in alternating "
+                  "order, the same depth, data and steps for every plan"
                   + ("; fewer than 5 rounds: no interval is given and no ratio here is evidence" if rounds < 5 else "")
                   + "):", "",
                   f"| plan | ms/step (median) | rounds (ms) | vs best | over {fastest}, paired by round (95% "
@@ -268,7 +269,8 @@ def main(ns, argv: list[str], check_paths) -> int:
     bad = [s for s in chosen if s not in STRATEGIES]
     if bad:
         raise ConfigError(f"--strategies {','.join(bad)} not in the memory benchmark; valid: {', '.join(STRATEGIES)}")
-    if "planner" in chosen and not any(s not in ("ddp", "planner") for s in chosen) and not ns.append:
+    if ("planner" in chosen and not any(s not in ("ddp", "planner") for s in chosen) and not ns.append
+            and not ns.timing_only):
         raise ConfigError("--strategies with planner needs a sharded plan before it (fsdp, fsdp-tp or "
                           "pp-tp-fsdp-recompute): its first run measures what a worker holds besides tensors")
     out = Path(ns.out or "bench/memory")
@@ -277,6 +279,17 @@ def main(ns, argv: list[str], check_paths) -> int:
     if ns.report_only:
         saved = json.loads((out / "results.json").read_text())
         found, timed, depth, budget, argv = (saved[k] for k in ("found", "timed", "depth", "budget", "argv"))
+    elif ns.timing_only:  # the searches as saved; only the step times are measured again (the planner re-plans)
+        if not (out / "results.json").is_file():
+            raise ConfigError(f"--timing-only: no saved search in {out / 'results.json'}; valid: a folder a "
+                              "'tessel bench memory' run wrote (--out)")
+        saved = json.loads((out / "results.json").read_text())
+        found, depth, budget = saved["found"], saved["depth"], saved["budget"]
+        names = [f["strategy"] for f in found if f["strategy"] in chosen]
+        with EmulatedCluster(HOSTS, rate=RATE, prefix="tsmem", memory=LIMIT) as emu:
+            timed = timing(names, depth, emu, out, budget, ns.repeats, log)
+        (out / "results.json").write_text(json.dumps({"found": found, "timed": timed, "depth": depth,
+                                                      "budget": budget, "argv": argv}))
     else:
         # --append: the searches of the plans this invocation does not redo are kept
         kept = [f for f in json.loads((out / "results.json").read_text())["found"] if f["strategy"] not in chosen] \
