@@ -174,7 +174,7 @@ def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Ten
         loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
         ahead = peak.bytes - peak.entry if memory else 0  # the most its forward (and loss) added at once
         if memory:  # from here the backward's own peak
-            peak.bytes = peak.live
+            peak.restart()
         loss.backward()
     made = peak.bytes - peak.entry if memory else 0  # the most the layer's backward held at once
     size = out.numel() * out.element_size()

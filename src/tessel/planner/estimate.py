@@ -413,7 +413,7 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
         s = plan.dp_shard
         # a forward meets the gradients where it runs after a backward (a later micro-batch's, 1F1B's or
         # accumulation's), and DDP's buckets (the gradients' storage) always
-        grads_ahead = (sum(grads) + sum(row_grads) if m > in_flight else 0.0) or (sum(grads) if ddp else 0.0)
+        grads_ahead = sum(grads) + sum(row_grads) if m > in_flight else sum(grads) if ddp else 0.0
         for j in range(len(layers)):  # layer j's backward: what is alive at once
             now = sum(kept[:j]) + saved[j]  # this micro-batch's activations up to it (recomputed: its own whole)
             work = works[j]
@@ -422,7 +422,6 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
             first = (made + gathered) * profile.elem + (in_flight - 1) * sum(kept) + now + work
             # its forward, the last in flight's: what the forward makes and drops (a fused loss's logits)
             forward = (grads_ahead + gathered) * profile.elem + (in_flight - 1) * sum(kept) + now + aheads[j]
-            first = max(first, forward)
             if s > 1 and grads is not whole:  # and as its backward ends: its gradients whole, their
                 # copy the reduce-scatter sends and one layer's weights whole (this one's, or the next one's that
                 # FSDP2 gathers ahead), while the earlier layers' activations wait (the peak measured under FSDP)
@@ -437,6 +436,6 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
                 first = max(first, scatter + sum(kept[:j]))
             later = (sum(grads) + sum(row_grads) + gathered) * profile.elem + max(
                 in_flight - (1 if m > in_flight else 2), 0) * sum(kept) + now  # a later micro-batch's
-            peak = max(peak, first, later + work if m > 1 else 0.0)
+            peak = max(peak, forward, first, later + work if m > 1 else 0.0)
         out.append(base + peak)
     return out

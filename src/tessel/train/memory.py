@@ -226,6 +226,11 @@ class PeakTensors(TorchDispatchMode):
             gc.enable()
         return super().__exit__(*exc)
 
+    def restart(self) -> None:
+        """From here, the peak of what is alive now and what operations make after (a step's second phase
+        measured apart from its first)."""
+        self.bytes = self.live
+
     def _add(self, t: torch.Tensor, count: bool = True) -> None:
         if not _plain(t):
             return
