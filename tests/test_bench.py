@@ -685,6 +685,13 @@ def test_memory_timing_only_keeps_the_searches_and_times_the_named_plans_again(m
     for bad in (["plan", "--timing-only"], ["memory", "--timing-only", "--report-only"]):
         with pytest.raises(ConfigError, match="--timing-only"):
             cli.main(parser.parse_args(["bench", *bad]), [])
+    ns = parser.parse_args(["bench", "memory", "--timing-only", "--strategies", "fsdp-tp", "--out", str(tmp_path)])
+    with pytest.raises(ConfigError, match="fsdp-tp not searched"):
+        fit.main(ns, [], lambda out, doc: None)
+    order.clear()  # without --strategies: every plan the file holds
+    ns = parser.parse_args(["bench", "memory", "--timing-only", "--repeats", "1", "--out", str(tmp_path)])
+    assert fit.main(ns, [], lambda out, doc: None) == 0
+    assert order == [f"time-{s}-l5-r0" for s in ("ddp", "fsdp", "planner")]
     ns = parser.parse_args(["bench", "memory", "--timing-only", "--out", str(tmp_path / "none")])
     with pytest.raises(ConfigError, match="no saved search"):
         fit.main(ns, [], lambda out, doc: None)

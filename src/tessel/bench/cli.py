@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
                         "(pipeline, tensor, compose, tables-*): their compute-only time, balanced link and efficiency")
     p.add_argument("--timing-only", action="store_true",
                    help="memory only: keep OUT/results.json's searches and time again, at their common depth, the "
-                        "plans --strategies names (default all), --repeats rounds in alternating order")
+                        "plans --strategies names (default all it holds), --repeats rounds in alternating order")
     p.add_argument("--reprice", action="store_true",
                    help="plan only, with --report-only: price the saved candidates again with the planner as it is "
                         "now (a fresh profile, each cell's saved topology) against the run's measurements")

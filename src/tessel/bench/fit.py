@@ -285,7 +285,10 @@ def main(ns, argv: list[str], check_paths) -> int:
                               "'tessel bench memory' run wrote (--out)")
         saved = json.loads((out / "results.json").read_text())
         found, depth, budget = saved["found"], saved["depth"], saved["budget"]
-        names = [f["strategy"] for f in found if f["strategy"] in chosen]
+        names = [f["strategy"] for f in found if f["strategy"] in chosen or not ns.strategies]  # default: all saved
+        if set(chosen) - set(names) and ns.strategies:
+            raise ConfigError(f"--timing-only: {', '.join(sorted(set(chosen) - set(names)))} not searched in "
+                              f"{out / 'results.json'}; valid: {', '.join(f['strategy'] for f in found)}")
         with EmulatedCluster(HOSTS, rate=RATE, prefix="tsmem", memory=LIMIT) as emu:
             timed = timing(names, depth, emu, out, budget, ns.repeats, log)
         (out / "results.json").write_text(json.dumps({"found": found, "timed": timed, "depth": depth,
