@@ -2,13 +2,16 @@
 
 import json
 import os
+import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -365,6 +368,53 @@ def test_accuracy_tables_in_the_docs_render_from_the_committed_results(monkeypat
     for path in committed:
         lines = [ln for ln in render(json.loads(path.read_text())).splitlines() if ln.startswith(("| ", "- "))]
         assert len(lines) > 4 and [ln for ln in lines if ln not in docs] == [], path.name
+
+
+_PAIRED = re.compile(r"^- (\S+) vs (\S+): ([+-]\d+\.\d+)% \(([+-]\d+\.\d+) to ([+-]\d+\.\d+)\), p([=<])(\d\.\d+)$")
+
+
+def _accuracy_tables(text: str):
+    """Each protocol table in the docs: its reference run, {run: (printed cells, per-seed losses)} and the paired
+    tests printed under it whose two runs are rows of it."""
+    lines = text.splitlines() + [""]
+    for i, line in enumerate(lines):
+        if not line.startswith("| run | loss mean ± std | vs "):
+            continue
+        rows, j = {}, i + 2
+        while lines[j].startswith("| "):
+            cells = [c.strip() for c in lines[j].strip("|").split("|")]
+            rows[cells[0]] = (cells, [float(v) for v in cells[5].split(",")])
+            j += 1
+        tests = []
+        while j < len(lines) and not lines[j].startswith(("| run |", "#")):
+            if (m := _PAIRED.match(lines[j])) and m[1] in rows and m[2] in rows:
+                tests.append(m)
+            j += 1
+        yield line.split("|")[3].strip().removeprefix("vs "), rows, tests
+
+
+def test_every_accuracy_table_in_the_docs_recomputes_from_its_printed_per_seed_losses():
+    """The loss columns and paired tests of every protocol table in docs/pipeline.md follow from the per-seed losses
+    it prints, to their rounding, including the tables of 2026-11-25 whose runs' JSON was never kept (their
+    per-seed accuracies cannot be recomputed). Written here with scipy, not the example's code."""
+    from scipy import stats
+
+    found = list(_accuracy_tables((Path(__file__).resolve().parent.parent / "docs" / "pipeline.md").read_text()))
+    assert len(found) >= 17 and sum(len(t) for *_, t in found) >= 88  # the parse found every table
+    for ref, rows, tests in found:
+        ref_mean = statistics.mean(rows[ref][1])
+        for name, (cells, loss) in rows.items():
+            mean, sd = (float(v) for v in cells[1].split("±"))
+            # a mean of values rounded to 4 places is within 1e-4 of the rounded mean of the values
+            assert abs(statistics.mean(loss) - mean) <= 1.01e-4 and abs(statistics.stdev(loss) - sd) <= 1.5e-4, name
+            assert abs((statistics.mean(loss) / ref_mean - 1) * 100 - float(cells[2].rstrip("%"))) <= 0.03, name
+        for m in tests:
+            gaps = np.array(rows[m[1]][1]) / np.array(rows[m[2]][1]) - 1
+            lo, hi = stats.t.interval(0.95, len(gaps) - 1, loc=gaps.mean(), scale=stats.sem(gaps))
+            assert np.allclose([gaps.mean() * 100, lo * 100, hi * 100], [float(m[3]), float(m[4]), float(m[5])],
+                               rtol=0, atol=0.06), m[0]
+            p = stats.ttest_1samp(gaps, 0.0).pvalue
+            assert p < 0.0015 if m[6] == "<" else abs(p - float(m[7])) < 0.02, m[0]
 
 
 def test_pipeline_accuracy_gives_each_run_its_best_lr_on_the_plateau_seeds(monkeypatch):
