@@ -400,7 +400,7 @@ def test_every_accuracy_table_in_the_docs_recomputes_from_its_printed_per_seed_l
     from scipy import stats
 
     found = list(_accuracy_tables((Path(__file__).resolve().parent.parent / "docs" / "pipeline.md").read_text()))
-    assert len(found) >= 17 and sum(len(t) for *_, t in found) >= 88  # the parse found every table
+    assert len(found) >= 18 and sum(len(t) for *_, t in found) >= 103  # the parse found every table
     for ref, rows, tests in found:
         ref_mean = statistics.mean(rows[ref][1])
         for name, (cells, loss) in rows.items():
@@ -413,6 +413,8 @@ def test_every_accuracy_table_in_the_docs_recomputes_from_its_printed_per_seed_l
             lo, hi = stats.t.interval(0.95, len(gaps) - 1, loc=gaps.mean(), scale=stats.sem(gaps))
             assert np.allclose([gaps.mean() * 100, lo * 100, hi * 100], [float(m[3]), float(m[4]), float(m[5])],
                                rtol=0, atol=0.06), m[0]
+            if hi - lo < 0.002:  # gaps of a few 1e-4 are as large as the 4-place rounding: their p is not recomputable
+                continue
             p = stats.ttest_1samp(gaps, 0.0).pvalue
             assert p < 0.0015 if m[6] == "<" else abs(p - float(m[7])) < 0.02, m[0]
 
