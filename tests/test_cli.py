@@ -419,6 +419,45 @@ def test_every_accuracy_table_in_the_docs_recomputes_from_its_printed_per_seed_l
             assert p < 0.0015 if m[6] == "<" else abs(p - float(m[7])) < 0.02, m[0]
 
 
+# docs/pipeline.md "Every variant on every task": each cell's results file, run and reference, per (task, micro-batches)
+_SUMMARY = {
+    ("classifier", "1"): {"v1": "classifier-opt-grid", "opt": "classifier-opt-grid",
+                          "opt:1200": "classifier-opt-grid", "v1:1200": "classifier-m1-pipemare"},
+    ("classifier", "4"): {"v1": "classifier-opt-grid", "opt": "classifier-opt-grid", "opt:1200": "classifier-opt-grid"},
+    ("transformer_text", "1"): {**{v: "text-m1-grid-pipemare" for v in ("v1", "opt:1200", "v1:1200")},
+                                "opt": "text-m1-opt", "nag": "text-m1-nag"},
+    ("transformer_text", "4"): {v: "text-m4-grid" for v in ("v1", "opt", "opt:1200", "nag")},
+    ("transformer_lm", "1"): {**{v: "zipf-m1-opt" for v in ("v1", "opt", "opt:1200", "v1:1200")}, "nag": "lm-m1-nag"},
+    ("transformer_lm", "4"): {v: "zipf-m4-grid" for v in ("v1", "opt", "opt:1200", "v1:1200", "nag")},
+}
+
+
+def test_the_docs_summary_of_every_variant_recomputes_from_the_committed_results():
+    """Each cell of the summary table is the paired gap (mean, 95% t interval) of that run's per-seed losses over
+    its reference's in the results file named above."""
+    from scipy import stats
+
+    root = Path(__file__).resolve().parent.parent
+    lines = (root / "docs" / "pipeline.md").read_text().splitlines()
+    head = lines.index("| task | micro-batches | v1 | opt | opt:1200 | v1:1200 | nag |")
+    variants = lines[head].strip("|").split("|")[2:]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[head + 2:head + 8]]
+    assert [(r[0], r[1]) for r in rows] == list(_SUMMARY)
+    for task, m, *cells in rows:
+        for variant, cell in zip((v.strip() for v in variants), cells):
+            if variant not in _SUMMARY[task, m]:
+                assert cell == "–", (task, m, variant)
+                continue
+            run = {"nag": "async-nag"}.get(variant, "async-predict-" + variant.replace(":", "-delay"))
+            res = json.loads((root / "bench" / "pipeline-accuracy" / f"{_SUMMARY[task, m][variant]}.json").read_text())
+            seeds = res[task][f"m{m}"]
+            ref = "single" if cell.endswith("vs single") else "1f1b"
+            gaps = np.array([r["loss"] for r in seeds[run]]) / np.array([r["loss"] for r in seeds[ref]]) - 1
+            lo, hi = stats.t.interval(0.95, len(gaps) - 1, loc=gaps.mean(), scale=stats.sem(gaps))
+            want = f"{gaps.mean() * 100:+.2f}% ({lo * 100:+.2f} to {hi * 100:+.2f})".replace("-", "−")
+            assert cell.removesuffix(" vs single") == want, (task, m, variant)
+
+
 def test_pipeline_accuracy_gives_each_run_its_best_lr_on_the_plateau_seeds(monkeypatch):
     """--lrs: each schedule takes the grid's LR with the lowest mean held-out loss over seeds 0 and 1; 1f1b
     takes single's (their updates are equal), without runs of its own."""
