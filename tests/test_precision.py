@@ -196,6 +196,13 @@ def test_bf16_mixed_bytes_per_channel_are_the_formulas_at_their_widths(world2):
     assert tp[0][2]["tp"] == STEPS * 2 * 4 * ring * B * T * D * 2, tp[0][2]  # 2 blocks x 4 sums
     fp32 = world2.run(run, LAYOUTS["tp2-1d"], "fp32")
     assert fp32[0][2]["tp"] == 2 * tp[0][2]["tp"]
+    # the figure a run's summary prints beside its measured tp bytes (the bench's tensor table) is the same count
+    from tessel.tensor.cost import step_formula
+
+    cfg = load_config(None, [*MODEL, *LAYOUTS["tp2-1d"]])
+    plan, _ = planned(cfg, cfg.nproc)
+    assert step_formula(cfg, plan, 2)["tp_bytes_per_step"] * STEPS == tp[0][2]["tp"]
+    assert step_formula(cfg, plan, 4)["tp_bytes_per_step"] * STEPS == fp32[0][2]["tp"]
 
 
 def test_bf16_gradient_reduce_halves_the_dp_bytes(world2, world4):

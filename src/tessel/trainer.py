@@ -215,7 +215,7 @@ def _summary(cfg: Config, par: Parallelized, logger: MetricsLogger, run_bytes: d
     per_rank = comm.all_gather_object(mine, "meta")
     axes = par.summary([r["stats"] for r in per_rank])
     if par.plan.tp > 1 and par.plan.pp == 1:  # what the blocks should send on channel tp (a stage holds only some)
-        axes["tensor_formula"] = step_formula(cfg, par.plan)
+        axes["tensor_formula"] = step_formula(cfg, par.plan, par.settings.wire_dtype.itemsize)
     return logger.summary(
         [r["bytes"] for r in per_rank],
         {"model": cfg.model.name, "dims": f"dp={par.plan.dp} pp={par.plan.pp} tp={par.plan.tp} "

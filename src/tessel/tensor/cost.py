@@ -109,11 +109,11 @@ def _block(h: int, f: int) -> list[tuple[int, int, bool]]:
     return [(h, 3 * h, True), (h, h, False), (h, f, True), (f, h, False)]
 
 
-def step_formula(cfg, plan) -> dict:
+def step_formula(cfg, plan, elem: int) -> dict:
     """What a run's Transformer blocks should send on channel ``tp`` per rank and step under ``plan`` (written into
-    its summary; ``cfg``: the run's config, for the model's widths)."""
+    its summary; ``cfg``: the run's config, for the model's widths; ``elem``: bytes per element on the wire, 2 where
+    bf16-mixed sends the activations and partial sums in bf16)."""
     rows = cfg.train.global_batch // (plan.dp * plan.micro_batches) * cfg.data.seq_len
-    elem = 8 if cfg.train.dtype == "float64" else 4
     per_block = block_bytes(plan.tp_mode, plan.tp_grid, rows, cfg.model.dim, cfg.model.hidden or 4 * cfg.model.dim,
                             elem, plan.regather)
     return {"layers": cfg.model.layers, "block_bytes_per_micro_batch": per_block,
