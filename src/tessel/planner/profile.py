@@ -88,6 +88,10 @@ class Profile:
     step_factor: float = 1.0  # a real single-process training step's CPU time over the layers' and optimizer's sum
     job: Job | None = None  # what was measured (its model is rebuilt on the meta device for shard sizes)
     memory_samples: int = 0  # the micro-batch its layers' memory was measured at (0: not measured)
+    # its layers ran under the run's autocast (bf16-mixed): their memory is what such a run holds (fp32 and bf16
+    # tensors mixed, the weights' bf16 copies the products save), taken as measured; False: measured in the
+    # parameters' dtype, and the estimate scales activations to the wire width
+    autocast: bool = False
     _shards: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -179,7 +183,8 @@ def _dry_memory(job: Job, mode: str, grid: tuple[int, ...], regather: bool, samp
         with on_meta():  # each layer made real in turn as it runs (partition.profile), at both sizes
             model = job.build()
         chain, _ = tensor.apply(model, chain_of(model), tensor.GridSpec(mode, grid), regather=regather, dry=True)
-        runs = [profile(model, chain, *job.batch(n, 1), repeats=0, memory=True) for n in (lo, hi)]
+        with job.settings.autocast():
+            runs = [profile(model, chain, *job.batch(n, 1), repeats=0, memory=True) for n in (lo, hi)]
 
     def line(a: float, b: float) -> tuple[float, float]:  # (bytes at no sample, per sample) through both sizes
         return a - (b - a) * lo / (hi - lo), (b - a) / (hi - lo)
@@ -230,8 +235,9 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
             b = settings.global_batch
             sizes = sorted(set(sizes or (1, b)) | {b})
             x, y = job.batch(b, 1)
-            costs = {n: profile(model, chain, x[:n], y[:n], repeats=3, memory=n == b) for n in sizes}
-            selective = _selective(model, chain, x, y)
+            with settings.autocast():  # timed and counted as the run computes (bf16 under mixed precision)
+                costs = {n: profile(model, chain, x[:n], y[:n], repeats=3, memory=n == b) for n in sizes}
+                selective = _selective(model, chain, x, y)
             tables = _tables(job, model, dps)
             spec = spec_of(model)
             linears = spec.linears(model) if spec.linears else [[] for _ in chain.layers]
@@ -257,7 +263,8 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
     finally:
         torch.set_num_threads(threads)
     elem = next(model.parameters()).element_size()
-    return Profile(layers, tables, elem, opt, tokens, time.perf_counter() - t_start, factor, job, b)
+    return Profile(layers, tables, elem, opt, tokens, time.perf_counter() - t_start, factor, job, b,
+                   autocast=bool(settings.precision.compute))
 
 
 def measure_memory(job: Job, samples: int) -> Profile:
@@ -270,8 +277,9 @@ def measure_memory(job: Job, samples: int) -> Profile:
             model = job.build()
         chain = chain_of(model)
         x, y = job.batch(samples, 1)
-        costs = profile(model, chain, x, y, repeats=0, memory=True)
-        selective = _selective(model, chain, x, y)
+        with job.settings.autocast():  # counted as the run holds it (bf16 under mixed precision)
+            costs = profile(model, chain, x, y, repeats=0, memory=True)
+            selective = _selective(model, chain, x, y)
     tables = [TableProfile(i.name, i.rows, i.dim, False) for i in find_tables(model) if i.unsupported is None]
     layers = []
     for i, (c, layer) in enumerate(zip(costs, chain.layers)):
@@ -283,7 +291,7 @@ def measure_memory(job: Job, samples: int) -> Profile:
                                    ahead_per_sample=c.ahead / samples))
     tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
     return Profile(layers, tables, next(model.parameters()).element_size(), 0.0, tokens, job=job,
-                   memory_samples=samples)
+                   memory_samples=samples, autocast=bool(job.settings.precision.compute))
 
 
 def _selective(model, chain, x, y) -> list[int]:
