@@ -74,7 +74,8 @@ LAYOUTS |= {
 }
 # bf16-mixed: autocast keeps fp32 tensors (norm inputs, the residual stream, the fused loss's blocks) beside bf16
 # ones and the weights' bf16 copies the products save, so a layer's memory is measured under the run's autocast
-# (predicted 31-49% short while the fp32 profile's activations were halved for bf16)
+# (predicted 20-25% short here, and 31-49% on the default model, while the fp32 profile's activations were
+# halved for bf16)
 BF16 = "train.precision=bf16-mixed"
 LAYOUTS |= {
     "ddp4-bf16": [BF16, "sparse.strategy=dense"],
