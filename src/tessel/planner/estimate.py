@@ -375,6 +375,8 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
     # activations measured under the run's autocast are taken as measured; measured in the parameters' dtype they
     # are scaled to the compute width
     scale = 1.0 if profile.autocast else wire / profile.elem
+    # an FSDP unit is gathered in the compute dtype (parallelize.shard_model), counted in parameter elements
+    low = settings.compute_dtype.itemsize / profile.elem if profile.autocast else 1.0
     m = plan.micro_batches
     for k, (lo, hi) in enumerate(bounds):
         # each layer's dense weights (a served table's rows get no dense gradient; they are held apart)
@@ -397,8 +399,7 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
         base = (base + tables / plan.dp * (1 + states) + sum(rows)) * profile.elem
         layers = list(enumerate(profile.layers[lo:hi], start=lo))
         saved, works, aheads = _activations(plan, profile, layers, shares, samples * scale)
-        low = settings.compute_dtype.itemsize / profile.elem  # a gathered FSDP unit's width (its param_dtype)
-        if plan.dp_shard > 1 and profile.autocast and low < 1:  # FSDP2 gathers the weights in bf16 and frees
+        if plan.dp_shard > 1 and low < 1:  # FSDP2 gathers the weights in bf16 and frees
             # them after the layer's forward: the bf16 copies autocast made of the plain layer's weights, which
             # its profile counted as saved, are that unit, held only while it runs (counted as ``gathered``)
             saved = [max(a - w * low * profile.elem, 0.0) for a, w in zip(saved, whole)]
@@ -425,8 +426,7 @@ def _stage_memory(plan: ParallelPlan, settings: Settings, profile: Profile, boun
             now = sum(kept[:j]) + saved[j]  # this micro-batch's activations up to it (recomputed: its own whole)
             work = works[j]
             made = sum(row_grads[j:]) + (sum(grads) if ddp else sum(grads[j:]))  # (DDP's: views of its buckets)
-            gathered = whole[j] * (low if profile.autocast else 1.0) if s > 1 else 0.0  # FSDP: this layer's
-            # dense weights whole, in the dtype FSDP gathers them in
+            gathered = whole[j] * low if s > 1 else 0.0  # FSDP: this layer's dense weights whole, as gathered
             first = (made + gathered) * profile.elem + (in_flight - 1) * sum(kept) + now + work
             # its forward, the last in flight's: what the forward makes and drops (a fused loss's logits)
             forward = (grads_ahead + gathered) * profile.elem + (in_flight - 1) * sum(kept) + now + aheads[j]
