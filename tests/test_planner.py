@@ -71,12 +71,20 @@ PLANS = {  # model -> synchronous candidates of every shape on 4 ranks
                        # on 2 stages under 1f1b, where the first stage's last unit is gathered once more than the
                        # 2 per micro-batch priced (measured 84,032 B, predicted 70,912 B; the last stage exact)
                        ParallelPlan(dp=4, dp_shard=4), ParallelPlan(dp=4, dp_shard=2, micro_batches=2),
-                       ParallelPlan(dp=4, dp_shard=2, grad_reduce="bf16")],  # bf16 reduce-scatter and replicate
+                       ParallelPlan(dp=4, dp_shard=2, grad_reduce="bf16"),  # bf16 reduce-scatter and replicate
+                       # recomputed: each layer's forward collectives run again in its backward, but not the sum
+                       # of the linear that ends a block or the head (torch's recompute stops at the last saved
+                       # tensor, and the residual add after it saves none)
+                       ParallelPlan(dp=2, tp=2, tp_grid=(2,), recompute="layers"),
+                       ParallelPlan(dp=1, tp=4, tp_mode="3d", tp_grid=(2, 2, 1), recompute="layers"),
+                       ParallelPlan(dp=1, tp=4, tp_mode="2d", tp_grid=(2, 2), recompute="selective")],
     "classifier": [ParallelPlan(dp=4), ParallelPlan(dp=1, tp=4, tp_mode="2d", tp_grid=(2, 2)),
                    ParallelPlan(dp=2, pp=2, micro_batches=4), ParallelPlan(dp=1, pp=2, tp=2, tp_grid=(2,)),
                    # gradients all-reduced in bf16 (asked for): DDP's hook, and a pipeline's step tail
                    ParallelPlan(dp=4, grad_reduce="bf16"),
-                   ParallelPlan(dp=2, pp=2, micro_batches=2, grad_reduce="bf16")],
+                   ParallelPlan(dp=2, pp=2, micro_batches=2, grad_reduce="bf16"),
+                   ParallelPlan(dp=1, tp=4, tp_mode="3d", tp_grid=(2, 2, 1), recompute="layers"),
+                   ParallelPlan(dp=1, tp=4, tp_grid=(4,), recompute="layers")],
 }
 
 
@@ -344,6 +352,30 @@ def test_per_micro_batch_cost_is_priced_per_stage_slot():
                         (ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds, schedule="async"), 4)):
         got = [estimate(plan, settings, profile, t).step for t in (fast, costly)]
         assert math.isclose(got[1] - got[0], slots * 0.01, rel_tol=1e-6), (plan.describe(), got)
+
+
+def test_tensor_parallel_compute_is_the_blocks_timed_on_stand_in_groups():
+    """A tensor-parallel rank's compute is its layers as timed on stand-in groups (what a rank's block costs at
+    these widths), not the plain layer's over tp; torch's peer, whose layers are not tessel's, keeps the share."""
+    from tessel.planner.profile import TensorLayer
+
+    cfg = load_config(None, TINY["transformer_lm"])
+    profile, settings = measure(job_of(cfg), dps=(1,)), settings_of(cfg)
+    dry = profile.tp_seconds("3d", (2, 2, 1), False)
+    assert len(dry) == len(profile.layers) and all(layer.time[1] >= 0 for layer in dry)
+    assert dry[1].time == dry[2].time  # the two equal blocks: the second taken to cost what the first did
+    profile.step_factor, profile.optimizer_per_elem = 1.0, 0.0
+    topo = planner.Topology(ranks=4, hosts=4, link_mbit=1e9, latency=0.0)
+    ms = 1e-3
+    lines = [(1 * ms, 0.5 * ms), (2 * ms, 1 * ms), (2 * ms, 1 * ms), (3 * ms, 0.25 * ms)]  # (fixed, per sample)
+    profile._shards[("timed", "3d", (2, 2, 1), False)] = [TensorLayer((0, 0), (0, 0), time=t) for t in lines]
+    plan = ParallelPlan(dp=1, tp=4, tp_mode="3d", tp_grid=(2, 2, 1), micro_batches=2)
+    samples = settings.global_batch / 2  # a micro-batch
+    want = 2 * sum(a + b * samples for a, b in lines)
+    assert math.isclose(estimate(plan, settings, profile, topo).compute, want, rel_tol=1e-9)
+    peer = ParallelPlan(dp=1, tp=4, tp_mode="torch-1d", tp_grid=(4,), micro_batches=2)
+    share = 2 * sum(layer.seconds(samples) for layer in profile.layers) / 4
+    assert math.isclose(estimate(peer, settings, profile, topo).compute, share, rel_tol=1e-9)
 
 
 def test_paper_projections():

@@ -22,8 +22,10 @@ from torch import nn
 class ModelSpec:
     chain: Callable | None = None  # (model) -> Chain
     tensor: Callable | None = None  # (root, chain, grid, plan, regather) -> Chain of the tensor-parallel layers
-    # (model) -> per chain layer, the tensor-parallel linears it runs: (features in, out, up, channel); the
-    # planner prices their traffic with tessel.tensor.cost.linear_traffic
+    # (model) -> per chain layer, the tensor-parallel linears it runs: (features in, out, up, channel, ends): the
+    # planner prices their traffic with tessel.tensor.cost.linear_traffic; ``ends``: nothing after the linear in
+    # its layer saves a tensor for backward, so a recompute (torch's stops once the last saved tensor is back)
+    # does not run its output's sum again
     linears: Callable | None = None
     # (model, mesh, sequence_parallel) -> the model under torch's own parallelize_module (the peer, tensor mode
     # torch-1d); mesh None: only check that the model can take it

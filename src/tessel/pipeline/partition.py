@@ -109,10 +109,12 @@ def _made(model: nn.Module, chain: Chain, i: int):
 
 
 def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, repeats: int = 5,
-            memory: bool = False) -> list[LayerCost]:
+            memory: bool = False, reuse: bool = False) -> list[LayerCost]:
     """Time each layer's forward and backward on the micro-batch ``x`` (targets ``y``), one layer at a time;
     with ``memory``, also count what its forward saves and its backward holds (the planner's memory column).
-    A model on the meta device is run for its shapes only, or with ``memory`` one layer made real at a time."""
+    A model on the meta device is run for its shapes only, or with ``memory`` one layer made real at a time.
+    With ``reuse`` (always when only counting memory), a layer like one already run (same modules, shapes,
+    input) is taken to cost what that one did instead of being run again."""
     costs = []
     clock = time.perf_counter if x.is_cuda else time.thread_time
     on_meta = any(p.is_meta for p in model.parameters())
@@ -120,9 +122,9 @@ def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, re
         for name, b in module._buffers.items():
             if b is not None and b.is_meta:
                 module._buffers[name] = torch.zeros(b.shape, dtype=b.dtype)
-    runs: dict = {}  # memory only: a layer like one already measured (same modules, shapes, input) holds the same
+    runs: dict = {}  # a layer like one already measured (same modules, shapes, input) holds and costs the same
     for i in range(len(chain.layers)):
-        key = _signature(model, chain, i, x) if repeats == 0 else None
+        key = _signature(model, chain, i, x) if repeats == 0 or reuse else None
         if key is not None and key in runs:
             costs.append(_Run(dataclasses.replace(runs[key].cost, name=chain.layers[i].name), runs[key].out))
         else:

@@ -13,7 +13,8 @@ send its size):
     tp.norm   LayerNorms over features cut by the grid, per micro-batch
     tp.grads  once per step: row-replicated pieces' gradients summed, and the fp64 squared norm
 
-Time per micro-batch on stage k is its layers' compute over tp (and over the rank's compute speed), plus what the
+Time per micro-batch on stage k is its layers' compute (a tensor-parallel rank's block as timed on stand-in groups;
+torch's peer's as the plain layer's over tp), over the rank's compute speed, plus what the
 runtime adds per micro-batch where a calibration trial measured it (:mod:`.calibrate`), plus
 its tp collectives, or its boundary sends at the rate of the pp group (:class:`Topology`) where those take
 longer: sends are asynchronous and travel while the stage computes. A flushed schedule takes one slot of every
@@ -107,13 +108,15 @@ def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float
         return {}, 0.0
     shards = profile.tp_layers(plan.tp_mode, plan.tp_grid)
     live = plan.live_backward  # weights gathered again in backward
+    again = plan.recompute.layers  # a recomputed layer's forward collectives run again in its backward
     elems: dict[str, float] = {}
     seconds = 0.0
     for i in layers:
         # the first layer's input is data: no gradient of it is reduced
-        moved = [(channel, *t) for h, h2, up, channel in profile.layers[i].linears
-                 for t in linear_traffic(plan.tp_mode, plan.tp_grid, rows, h, h2, up, plan.regather, i > 0, live)]
-        moved += [t for traffic in shards.traffic[i] for t in traffic(rows)]
+        moved = [(channel, *t) for h, h2, up, channel, ends in profile.layers[i].linears
+                 for t in linear_traffic(plan.tp_mode, plan.tp_grid, rows, h, h2, up, plan.regather, i > 0, live,
+                                         again, ends)]
+        moved += [t for traffic in shards.traffic[i] for t in traffic(rows, again)]
         seconds += _tally(plan, profile, topo, moved, elems, lambda ch: _width(ch, profile, wire))
     return elems, seconds
 
@@ -190,8 +193,8 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     rows = samples * profile.tokens_per_sample
     # the layers' profile times the measured ratio of a real step to it (autograd glue, loss, norm, clip)
     # (under recompute each layer's forward runs again in its backward)
-    per_layer = [layer.seconds(samples) * profile.step_factor * (1 + plan.recompute.again) / topo.speed / plan.tp
-                 for layer in profile.layers]
+    per_layer = [t * profile.step_factor * (1 + plan.recompute.again) / topo.speed
+                 for t in _layer_seconds(plan, profile, samples)]
     bounds = plan.bounds or tuple(balance(per_layer, plan.pieces)) if plan.pp > 1 else ((0, len(per_layer)),)
     if plan.pp > 1 and not plan.bounds:
         plan = plan.with_(bounds=tuple(tuple(x) for x in bounds))
@@ -256,6 +259,16 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     tp_grads_s = max(s for _, s in tp_step)
     return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s, bubble,
                     {k: v for k, v in nbytes.items() if v}, mem, picks)
+
+
+def _layer_seconds(plan: ParallelPlan, profile: Profile, samples: float) -> list[float]:
+    """Per chain layer, one rank's forward and backward seconds on a micro-batch of ``samples``: under one of
+    tessel's tensor-parallel grids as its layers were timed on stand-in groups, else (torch's peer, a profile not
+    timed that way) the plain layer's over tp."""
+    dry = profile.tp_seconds(plan.tp_mode.name, tuple(plan.tp_grid), plan.regather) if plan.tp > 1 else None
+    if dry is None:
+        return [layer.seconds(samples) / plan.tp for layer in profile.layers]
+    return [layer.seconds(samples) for layer in dry]
 
 
 def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, elem: int, topo: Topology,

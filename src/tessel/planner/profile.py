@@ -2,9 +2,11 @@
 activations and tables, measured once on the plain model on this machine's CPU.
 
 Each layer of the registered chain is timed (forward + backward, one thread, as a worker runs) at two
-micro-batch sizes, and a line ``a + b * samples`` through the two points prices every other size; a
-layer's time under tensor parallelism is that over tp (the layers split every GEMM evenly). Tables are
-surveyed on the dp-local batch of each candidate dp (unique rows per rank) and on the global batch.
+micro-batch sizes, and a line ``a + b * samples`` through the two points prices every other size. A layer's
+time under one of tessel's tensor-parallel grids is timed the same way on groups that stand in for the grid's
+(:meth:`Profile.tp_seconds`): at these widths a rank's block costs more than its share of the FLOPs (small GEMMs,
+the gathered blocks' copies, the norms and residual kept whole). Tables are surveyed on the dp-local batch of
+each candidate dp (unique rows per rank) and on the global batch.
 
     >>> from tessel.config import load_config
     >>> from tessel.resolve import job_of
@@ -111,16 +113,30 @@ class Profile:
     def tp_layers(self, mode: str, grid: tuple[int, ...]) -> TensorShards:
         return self._shard(mode, grid)
 
-    def tp_memory(self, mode: str, grid: tuple[int, ...], regather: bool) -> list[TensorMemory] | None:
+    def tp_memory(self, mode: str, grid: tuple[int, ...], regather: bool) -> list[TensorLayer] | None:
         """Per chain layer, what one rank's forward saves and its backward holds under tensor parallelism (mode,
         grid, regather), measured by running the tensor-parallel layers on groups that stand in for the grid's
         (:class:`tessel.comm.Dry`): replicated norms and residuals whole, gathered blocks kept for backward,
         each as the run holds it. None where the layers' memory was not measured (or torch's peer cuts them)."""
-        if not self.memory_samples or self.job is None or tensor.GridSpec(mode, tuple(grid)).mode.torch_peer:
+        if not self.memory_samples:
             return None
-        key = ("memory", mode, tuple(grid), regather)
+        return self._dry(mode, grid, regather, timed=False)
+
+    def tp_seconds(self, mode: str, grid: tuple[int, ...], regather: bool) -> list[TensorLayer] | None:
+        """Per chain layer, one rank's forward and backward seconds under tensor parallelism, timed on the stand-in
+        groups as the plain layers are timed (collectives move nothing there: the estimate prices them apart).
+        None where the plain model was not profiled for time (or torch's peer cuts the layers)."""
+        if not any(layer.measured for layer in self.layers):
+            return None
+        return self._dry(mode, grid, regather, timed=True)
+
+    def _dry(self, mode: str, grid: tuple[int, ...], regather: bool, timed: bool) -> list[TensorLayer] | None:
+        if self.job is None or tensor.GridSpec(mode, tuple(grid)).mode.torch_peer:
+            return None
+        key = ("timed" if timed else "memory", mode, tuple(grid), regather)
         if key not in self._shards:
-            self._shards[key] = _dry_memory(self.job, mode, tuple(grid), regather, self.memory_samples)
+            samples = self.memory_samples or self.job.settings.global_batch
+            self._shards[key] = _dry_run(self.job, mode, tuple(grid), regather, samples, 3 if timed else 0)
         return self._shards[key]
 
     def _shard(self, mode: str, grid: tuple[int, ...]) -> TensorShards:
@@ -157,40 +173,57 @@ class Profile:
 
 
 @dataclass
-class TensorMemory:
-    """One rank's activation memory for a chain layer under tensor parallelism: bytes at ``samples`` per
-    micro-batch, as a line (gathered weight blocks a layer keeps do not grow with the micro-batch)."""
+class TensorLayer:
+    """One rank's chain layer under tensor parallelism, measured on stand-in groups: its activation memory and,
+    where timed, its forward and backward seconds, each as a line in the micro-batch's samples (gathered weight
+    blocks a layer keeps do not grow with the micro-batch, nor does a small GEMM's set-up)."""
 
     saved: tuple[float, float]  # (bytes fixed, per sample) its forward keeps for its backward
     work: tuple[float, float]  # (bytes fixed, per sample) its backward holds at once beyond those
     ahead: tuple[float, float] = (0.0, 0.0)  # (bytes fixed, per sample) its forward holds at once beyond them
+    time: tuple[float, float] = (0.0, 0.0)  # (seconds fixed, per sample) of its forward and backward (0: untimed)
 
     def at(self, samples: float) -> tuple[float, float, float]:
         """(Saved, the backward's transients, the forward's) at ``samples`` a micro-batch."""
         return tuple(a + b * samples for a, b in (self.saved, self.work, self.ahead))
 
+    def seconds(self, samples: float) -> float:
+        return max(self.time[0] + self.time[1] * samples, 0.0)
 
-def _dry_memory(job: Job, mode: str, grid: tuple[int, ...], regather: bool, samples: int) -> list[TensorMemory]:
-    """:meth:`Profile.tp_memory`: the layers run at ``samples`` (the plain layers' micro-batch) and half of it, each
-    made a multiple every row split divides: a line through two points far apart, since a layer's peak mixes
-    constants (a weight's gradient) with what grows with the micro-batch (the logits and their softmax)."""
+
+def _dry_run(job: Job, mode: str, grid: tuple[int, ...], regather: bool, samples: int, repeats: int
+             ) -> list[TensorLayer]:
+    """:meth:`Profile.tp_memory` (``repeats`` 0) and :meth:`Profile.tp_seconds`: the layers run at ``samples`` (the
+    plain layers' micro-batch) and half of it, each made a multiple every row split divides: a line through two
+    points far apart, since a layer's peak mixes constants (a weight's gradient) with what grows with the
+    micro-batch (the logits and their softmax). Timed, a layer like one already timed (same modules, shapes,
+    input) is taken to cost the same, so a stack of equal blocks is timed once per size."""
     unit = math.prod(grid)
     hi = -(-samples // unit) * unit
     lo = -(-(samples // 2) // unit) * unit
     lo, hi = (lo, hi) if lo < hi else (hi, hi + unit)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(job.settings.seed)
-        with on_meta():  # each layer made real in turn as it runs (partition.profile), at both sizes
-            model = job.build()
-        chain, _ = tensor.apply(model, chain_of(model), tensor.GridSpec(mode, grid), regather=regather, dry=True)
-        with job.settings.autocast():
-            runs = [profile(model, chain, *job.batch(n, 1), repeats=0, memory=True) for n in (lo, hi)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a worker runs, and as the plain layers were timed
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(job.settings.seed)
+            with on_meta():  # each layer made real in turn as it runs (partition.profile), at both sizes
+                model = job.build()
+            chain, _ = tensor.apply(model, chain_of(model), tensor.GridSpec(mode, grid), regather=regather, dry=True)
+            with job.settings.autocast():
+                runs = [profile(model, chain, *job.batch(n, 1), repeats=repeats, memory=True, reuse=True)
+                        for n in (lo, hi)]
+    finally:
+        torch.set_num_threads(threads)
 
-    def line(a: float, b: float) -> tuple[float, float]:  # (bytes at no sample, per sample) through both sizes
+    def line(a: float, b: float) -> tuple[float, float]:  # (at no sample, per sample) through both sizes
         return a - (b - a) * lo / (hi - lo), (b - a) / (hi - lo)
 
-    return [TensorMemory(line(a.saved, b.saved), line(a.work, b.work), line(a.ahead, b.ahead))
-            for a, b in zip(*runs)]
+    def timed(a: float, b: float) -> tuple[float, float]:  # one size the machine slowed taken out (_steady)
+        return line(*_steady({lo: a, hi: b}).values())
+
+    return [TensorLayer(line(a.saved, b.saved), line(a.work, b.work), line(a.ahead, b.ahead),
+                        timed(a.seconds, b.seconds)) for a, b in zip(*runs)]
 
 
 @dataclass

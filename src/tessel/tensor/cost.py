@@ -18,23 +18,30 @@ from .layout import plan_for
 
 
 def linear_traffic(mode: str, shape: tuple[int, ...], m: int, h: int, h2: int, up: bool,
-                   regather: bool = False, input_grad: bool = True, live: bool = False) -> list[tuple[str, float, int]]:
+                   regather: bool = False, input_grad: bool = True, live: bool = False, recompute: bool = False,
+                   ends: bool = False) -> list[tuple[str, float, int]]:
     """(grid axis, elements one rank sends over it, ring steps) for one linear, forward + backward:
     M rows, h -> h2 features. The formulas of :mod:`tessel.tensor.layout`. ``input_grad=False``: the input is
     data (a model's first linear), so no gradient of it is reduced. ``live``: the backward gathers the weight
-    again (asynchronous schedules whose backward reads newer weights, see tessel.tensor.ops.matmul)."""
+    again (asynchronous schedules whose backward reads newer weights, see tessel.tensor.ops.matmul).
+    ``recompute``: the layer's forward runs again in its backward, its collectives with it, except the output's
+    sum of a linear that ``ends`` its layer: torch's recompute stops once the last tensor saved for backward is
+    back, and nothing after that linear saves one."""
     p, mode = math.prod(shape), tensor_mode(mode)
+    again, out_again = int(recompute), int(recompute and not ends)
     spec = plan_for(mode).up if up else plan_for(mode).down
-    if spec.summed:  # 1-D: column linears all-reduce dX, row linears Y
+    if spec.summed:  # 1-D: column linears all-reduce dX (backward), row linears Y (forward: the output's sum)
         if up and not input_grad:
             return []
-        return [(spec.summed, 2 * (p - 1) / p * m * (h if up else h2), 2 * (p - 1))]
+        times = 1 if up else 1 + out_again
+        return [(spec.summed, times * 2 * (p - 1) / p * m * (h if up else h2), times * 2 * (p - 1))]
     size = dict(zip(mode.axes, shape))
     gathered = 3 if regather else 2  # forward gather and its backward reduce-scatter, plus the re-gather
     w_gathered = 3 if regather or live else 2
     out = []
-    for axis, elems, times in [(spec.x_gather, m * h, gathered - (not input_grad)), (spec.w_gather, h * h2, w_gathered),
-                               (spec.reduce_scatter, m * h2, 2)]:
+    for axis, elems, times in [(spec.x_gather, m * h, gathered - (not input_grad) + again),
+                               (spec.w_gather, h * h2, w_gathered + again),
+                               (spec.reduce_scatter, m * h2, 2 + out_again)]:
         q = size.get(axis, 1)
         if q > 1:  # each collective moves (q-1)/P of the full tensor per rank
             out.append((axis, times * (q - 1) * elems / p, times * (q - 1)))
@@ -49,39 +56,43 @@ def _ring(q: int, n: float) -> float:
     return 2 * (q - 1) / q * n
 
 
-def embedding_traffic(spec, sizes: dict[str, int], weight: int, dim: int, rows: int) -> list[tuple[str, float, int]]:
+def embedding_traffic(spec, sizes: dict[str, int], weight: int, dim: int, rows: int, recompute: bool = False
+                      ) -> list[tuple[str, float, int]]:
     """(grid axis, elements one rank sends, ring steps) of the token table per micro-batch of ``rows`` tokens
     (the dp rank's whole micro-batch), forward + backward: the vocabulary shard of ``weight`` elements gathered
     and its gradient reduce-scattered back; the looked-up block (``dim`` features per token) reduce-scattered
-    (3-D) or all-reduced (1-D, no backward: the output feeds replicated work)."""
-    out = []
+    (3-D) or all-reduced (1-D, no backward: the output feeds replicated work). ``recompute``: the forward's
+    collectives run again in the backward."""
+    out, again = [], int(recompute)
     q = sizes.get(spec.w_gather, 1)
     if q > 1:
-        out.append((spec.w_gather, 2 * (q - 1) * weight, 2 * (q - 1)))
+        out.append((spec.w_gather, (2 + again) * (q - 1) * weight, (2 + again) * (q - 1)))
     looked_up = rows / _count(sizes, spec.ids_rows) * dim
     q = sizes.get(spec.reduce_scatter, 1)
     if q > 1:
-        out.append((spec.reduce_scatter, 2 * (q - 1) * looked_up / q, 2 * (q - 1)))
+        out.append((spec.reduce_scatter, (2 + again) * (q - 1) * looked_up / q, (2 + again) * (q - 1)))
     q = sizes.get(spec.all_reduce, 1)
     if q > 1:
-        out.append((spec.all_reduce, _ring(q, looked_up), 2 * (q - 1)))
+        out.append((spec.all_reduce, (1 + again) * _ring(q, looked_up), (1 + again) * 2 * (q - 1)))
     return out
 
 
-def norm_traffic(layout, sizes: dict[str, int], rows: int) -> list[tuple[str, float, int]]:
-    """A LayerNorm over features cut by ``layout.cols``: per row its sum and sum of squares all-reduced forward,
-    and two sums of the gradient backward (``rows``: the dp rank's micro-batch tokens, before the row cut)."""
+def norm_traffic(layout, sizes: dict[str, int], rows: int, recompute: bool = False) -> list[tuple[str, float, int]]:
+    """A LayerNorm over features cut by ``layout.cols``: per row its sum and sum of squares all-reduced forward
+    (again in the backward where the layer is recomputed), and two sums of the gradient backward (``rows``: the
+    dp rank's micro-batch tokens, before the row cut)."""
     q = sizes.get(layout.cols, 1)
     if q == 1:
         return []
-    local = rows / _count(sizes, layout.rows)
-    return [(layout.cols, 2 * _ring(q, 2 * local), 4 * (q - 1))]
+    local, times = rows / _count(sizes, layout.rows), 2 + int(recompute)
+    return [(layout.cols, times * _ring(q, 2 * local), times * 2 * (q - 1))]
 
 
 def loss_traffic(layout, sizes: dict[str, int], rows: int) -> list[tuple[str, float, int]]:
     """Megatron's vocabulary-parallel cross-entropy on logits in ``layout``, forward only (its backward is
-    local): each row's max, then its sum of exponentials and target logit, over the vocabulary axis; the
-    loss summed once over each axis that cuts the rows."""
+    local, and recompute runs the chain's layers again, never the loss): each row's max, then its sum of
+    exponentials and target logit, over the vocabulary axis; the loss summed once over each axis that cuts the
+    rows."""
     out = []
     q = sizes.get(layout.cols, 1)
     if q > 1:
@@ -115,17 +126,19 @@ def step_formula(cfg, plan, elem: int) -> dict:
     bf16-mixed sends the activations and partial sums in bf16)."""
     rows = cfg.train.global_batch // (plan.dp * plan.micro_batches) * cfg.data.seq_len
     per_block = block_bytes(plan.tp_mode, plan.tp_grid, rows, cfg.model.dim, cfg.model.hidden or 4 * cfg.model.dim,
-                            elem, plan.regather)
+                            elem, plan.regather, plan.recompute.layers)
     return {"layers": cfg.model.layers, "block_bytes_per_micro_batch": per_block,
             "tp_bytes_per_step": per_block * cfg.model.layers * plan.micro_batches}
 
 
 def block_bytes(mode: str, shape: tuple[int, ...], m: int, h: int, f: int, elem: int = 4,
-                regather: bool = False) -> int:
+                regather: bool = False, recompute: bool = False) -> int:
     """Bytes one rank sends on channel ``tp`` for one block (torch-1d: what its six linears would send if
     q, k and v shared one all-reduce, as tessel's 1-D does; torch's own does three)."""
-    return int(round(sum(e for a, b, up in _block(h, f) for _, e, _ in
-                         linear_traffic(mode, shape, m, a, b, up, regather)) * elem))
+    linears = _block(h, f)  # fc_out, the last, ends the block (transformer_linears)
+    return int(round(sum(e for j, (a, b, up) in enumerate(linears) for _, e, _ in
+                         linear_traffic(mode, shape, m, a, b, up, regather, recompute=recompute,
+                                        ends=j + 1 == len(linears))) * elem))
 
 
 # ---- projection to a cluster this machine cannot hold -------------------------------------------------

@@ -113,8 +113,9 @@ class ShardedLoss:
             mine = rows_of(self.grid, targets, self.layout.rows, "targets").reshape(-1)
             return vocab_cross_entropy(logits.reshape(-1, logits.shape[-1]), mine, self.layout, self.grid, total)
 
-    def traffic(self, rows: int) -> list[tuple[str, str, float, int]]:
-        """(channel, grid axis, elements sent, ring steps) per micro-batch of ``rows`` targets (tensor.cost)."""
+    def traffic(self, rows: int, recompute: bool = False) -> list[tuple[str, str, float, int]]:
+        """(channel, grid axis, elements sent, ring steps) per micro-batch of ``rows`` targets (tensor.cost); the
+        loss is never recomputed."""
         return [("tp.head", *t) for t in cost.loss_traffic(self.layout, self.grid.sizes, rows)]
 
 
@@ -189,17 +190,21 @@ def apply_classifier(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, rega
 def transformer_linears(m: TransformerLM) -> list[list[tuple[int, int, bool, str]]]:
     """What apply_transformer makes of each chain layer: the embedding (its own channel, not a linear), per
     block q/k/v as one h -> 3h, out_proj, fc_in, fc_out, and the vocabulary-parallel head (none for a sampled
-    softmax, which every rank runs whole)."""
+    softmax, which every rank runs whole). fc_out ends its block (the residual add after it saves nothing) and
+    the head its layer."""
     h, f = m.tok_emb.weight.shape[1], m.blocks[0].mlp.fc_in.weight.shape[0] if len(m.blocks) else 0
-    block = [(h, 3 * h, True, "tp"), (h, h, False, "tp"), (h, f, True, "tp"), (f, h, False, "tp")]
-    head = [] if m.softmax == "sampled" else [(h, m.head.weight.shape[0], True, "tp.head")]  # sampled: replicated
+    block = [(h, 3 * h, True, "tp", False), (h, h, False, "tp", False), (h, f, True, "tp", False),
+             (f, h, False, "tp", True)]
+    head = [] if m.softmax == "sampled" else [(h, m.head.weight.shape[0], True, "tp.head", True)]  # sampled: whole
     return [[], *[block for _ in m.blocks], head]
 
 
 def classifier_linears(m: DenseClassifier) -> list[list[tuple[int, int, bool, str]]]:
-    """apply_classifier's linears, alternating up and down, one per chain layer."""
+    """apply_classifier's linears, alternating up and down, one per chain layer; a ReLU after each but the last,
+    which ends the model."""
     linears = [mod for mod in m.net if isinstance(mod, nn.Linear)]
-    return [[(lin.in_features, lin.out_features, j % 2 == 0, "tp")] for j, lin in enumerate(linears)]
+    return [[(lin.in_features, lin.out_features, j % 2 == 0, "tp", j + 1 == len(linears))]
+            for j, lin in enumerate(linears)]
 
 
 def refuse_lstm(root: nn.Module, chain: Chain, grid: Grid, plan: Plan, regather: bool = False) -> Chain:
