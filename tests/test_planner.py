@@ -378,6 +378,31 @@ def test_tensor_parallel_compute_is_the_blocks_timed_on_stand_in_groups():
     assert math.isclose(estimate(peer, settings, profile, topo).compute, share, rel_tol=1e-9)
 
 
+def test_recompute_is_priced_at_what_the_profile_timed_it_adding():
+    """A recomputed layer costs what the profile measured recomputing it adding (per kind), not an assumed third;
+    and the planner's profile holds the same memory per layer as a run's own (measure_memory), field for field."""
+    from tessel.planner.profile import measure_memory
+
+    cfg = load_config(None, TINY["transformer_lm"])
+    job, settings = job_of(cfg), settings_of(cfg)
+    profile = measure(job, dps=(1,))
+    assert all(set(layer.again) == {"layers", "selective"} and min(layer.again.values()) >= 0
+               for layer in profile.layers)
+    run = measure_memory(job, settings.global_batch)
+    for mine, theirs in zip(profile.layers, run.layers):
+        for f in ("saved_per_sample", "work_per_sample", "ahead_per_sample", "selective_per_sample"):
+            assert getattr(mine, f) == getattr(theirs, f), (mine.name, f)
+    profile.step_factor, profile.optimizer_per_elem = 1.0, 0.0
+    ms = 1e-3
+    for layer, share in zip(profile.layers, (0.5, 1.0, 2.0, 0.25)):
+        layer.measured, layer.fixed, layer.per_sample = {}, 1 * ms, 0.0
+        layer.again = {"layers": share, "selective": share / 10}
+    topo = planner.Topology(ranks=1, hosts=1, link_mbit=1e9, latency=0.0)
+    for kind, scale in (("none", 0.0), ("layers", 1.0), ("selective", 0.1)):
+        got = estimate(ParallelPlan(dp=1, recompute=kind), settings, profile, topo).compute
+        assert math.isclose(got, sum(1 + scale * s for s in (0.5, 1.0, 2.0, 0.25)) * ms, rel_tol=1e-9), kind
+
+
 def test_paper_projections():
     from tessel.bench import paper
 

@@ -192,9 +192,11 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     samples = b / (plan.dp * m)  # per micro-batch on a dp rank
     rows = samples * profile.tokens_per_sample
     # the layers' profile times the measured ratio of a real step to it (autograd glue, loss, norm, clip)
-    # (under recompute each layer's forward runs again in its backward)
-    per_layer = [t * profile.step_factor * (1 + plan.recompute.again) / topo.speed
-                 for t in _layer_seconds(plan, profile, samples)]
+    # (under recompute each layer's forward runs again in its backward: what that added where the profile timed
+    # it, else the kind's assumed share)
+    r = plan.recompute
+    per_layer = [t * profile.step_factor * (1 + (layer.again.get(r.name, r.again) if r.layers else 0.0)) / topo.speed
+                 for t, layer in zip(_layer_seconds(plan, profile, samples), profile.layers)]
     bounds = plan.bounds or tuple(balance(per_layer, plan.pieces)) if plan.pp > 1 else ((0, len(per_layer)),)
     if plan.pp > 1 and not plan.bounds:
         plan = plan.with_(bounds=tuple(tuple(x) for x in bounds))

@@ -50,12 +50,15 @@ class LayerProfile:
     params: int  # elements
     out_per_sample: int  # elements of the activation it hands on, per sample
     tables: tuple[str, ...] = ()  # the surveyed tables this layer owns
-    linears: tuple = ()  # its tensor-parallel linears: (features in, out, up, channel) (registered per model)
+    linears: tuple = ()  # its tensor-parallel linears: (features in, out, up, channel, ends) (registered per model)
     measured: dict = field(default_factory=dict)  # samples -> seconds, where profiled
     saved_per_sample: float = 0.0  # bytes autograd keeps for its backward, per sample (weights not counted)
     work_per_sample: float = 0.0  # bytes its backward holds at once beyond those and its gradients, per sample
     ahead_per_sample: float = 0.0  # bytes its forward holds at once beyond what it saves and hands on, per sample
     selective_per_sample: float = 0.0  # bytes a selective recompute keeps (its matrix products' outputs), per sample
+    # recompute kind -> the share of the layer's forward + backward time that recomputing adds, timed at the
+    # global batch (where not timed, the kind's assumed share: a forward, a third)
+    again: dict = field(default_factory=dict)
 
     def seconds(self, samples: float) -> float:
         """Measured at this size, else on the line through the nearest measured sizes around it."""
@@ -271,6 +274,7 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
             with settings.autocast():  # timed and counted as the run computes (bf16 under mixed precision)
                 costs = {n: profile(model, chain, x[:n], y[:n], repeats=3, memory=n == b) for n in sizes}
                 selective = _selective(model, chain, x, y)
+                again = _recompute_shares(model, chain, x, y)
             tables = _tables(job, model, dps)
             spec = spec_of(model)
             linears = spec.linears(model) if spec.linears else [[] for _ in chain.layers]
@@ -285,8 +289,9 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
                 top = costs[large][i]
                 layers.append(LayerProfile(layer.name, points[small] - per * small, per, params,
                                            _numel(top.out_shape), owns, tuple(linears[i]), points,
-                                           top.saved / large, top.work / large, selective[i] / large,
-                                           top.ahead / large))
+                                           saved_per_sample=top.saved / large, work_per_sample=top.work / large,
+                                           ahead_per_sample=top.ahead / large,
+                                           selective_per_sample=selective[i] / large, again=again[i]))
             tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
             opt = _optimizer_cost(model, settings)
             whole = sum(layer.measured[b] for layer in layers) + opt * sum(p.numel() for p in model.parameters())
@@ -331,6 +336,23 @@ def _selective(model, chain, x, y) -> list[int]:
     """Per chain layer, the bytes its forward keeps under selective recompute (no timing)."""
     return [c.kept for c in profile(model, recomputed(chain, model, keep_matmuls=True), x, y, repeats=0,
                                     memory=True)]
+
+
+def _recompute_shares(model, chain, x, y, rounds: int = 3) -> list[dict]:
+    """Per chain layer, recompute kind -> the share of the layer's time at this micro-batch that running it
+    recomputed adds: the layers timed plain and under each kind in turn, ``rounds`` times, the fastest of each
+    kept (single timings here varied 2x between equal blocks), and equal layers (same modules, shapes, input)
+    timed as one."""
+    kinds = {"none": chain, "layers": recomputed(chain, model),
+             "selective": recomputed(chain, model, keep_matmuls=True)}
+    best: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for kind, c in kinds.items():
+            secs = [cost.seconds for cost in profile(model, c, x, y, repeats=3, reuse=True)]
+            best[kind] = [min(a, b) for a, b in zip(best[kind], secs)] if kind in best else secs
+    # never cheaper for recomputing
+    return [{k: max(best[k][i] / base - 1, 0.0) if base > 0 else 0.0 for k in ("layers", "selective")}
+            for i, base in enumerate(best["none"])]
 
 
 def _steady(points: dict[int, float]) -> dict[int, float]:
