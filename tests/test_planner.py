@@ -354,6 +354,32 @@ def test_per_micro_batch_cost_is_priced_per_stage_slot():
         assert math.isclose(got[1] - got[0], slots * 0.01, rel_tol=1e-6), (plan.describe(), got)
 
 
+def test_sharded_gathers_lengthen_every_stage_slot():
+    """FSDP gathers a unit's weights before each micro-batch's forward and backward and gloo runs them one at a time,
+    so they lengthen that stage's slot: in a flushed pipeline every stage's gathers delay the first micro-batch's
+    trip and the slowest stage's delay each further micro-batch (pp + m - 1 slots), not m once a step."""
+    from tessel.planner import estimate as est
+
+    cfg = load_config(None, TINY["classifier"])
+    profile, settings = measure(job_of(cfg), dps=(1,)), settings_of(cfg)
+    profile.step_factor, profile.optimizer_per_elem = 1.0, 0.0
+    for layer in profile.layers:  # equal stages whose compute outlasts their boundary sends
+        layer.measured, layer.fixed, layer.per_sample, layer.again = {}, 1.0, 0.0, {}
+    topo = planner.Topology(ranks=4, hosts=4, link_mbit=8, latency=0.0)  # 1e6 bytes/s
+    bounds, m, s = ((0, 2), (2, 4)), 4, 2
+    plan = ParallelPlan(dp=2, dp_shard=s, pp=2, micro_batches=m, bounds=bounds)
+    # one micro-batch's gathers on stage k: every weight gathered from its s ranks twice (forward, backward), 8 bytes
+    gathers = [2 * (s - 1) * sum(layer.params for layer in profile.layers[lo:hi]) / s * 8 / 1e6 for lo, hi in bounds]
+    sync = est._sharded_sync
+    try:
+        est._sharded_sync = lambda *a, **k: (lambda out, g, t: (out, 0.0, t))(*sync(*a, **k))
+        without = est.estimate(plan, settings, profile, topo).step
+    finally:
+        est._sharded_sync = sync
+    got = est.estimate(plan, settings, profile, topo).step
+    assert min(gathers) > 0.01
+    assert math.isclose(got - without, sum(gathers) + (m - 1) * max(gathers), rel_tol=1e-9), (got, without, gathers)
+
 def test_tensor_parallel_compute_is_the_blocks_timed_on_stand_in_groups():
     """A tensor-parallel rank's compute is its layers as timed on stand-in groups (what a rank's block costs at
     these widths), not the plain layer's over tp; torch's peer, whose layers are not tessel's, keeps the share."""

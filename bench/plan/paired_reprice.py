@@ -4,10 +4,17 @@ of timed on stand-in groups; recompute at its kind's assumed share instead of th
 columns share the profile, so their difference is the fixes, not a second profile's drift.
 
     python bench/plan/paired_reprice.py bench/plan > bench/plan/paired-reprice.txt
+
+With a git revision as a second argument, "before" is that revision's estimate (``tessel/planner/estimate.py`` as
+committed there, loaded beside today's) on the same profile instead:
+
+    python bench/plan/paired_reprice.py bench/plan 90ce773
 """
 
+import importlib.util
 import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,7 +44,21 @@ def without_fixes(plan, settings, profile, topo) -> float:
             layer.again = share
 
 
-def main(out: Path) -> None:
+def at_revision(rev: str):
+    """The ``estimate`` function of ``tessel/planner/estimate.py`` as committed at ``rev``, importing today's
+    package around it (its relative imports resolve in ``tessel.planner``)."""
+    source = subprocess.run(["git", "show", f"{rev}:src/tessel/planner/estimate.py"], check=True,
+                            capture_output=True, text=True).stdout
+    spec = importlib.util.spec_from_loader("tessel.planner._estimate_then", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = "tessel.planner"
+    sys.modules[spec.name] = module  # (dataclasses look their module up there)
+    exec(compile(source, f"{rev}:estimate.py", "exec"), module.__dict__)
+    return lambda plan, settings, profile, topo: module.estimate(plan, settings, profile, topo).step
+
+
+def main(out: Path, rev: str | None = None) -> None:
+    before_of = at_revision(rev) if rev else without_fixes
     rows = json.loads((out / "results.json").read_text())["rows"]
     profiles, cells = {}, {}
     for r in rows:
@@ -50,7 +71,7 @@ def main(out: Path) -> None:
         name = f"{r['model']}-h{r['hosts']}-{r['rate']}/{r['plan'].replace(' ', '-')}.json"
         plan = ParallelPlan.from_json((out / "plans" / name).read_text()).with_(sparse=policy_of(cfg))
         settings, profile = settings_of(cfg), profiles[r["model"]]
-        before, after = without_fixes(plan, settings, profile, topo), estimate(plan, settings, profile, topo).step
+        before, after = before_of(plan, settings, profile, topo), estimate(plan, settings, profile, topo).step
         cells.setdefault((r["model"], r["hosts"], r["rate"]), []).append((r, before, after))
     every = {0: [], 1: []}
     for (model, hosts, rate), got in cells.items():
@@ -67,13 +88,19 @@ def main(out: Path) -> None:
     for k, label in ((0, "before"), (1, "after")):
         print(f"all cells, {label}: median {statistics.median(every[k]):.0%}, worst {max(every[k]):.0%}, "
               f"{len(every[k])} candidates")
-    print("largest errors after:")
     flat = [g for got in cells.values() for g in got]
-    for r, before, after in sorted(flat, key=lambda g: -abs(g[2] / g[0]["measured"] - 1))[:8]:
+    for title, shown in (("largest errors after:", sorted(flat, key=lambda g: -abs(g[2] / g[0]["measured"] - 1))[:8]),
+                         ("sharded (FSDP) candidates:", [g for g in flat if "fsdp" in g[0]["plan"]])):
+        print(title)
+        show(shown)
+
+
+def show(got) -> None:
+    for r, before, after in got:
         print(f"  {r['model']}, {r['hosts']} hosts, {r['rate']}, {r['plan']}: measured {r['measured'] * 1e3:.0f} ms, "
               f"before {before * 1e3:.0f} ({before / r['measured'] - 1:+.0%}), after {after * 1e3:.0f} "
               f"({after / r['measured'] - 1:+.0%})")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

@@ -203,7 +203,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     strides = _strides(plan)
     pp_rate = topo.group_rate(*strides["pp"])
     share = _out_share(profile, plan)
-    stage_compute, stage_slot, tp_elems, pp_elems, tp_step, hops = [], [], [], [], [], []
+    stage_compute, stage_work, stage_send, tp_elems, pp_elems, tp_step, hops = [], [], [], [], [], [], []
     # what the runtime adds to each micro-batch on a stage beyond its layers (a calibration trial's per_micro): a
     # pipeline stage pays it for every micro-batch; one process's step already holds the first in step_factor
     runtime = topo.per_micro * (1.0 if plan.pp > 1 else (m - 1) / m)
@@ -213,34 +213,26 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         # a stage sends its output forward and its input's gradient back, this rank's block of each
         out = samples * profile.layers[hi - 1].out_per_sample * share[hi - 1] if k + 1 < len(bounds) else 0.0
         inp = samples * profile.layers[lo - 1].out_per_sample * share[lo - 1] if k > 0 else 0.0
-        # sends are posted asynchronously and travel while the stage computes its next op: a micro-batch's slot
-        # is the longer of the stage's work and its boundary traffic (what its host's link carries)
-        s_pp = (out + inp) * wire / pp_rate
         stage_compute.append(c)
-        stage_slot.append(max(c + s_tp, s_pp) + (topo.latency if out or inp else 0.0))
+        stage_work.append(c + s_tp)
+        stage_send.append(((out + inp) * wire / pp_rate, topo.latency if out or inp else 0.0))
         hops.append(2 * out * wire / pp_rate)  # one activation forward and its gradient back
         tp_elems.append({ch: e * m for ch, e in e_tp.items()})
         tp_step.append(_tp_step(plan, profile, range(lo, hi), topo))  # once per step, after the micro-batches
         pp_elems.append((out + inp) * m)  # a middle stage sends both
-    slot = max(stage_slot)
-    flushed = plan.pp > 1 and plan.schedule.flushed
-    # a flushed step is the first micro-batch's trip through every stage (each at its own slot) and then one
-    # slowest slot per further micro-batch; an asynchronous one is m slowest slots (no flush)
-    span = sum(stage_slot) + (m - 1) * slot if flushed else m * slot
     compute = max(stage_compute) * m
-    comm_pipe = (slot - max(stage_compute)) * m
-    # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
-    bubble = span - compute - comm_pipe + (sum(hops) if flushed else 0.0)
     picks, table_bytes, table_s, served = _tables(plan, profile, topo, compute, wire, settings)
     dense = [_stage_params(profile, plan, lo, hi, served) for lo, hi in bounds]
     dp_size, dp_stride = strides["dp"]
     reduced = plan.reduce_dtype.itemsize if plan.reduce_dtype else profile.elem  # gradients' width (bf16: asked)
+    gathers = [0.0] * len(bounds)  # FSDP's gathers of one micro-batch, per stage
     if plan.dp_shard > 1:
         units = [hi - lo + 1 for lo, hi in bounds]  # each chain layer's modules, then the stage's root
         sharded = [_sharded_sync(plan, p, n, settings.compute_dtype.itemsize if settings.precision.compute
                                  else profile.elem, reduced, topo, dp_stride) for p, n in zip(dense, units)]
-        dp_channels = {ch: max(c.get(ch, 0.0) for c, _ in sharded) for ch in sharded[0][0]}  # the busiest rank
-        dp_s = max(t for _, t in sharded)
+        dp_channels = {ch: max(c.get(ch, 0.0) for c, _, _ in sharded) for ch in sharded[0][0]}  # the busiest rank
+        gathers = [g for _, g, _ in sharded]
+        dp_s = max(t for _, _, t in sharded)
     else:
         dp_bytes = [_ring(dp_size, p) * reduced for p in dense]
         dp_channels = {"dp.dense": max(dp_bytes)}
@@ -248,6 +240,17 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
             backward = 2 / 3 * compute
             dp_s -= topo.overlap * min(dp_s * (1 - 1 / DDP_BUCKETS), backward)
+    # a micro-batch's slot on a stage is its work with the collectives it waits on (tp, FSDP's gathers), or its
+    # boundary sends where those take longer: sends are posted asynchronously and travel while the stage computes
+    stage_slot = [max(w + g, s) + lat for w, g, (s, lat) in zip(stage_work, gathers, stage_send)]
+    slot = max(stage_slot)
+    flushed = plan.pp > 1 and plan.schedule.flushed
+    # a flushed step is the first micro-batch's trip through every stage (each at its own slot) and then one
+    # slowest slot per further micro-batch; an asynchronous one is m slowest slots (no flush)
+    span = sum(stage_slot) + (m - 1) * slot if flushed else m * slot
+    comm_pipe = (slot - max(stage_compute)) * m
+    # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
+    bubble = span - compute - comm_pipe + (sum(hops) if flushed else 0.0)
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
     tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency
@@ -274,20 +277,23 @@ def _layer_seconds(plan: ParallelPlan, profile: Profile, samples: float) -> list
 
 
 def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, elem: int, topo: Topology,
-                  stride: int) -> tuple[dict[str, float], float]:
-    """(bytes per channel, seconds) of one step's FSDP traffic on a stage of ``params`` dense elements in ``units``
-    units: every weight gathered from the s ranks of its shard group before each micro-batch's forward and again
-    before its backward (in the compute width), its gradients reduce-scattered once a step (the masters' width),
-    and under HSDP each gradient shard summed over its r replicas (a ring). gloo runs FSDP's calls one at a time,
-    so nothing overlaps the compute."""
+                  stride: int) -> tuple[dict[str, float], float, float]:
+    """(bytes per channel, seconds of one micro-batch's gathers, seconds once a step) of FSDP's traffic on a stage
+    of ``params`` dense elements in ``units`` units: every weight gathered from the s ranks of its shard group
+    before each micro-batch's forward and again before its backward (in the compute width), its gradients
+    reduce-scattered once a step (the masters' width), and under HSDP each gradient shard summed over its r
+    replicas (a ring). gloo runs FSDP's calls one at a time, so nothing overlaps the compute: a micro-batch's
+    gathers lengthen its slot on the stage (and so, in a pipeline, every stage downstream waits for them)."""
     s, r, m = plan.dp_shard, plan.dp_replicate, plan.micro_batches
     shard = params / s
     out = {"dp.gather": 2 * m * (s - 1) * shard * gathered, "dp.scatter": (s - 1) * shard * elem}
-    seconds = sum(out.values()) / topo.group_rate(s, stride) + (2 * m + 1) * units * (s - 1) * topo.latency
+    rate = topo.group_rate(s, stride)
+    gather = out["dp.gather"] / m / rate + 2 * units * (s - 1) * topo.latency
+    seconds = out["dp.scatter"] / rate + units * (s - 1) * topo.latency
     if r > 1:
         out["dp.replicate"] = 2 * (r - 1) / r * shard * elem
         seconds += out["dp.replicate"] / topo.group_rate(r, stride * s) + units * 2 * (r - 1) * topo.latency
-    return out, seconds
+    return out, gather, seconds
 
 
 def _layer_params(profile: Profile, plan: ParallelPlan) -> list[int]:
