@@ -147,6 +147,10 @@ def test_candidates_and_feasibility():
     tight = planner.choose(job, planner.Topology(ranks=8, hosts=8, link_mbit=200, memory=done.best.memory - 1),
                            profile=done.profile)
     assert all(e.memory <= done.best.memory - 1 for e in tight.ranked) and tight.over_memory
+    # with a headroom the winner is dropped from a budget it would fill: held to the memory less 10%
+    kept = planner.choose(job, planner.Topology(ranks=8, hosts=8, link_mbit=200, memory=done.best.memory,
+                                                headroom=0.1), profile=done.profile)
+    assert done.best in kept.over_memory and all(e.memory <= 0.9 * done.best.memory for e in kept.ranked)
     # under every replicated plan's need but tensor parallelism's (which cuts the weights too), what fits is sharded
     # (FSDP or HSDP) or tensor-parallel, and sharded plans are among it
     replicated = min(e.memory for e in done.ranked if e.plan.dp_shard == 1 and e.plan.tp == 1)

@@ -150,6 +150,10 @@ class PlanConfig:
     hosts: int = 0  # hosts the ranks fill, in order; 0: torchrun's node count (1 for local workers)
     link_mbit: float = 0.0  # link rate across hosts; 0: TESSEL_LINK_MBIT if set, else a loopback figure
     memory_gib: float = 0.0  # memory a rank may hold; 0: unbounded
+    # share of that memory the planner leaves free for what its prediction misses: a pick predicted 1% under a
+    # rank's budget ran out of memory on the memory benchmark (docs/benchmarks.md, "Memory"); a plan given by hand
+    # is held to the whole budget
+    memory_headroom: float = 0.05
     latency_us: float = 0.0  # seconds per ring step of a collective, in us; 0: 200 us, or probed under torchrun
     speed: float = 0.0  # a rank's compute relative to one core of this machine; 0: from the host CPU budget
     # --plan auto: time the model's steps and each kind of collective on every rank first, and price with what
@@ -345,6 +349,9 @@ def validate(cfg: Config) -> Config:
     for key in ("beta1", "beta2"):
         if not 0.0 <= getattr(cfg.train, key) < 1.0:
             raise ConfigError(f"config key 'train.{key}' is {getattr(cfg.train, key)}; it must be in [0, 1)")
+    if not 0.0 <= cfg.plan.memory_headroom < 1.0:
+        raise ConfigError(f"config key 'plan.memory_headroom' is {cfg.plan.memory_headroom}; it must be a share in "
+                          "[0, 1)")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"config key 'model.dropout' is {cfg.model.dropout}; it must be in [0, 1)")
     if cfg.data_source == "text" and not cfg.data.path:

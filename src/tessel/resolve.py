@@ -138,7 +138,7 @@ def topology_of(cfg: Config, ranks: int, measured: dict | None = None, calibrati
 
     p = cfg.plan
     memory = p.memory_gib * 2**30 if p.memory_gib else math.inf
-    topo = from_environment(ranks, p.hosts, p.link_mbit, memory=memory)
+    topo = from_environment(ranks, p.hosts, p.link_mbit, memory=memory, headroom=p.memory_headroom)
     if calibration is not None:
         topo = calibration.apply(topo)
     elif measured:

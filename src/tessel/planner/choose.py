@@ -32,8 +32,11 @@ class Planned:
         if not self.ranked:
             if self.over_memory:
                 least = min(self.over_memory, key=lambda e: e.memory)
+                topo = self.topology
+                kept, hint = ((f" less the {topo.headroom:.0%} kept free ({_size(topo.budget)})",
+                               ", or a smaller plan.memory_headroom") if topo.headroom else ("", ""))
                 reason = (f"the leanest ({short(least.plan)}) needs {_size(least.memory)} per rank, over the "
-                          f"budget of {_size(self.topology.memory)}; give more memory or more ranks")
+                          f"budget of {_size(topo.memory)}{kept}; give more memory or more ranks{hint}")
             else:
                 reason = self.dropped[0][1] if self.dropped else "no candidate"
             raise PlanError(f"no plan fits {self.topology.ranks} ranks for this model: {reason}")
@@ -131,8 +134,8 @@ def choose(job: Job, topo: Topology, allow_async: bool = False, profile: Profile
     sizes = tuple(sorted({settings.global_batch // (p.dp * p.micro_batches) for p in ok}))
     profile = profile or measure(job, sizes=sizes or None, dps=tuple(sorted({p.dp for p in ok})))
     ests = [estimate(p, settings, profile, topo) for p in ok]
-    fits = [e for e in ests if e.memory <= topo.memory]
-    over = [e for e in ests if e.memory > topo.memory]
+    fits = [e for e in ests if e.memory <= topo.budget]
+    over = [e for e in ests if e.memory > topo.budget]
     fits.sort(key=lambda e: (round(e.step, 6), _axes(e.plan), _staleness(e.plan), e.memory))
     return Planned(fits, dropped, topo, profile, time.perf_counter() - t0, over)
 

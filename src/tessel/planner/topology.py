@@ -36,6 +36,7 @@ class Topology:
     latency: float = 200e-6  # seconds per ring step of a collective (gloo over TCP here)
     speed: float = 1.0  # compute speed of a rank relative to one core of this machine (0.5: half a core)
     memory: float = math.inf  # bytes a rank may hold
+    headroom: float = 0.0  # share of ``memory`` the planner leaves free (its picks are held to ``budget``)
     # Mbit/s one rank moves collective bytes at, whatever the wire: gloo copies and reduces on the rank's own
     # CPU, so under a CPU quota a fast link is not filled (measured by tessel.planner.probe; inf: not measured)
     rate_mbit: float = math.inf
@@ -56,12 +57,19 @@ class Topology:
                 and self.ranks % self.hosts == 0):
             raise ConfigError(f"topology of {self.ranks} ranks on {self.hosts} hosts is invalid; hosts must divide "
                               "the ranks (each host holds the same number)")
+        if not 0 <= self.headroom < 1:
+            raise ConfigError(f"topology headroom is {self.headroom}; it must be a share from 0 to below 1")
         if not 0 <= self.overlap <= 1:
             raise ConfigError(f"topology overlap is {self.overlap}; it must be a share from 0 to 1")
         for key in ("latency", "per_micro"):
             v = getattr(self, key)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"topology {key.replace('_', '-')} is {v}; it must be a finite number >= 0")
+
+    @property
+    def budget(self) -> float:
+        """Bytes a rank's plan may be predicted to hold: its memory less the headroom."""
+        return self.memory * (1 - self.headroom)
 
     @property
     def per_host(self) -> int:
@@ -81,7 +89,8 @@ class Topology:
         return min(self.link_mbit / sharing, self.rate_mbit) * 1e6 / 8
 
     def describe(self) -> str:
-        mem = "unbounded" if math.isinf(self.memory) else f"{self.memory / 2**30:.1f} GiB"
+        mem = "unbounded" if math.isinf(self.memory) else f"{self.memory / 2**30:.1f} GiB" + (
+            f" ({self.headroom:.0%} kept free)" if self.headroom else "")
         moved = "" if math.isinf(self.rate_mbit) else (f" (a rank moves {self.rate_mbit:.0f}, {self.overlap:.0%} "
                                                       "of it hidden by compute)")
         return (f"topology: {self.ranks} ranks on {self.hosts} host{'s' if self.hosts > 1 else ''}, link "
@@ -92,7 +101,7 @@ class Topology:
 
 
 def from_environment(ranks: int, hosts: int = 0, link_mbit: float = 0.0, cpus: float = 0.0,
-                     memory: float = math.inf) -> Topology:
+                     memory: float = math.inf, headroom: float = 0.0) -> Topology:
     """The topology of this job: given values first, then the emulated cluster's environment, then one machine
     whose cores the ranks share (a rank gets at most one core: workers run one thread each)."""
     env_hosts = int(os.environ.get("GROUP_WORLD_SIZE", "0") or 0) if not hosts else 0
@@ -106,7 +115,7 @@ def from_environment(ranks: int, hosts: int = 0, link_mbit: float = 0.0, cpus: f
     else:
         speed = min(1.0, (os.cpu_count() or 1) / ranks) if hosts == 1 else 1.0
     return Topology(ranks=ranks, hosts=hosts, link_mbit=link or LOOPBACK_MBIT, speed=speed, memory=memory,
-                    source=source)
+                    headroom=headroom, source=source)
 
 
 def _env_cpus() -> float:
