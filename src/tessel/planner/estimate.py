@@ -240,17 +240,8 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
             backward = 2 / 3 * compute
             dp_s -= topo.overlap * min(dp_s * (1 - 1 / DDP_BUCKETS), backward)
-    # a micro-batch's slot on a stage is its work with the collectives it waits on (tp, FSDP's gathers), or its
-    # boundary sends where those take longer: sends are posted asynchronously and travel while the stage computes
-    stage_slot = [max(w + g, s) + lat for w, g, (s, lat) in zip(stage_work, gathers, stage_send)]
-    slot = max(stage_slot)
-    flushed = plan.pp > 1 and plan.schedule.flushed
-    # a flushed step is the first micro-batch's trip through every stage (each at its own slot) and then one
-    # slowest slot per further micro-batch; an asynchronous one is m slowest slots (no flush)
-    span = sum(stage_slot) + (m - 1) * slot if flushed else m * slot
-    comm_pipe = (slot - max(stage_compute)) * m
-    # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
-    bubble = span - compute - comm_pipe + (sum(hops) if flushed else 0.0)
+    comm_pipe, bubble = _pipeline(plan, stage_compute, [w + g for w, g in zip(stage_work, gathers)], stage_send,
+                                  hops)
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
     tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency
@@ -264,6 +255,24 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     tp_grads_s = max(s for _, s in tp_step)
     return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s, bubble,
                     {k: v for k, v in nbytes.items() if v}, mem, picks)
+
+
+def _pipeline(plan: ParallelPlan, compute: list[float], work: list[float], send: list[tuple[float, float]],
+              hops: list[float]) -> tuple[float, float]:
+    """(exposed communication, bubble) seconds of a step's micro-batches over the stages: per stage its compute, its
+    work with the collectives it waits on (tp, FSDP's gathers), its boundary sends (seconds, latency) and one
+    activation's and gradient's trip over its boundary."""
+    m = plan.micro_batches
+    # a micro-batch's slot on a stage is its work, or its boundary sends where those take longer: sends are posted
+    # asynchronously and travel while the stage computes
+    slots = [max(w, s) + lat for w, (s, lat) in zip(work, send)]
+    flushed = plan.pp > 1 and plan.schedule.flushed
+    # a flushed step is the first micro-batch's trip through every stage (each at its own slot) and then one
+    # slowest slot per further micro-batch; an asynchronous one is m slowest slots (no flush)
+    span = sum(slots) + (m - 1) * max(slots) if flushed else m * max(slots)
+    comm = (max(slots) - max(compute)) * m
+    # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
+    return comm, span - max(compute) * m - comm + (sum(hops) if flushed else 0.0)
 
 
 def _layer_seconds(plan: ParallelPlan, profile: Profile, samples: float) -> list[float]:
