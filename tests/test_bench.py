@@ -647,6 +647,34 @@ def test_memory_search_brackets_the_largest_depth_from_the_hosts_peaks(monkeypat
     assert tried[:3] == [2, 4, 8] and planned["largest"] == 12 and planned["bracketed"], tried
 
 
+def test_memory_budget_is_the_limit_less_what_any_run_held_beside_tensors_and_units(monkeypatch, tmp_path):
+    """The planner's budget in ``tessel bench memory``: the limit less the most any earlier run's host held beside
+    its measured tensors and its FSDP units (0.68 MiB each on the CPU: the units the planner prices itself),
+    taken again before each try from the runs so far."""
+    from tessel.bench import fit
+    from tessel.plan import ParallelPlan
+
+    mib, unit = 2**20, 0.68 * 2**20
+    fsdp = ParallelPlan(dp=8, dp_shard=8).to_dict()
+    piped = ParallelPlan(dp=4, dp_shard=4, pp=2, bounds=((0, 9), (9, 25))).to_dict()
+    runs = [{"layers": 5, "fits": True, "plan": ParallelPlan(dp=8).to_dict(), "host_peak": 443 * mib,
+             "measured": 70 * mib},
+            {"layers": 23, "fits": True, "plan": fsdp, "host_peak": 448 * mib, "measured": 58 * mib},
+            {"layers": 23, "fits": True, "plan": piped, "host_peak": 440 * mib, "measured": 50 * mib},
+            {"layers": 30, "fits": False, "oom": True, "host_peak": 448 * mib}]
+    # units: 23 blocks + the embedding and the head, then the root; the pipeline's fuller stage: 16 chain layers + 1
+    assert [fit.units_of(r) for r in runs[:3]] == [0, 26, 17]
+    assert [round(fit.beside(r) / mib, 2) for r in runs[:3]] == [373.0, round(390 - 26 * 0.68, 2),
+                                                                  round(390 - 17 * 0.68, 2)]
+    # the pipeline's 390 - 11.56 = 378.44 MiB is the most once the units are priced (the FSDP run's 390 MiB beside
+    # its tensors is 372.3 beside its units too); a run that did not train counts nothing
+    assert fit.overhead(runs) == int(440 * mib - 50 * mib - 17 * unit)
+    budgets = []
+    monkeypatch.setattr(fit, "_plan", lambda layers, budget, where: budgets.append(budget) or (None, "refused"))
+    fit.search("planner", None, tmp_path, None, lambda msg: None, evidence=runs)
+    assert budgets and set(budgets) == {fit.LIMIT - int(440 * mib - 50 * mib - 17 * unit)}  # (every try refused)
+
+
 def test_memory_timing_only_keeps_the_searches_and_times_the_named_plans_again(monkeypatch, tmp_path):
     """``tessel bench memory --timing-only``: the saved searches and depth are kept, only the plans named are
     timed again (rounds in alternating order), and the report says which were timed; elsewhere it is refused."""

@@ -158,6 +158,18 @@ def test_candidates_and_feasibility():
                           profile=done.profile)
     assert all(e.plan.dp_shard > 1 or e.plan.tp > 1 for e in lean.ranked), lean.table()
     assert any(e.plan.dp_shard > 1 for e in lean.ranked), lean.table()
+    # on the CPU what FSDP's units hold beside their tensors counts too: each sharded candidate needs its fullest
+    # stage's units (chain layers + its root) times the bytes a unit holds; unsharded ones nothing more
+    unit = 2**20
+    held = planner.choose(job, planner.Topology(ranks=8, hosts=8, link_mbit=200, memory=replicated - 1,
+                                                unit_memory=unit), profile=done.profile)
+    sharded = [e for e in held.ranked + held.over_memory if e.plan.dp_shard > 1]
+    assert sharded and all(e.held == unit * max(hi - lo + 1 for lo, hi in e.plan.bounds or ((0, 4),))
+                           and e.needs == e.memory + e.held for e in sharded)
+    assert all(e.held == 0 for e in held.ranked + held.over_memory if e.plan.dp_shard == 1)
+    # and a sharded plan whose tensors fit but whose units do not is over memory
+    assert any(e.memory <= replicated - 1 < e.needs for e in held.over_memory), held.table()
+    assert all(e.needs <= replicated - 1 for e in held.ranked)
     # every layout with dp > 1 also sharded over each divisor of dp (HSDP between 1 and dp), tensor-parallel ones
     # included
     variants = Counter(p.with_(dp_shard=1) for p in plans)

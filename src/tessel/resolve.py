@@ -130,15 +130,27 @@ def job_of(cfg: Config, dataset=None):
     return Job(build=model, batch=batch, settings=settings, base=base)
 
 
+def _on_cpu(cfg: Config) -> bool:
+    """Whether the ranks will keep their tensors in the host's memory (parallel.device, auto: a GPU where the
+    backend will be nccl)."""
+    import torch
+
+    if cfg.parallel.device != "auto":
+        return cfg.parallel.device == "cpu"
+    return cfg.parallel.backend == "gloo" or not torch.cuda.is_available()
+
+
 def topology_of(cfg: Config, ranks: int, measured: dict | None = None, calibration=None):
     """The topology the config and environment describe; ``measured``: a probe's latency, speed, rate and
     overlap (see :mod:`tessel.planner.probe`), or ``calibration``: a trial's (:mod:`tessel.planner.calibrate`),
     which replace the defaults but not values given in ``plan.*``."""
-    from .planner.topology import from_environment
+    from .planner.topology import CPU_UNIT_MEMORY, from_environment
 
     p = cfg.plan
     memory = p.memory_gib * 2**30 if p.memory_gib else math.inf
     topo = from_environment(ranks, p.hosts, p.link_mbit, memory=memory, headroom=p.memory_headroom)
+    if _on_cpu(cfg):  # a rank's memory is the host's: what FSDP's units hold beside their tensors counts
+        topo = replace(topo, unit_memory=CPU_UNIT_MEMORY)
     if calibration is not None:
         topo = calibration.apply(topo)
     elif measured:

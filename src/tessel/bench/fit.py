@@ -9,8 +9,8 @@ the deepest that trains with the next one failing, both run. The next depth to t
 peaks (a line through the two deepest runs that fitted, extrapolated to the limit), inside the bracket the runs
 so far have set. The planner's pick is searched the same way: at each depth ``tessel plan`` (run here, beside
 the cluster, on the topology it will run on: 8 hosts, their link rate and CPU share) is given the memory a rank
-may hold (the limit less what a worker holds besides its tensors, measured in this benchmark's first sharded
-run) and either refuses (nothing fits: no worker starts) or its pick runs.
+may hold (the limit less the most any worker held beside its tensors and FSDP's units in the runs so far on these
+hosts; the planner prices the units itself) and either refuses (nothing fits: no worker starts) or its pick runs.
 
     sudo tessel bench memory --doc docs/benchmarks.md
     sudo tessel bench memory --strategies ddp,fsdp --repeats 1
@@ -122,8 +122,10 @@ def _next(fits: dict[int, dict], fails: set[int], limit: int) -> int | None:
     return min(max(guess, lo + 1), top)
 
 
-def search(name: str, emu, out: Path, budget: int | None, log) -> dict:
-    """The deepest model plan ``name`` trains under the hosts' limit: every run made on the way."""
+def search(name: str, emu, out: Path, budget: int | None, log, evidence: list[dict] | None = None) -> dict:
+    """The deepest model plan ``name`` trains under the hosts' limit: every run made on the way. ``evidence``
+    (earlier runs on these hosts): the planner's budget for each try is then the limit less what any of them or
+    of this search's runs so far held beside its tensors and FSDP's units (:func:`overhead`), not ``budget``."""
     fits, fails, runs = {}, set(), []
     depth = 2
     while depth is not None and len(runs) < MAX_RUNS:
@@ -131,6 +133,9 @@ def search(name: str, emu, out: Path, budget: int | None, log) -> dict:
         flags = list(STRATEGIES[name])
         rec = {"strategy": name, "layers": depth, "params": params_of(depth)}
         if name == "planner":
+            if evidence is not None:
+                budget = LIMIT - overhead(evidence + runs)
+            rec["budget"] = budget
             path, picked = _plan(depth, budget, where)
             if path is None:
                 rec.update(fits=False, refused=picked)
@@ -152,12 +157,35 @@ def search(name: str, emu, out: Path, budget: int | None, log) -> dict:
             "bracketed": best + 1 in fails, "runs": runs}
 
 
-def overhead(found: list[dict]) -> int:
-    """What a sharded worker's host holds besides its tensors: host peak less the measured tensor peak, the most
-    over the fitting runs so far of the sharded plans (torch's FSDP, DTensor and DCP are imported there)."""
-    runs = [r for f in found for r in f["runs"] if r.get("fits") and r.get("measured")]
-    sharded = [r for r in runs if r["strategy"] != "ddp"] or runs
-    return max((r["host_peak"] - r["measured"] for r in sharded), default=0)
+def units_of(run: dict) -> int:
+    """FSDP units the fullest stage of a run's plan ran (0 unsharded): its chain layers (the embedding, the
+    blocks, the head) and its root, as the planner counts them (``planner.estimate.fsdp_units``)."""
+    from ..plan import ParallelPlan
+    from ..planner.estimate import fsdp_units
+
+    plan = run.get("plan") or run.get("pick")
+    if not isinstance(plan, dict):
+        return 0
+    plan = ParallelPlan.from_dict(plan)
+    return max(fsdp_units(plan, plan.bounds or ((0, run["layers"] + 2),)))
+
+
+def beside(run: dict) -> float:
+    """What a run's fullest host held beside its measured tensors and its FSDP units' share (the planner prices
+    that share: ``Topology.unit_memory``)."""
+    from ..planner.topology import CPU_UNIT_MEMORY
+
+    return run["host_peak"] - run["measured"] - units_of(run) * CPU_UNIT_MEMORY
+
+
+def overhead(runs: list[dict]) -> int:
+    """What a worker's host holds beside its tensors and FSDP's units, the most over ``runs`` that trained (every
+    plan: a 3-D or pipelined worker holds more of it than DDP's)."""
+    return int(max((beside(r) for r in runs if r.get("fits") and r.get("measured")), default=0))
+
+
+def _runs(found: list[dict]) -> list[dict]:
+    return [r for f in found for r in f["runs"]]
 
 
 def timing(names: list[str], depth: int, emu, out: Path, budget: int, repeats: int, log) -> list[dict]:
@@ -201,14 +229,18 @@ def _pick(rec: dict | None) -> str:
 
 
 def report(found: list[dict], timed: list[dict], depth: int, budget: int, argv: list[str]) -> str:
+    from ..planner.topology import CPU_UNIT_MEMORY
+
     ddp = next((f["params"] for f in found if f["strategy"] == "ddp"), 0)
     lines = [
         f"Reproduce: `tessel {' '.join(shlex.quote(a) for a in argv)}` ({time.strftime('%Y-%m-%d')}). {HOSTS} emulated "
         f"hosts at {RATE}, one worker each, {2 / HOSTS:g} core each, each host held to {LIMIT / 2**20:.0f} MiB (a "
         "cgroup: worker, torchrun's agent and all they hold; over it the kernel kills the worker). Transformer LM, "
         "width 256, 8 heads, vocabulary 512, 32 tokens, global batch 16, AdamW, fp32; depth searched per plan, "
-        f"{FIT_STEPS} steps a try. The planner is given {_mib(budget)} MiB a rank (the limit less what a sharded "
-        "worker's host held besides its tensors in this run). Host peak: the cgroup's most in use; tensors: "
+        f"{FIT_STEPS} steps a try. The planner is given the limit less the most any worker's host held beside "
+        "its tensors and FSDP's units in the runs before each try (the units it prices itself, "
+        f"{CPU_UNIT_MEMORY / 2**20:.2f} MiB each); {_mib(budget)} MiB a rank after the last. Host peak: the "
+        "cgroup's most in use; tensors: "
         "measured (`PeakTensors`, the fullest rank) against tessel's prediction.",
         "",
         "| plan | largest depth | parameters | x DDP | next depth | host peak MiB | tensors measured / predicted MiB "
@@ -269,10 +301,9 @@ def main(ns, argv: list[str], check_paths) -> int:
     bad = [s for s in chosen if s not in STRATEGIES]
     if bad:
         raise ConfigError(f"--strategies {','.join(bad)} not in the memory benchmark; valid: {', '.join(STRATEGIES)}")
-    if ("planner" in chosen and not any(s not in ("ddp", "planner") for s in chosen) and not ns.append
-            and not ns.timing_only):
-        raise ConfigError("--strategies with planner needs a sharded plan before it (fsdp, fsdp-tp or "
-                          "pp-tp-fsdp-recompute): its first run measures what a worker holds besides tensors")
+    if "planner" in chosen and chosen[0] == "planner" and not ns.append and not ns.timing_only:
+        raise ConfigError("--strategies with planner needs another plan before it (ddp, fsdp, fsdp-tp or "
+                          "pp-tp-fsdp-recompute): its runs measure what a worker holds beside its tensors")
     out = Path(ns.out or "bench/memory")
     check_paths(out, ns.doc)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -295,14 +326,17 @@ def main(ns, argv: list[str], check_paths) -> int:
                                                       "budget": budget, "argv": argv}))
     else:
         # --append: the searches of the plans this invocation does not redo are kept
-        kept = [f for f in json.loads((out / "results.json").read_text())["found"] if f["strategy"] not in chosen] \
+        saved = json.loads((out / "results.json").read_text())["found"] \
             if ns.append and (out / "results.json").is_file() else []
+        kept = [f for f in saved if f["strategy"] not in chosen]
+        earlier = _runs([f for f in saved if f["strategy"] in chosen])  # a search redone: its runs still measured
         found, budget = list(kept), 0
         with EmulatedCluster(HOSTS, rate=RATE, prefix="tsmem", memory=LIMIT) as emu:
             for name in chosen:
-                if name == "planner":
-                    budget = LIMIT - overhead(found)
-                found.append(search(name, emu, out, budget, log))
+                evidence = _runs(found) + earlier if name == "planner" else None
+                found.append(search(name, emu, out, budget, log, evidence))
+                if evidence is not None:  # what the planner is given from here on (the timing's re-plans)
+                    budget = LIMIT - overhead(evidence + found[-1]["runs"])
                 found.sort(key=lambda f: list(STRATEGIES).index(f["strategy"]))
                 (out / "results.json").write_text(json.dumps({"found": found, "timed": [], "depth": 0,
                                                               "budget": budget, "argv": argv}))

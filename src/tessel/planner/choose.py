@@ -31,11 +31,12 @@ class Planned:
     def best(self) -> Estimate:
         if not self.ranked:
             if self.over_memory:
-                least = min(self.over_memory, key=lambda e: e.memory)
+                least = min(self.over_memory, key=lambda e: e.needs)
                 topo = self.topology
                 kept, hint = ((f" less the {topo.headroom:.0%} kept free ({_size(topo.budget)})",
                                ", or a smaller plan.memory_headroom") if topo.headroom else ("", ""))
-                reason = (f"the leanest ({short(least.plan)}) needs {_size(least.memory)} per rank, over the "
+                beside = f" ({_size(least.held)} of it beside its tensors, FSDP's units)" if least.held else ""
+                reason = (f"the leanest ({short(least.plan)}) needs {_size(least.needs)} per rank{beside}, over the "
                           f"budget of {_size(topo.memory)}{kept}; give more memory or more ranks{hint}")
             else:
                 reason = self.dropped[0][1] if self.dropped else "no candidate"
@@ -62,7 +63,7 @@ class Planned:
             sent = " ".join(f"{c} {b / 2**20:.2f}" for c, b in e.bytes.items()) or "-"
             lines.append(f"{rank:>3}  {short(e.plan):<44} {e.step * 1e3:>8.1f} {e.compute * 1e3:>8.1f} "
                          f"{e.comm * 1e3:>8.1f} {e.bubble * 1e3:>8.1f} {e.step / best:>6.2f}x  {sent:<36} "
-                         f"{e.memory / 2**20:>8.1f}")
+                         f"{e.needs / 2**20:>8.1f}")
         lines += ["", self.why()]
         return "\n".join(lines)
 
@@ -134,9 +135,9 @@ def choose(job: Job, topo: Topology, allow_async: bool = False, profile: Profile
     sizes = tuple(sorted({settings.global_batch // (p.dp * p.micro_batches) for p in ok}))
     profile = profile or measure(job, sizes=sizes or None, dps=tuple(sorted({p.dp for p in ok})))
     ests = [estimate(p, settings, profile, topo) for p in ok]
-    fits = [e for e in ests if e.memory <= topo.budget]
-    over = [e for e in ests if e.memory > topo.budget]
-    fits.sort(key=lambda e: (round(e.step, 6), _axes(e.plan), _staleness(e.plan), e.memory))
+    fits = [e for e in ests if e.needs <= topo.budget]
+    over = [e for e in ests if e.needs > topo.budget]
+    fits.sort(key=lambda e: (round(e.step, 6), _axes(e.plan), _staleness(e.plan), e.needs))
     return Planned(fits, dropped, topo, profile, time.perf_counter() - t0, over)
 
 

@@ -55,12 +55,18 @@ class Estimate:
     comm: float  # exposed communication seconds
     bubble: float  # seconds a stage idles (flush, imbalance)
     bytes: dict[str, float] = field(default_factory=dict)  # channel -> bytes the busiest rank sends per step
-    memory: float = 0.0  # bytes the fullest rank holds
+    memory: float = 0.0  # bytes of tensors the fullest rank holds
     tables: dict[str, str] = field(default_factory=dict)  # table -> the strategy the cost model picks
+    held: float = 0.0  # bytes beside its tensors that grow with the plan (FSDP's units; Topology.unit_memory)
 
     @property
     def step(self) -> float:
         return self.compute + self.comm + self.bubble
+
+    @property
+    def needs(self) -> float:
+        """Bytes the fullest rank needs of its memory budget: its tensors and what the plan adds beside them."""
+        return self.memory + self.held
 
 
 def _ring(size: int, n: float) -> float:
@@ -226,8 +232,8 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     dp_size, dp_stride = strides["dp"]
     reduced = plan.reduce_dtype.itemsize if plan.reduce_dtype else profile.elem  # gradients' width (bf16: asked)
     gathers = [0.0] * len(bounds)  # FSDP's gathers of one micro-batch, per stage
+    units = fsdp_units(plan, bounds)
     if plan.dp_shard > 1:
-        units = [hi - lo + 1 for lo, hi in bounds]  # each chain layer's modules, then the stage's root
         sharded = [_sharded_sync(plan, p, n, settings.compute_dtype.itemsize if settings.precision.compute
                                  else profile.elem, reduced, topo, dp_stride) for p, n in zip(dense, units)]
         dp_channels = {ch: max(c.get(ch, 0.0) for c, _, _ in sharded) for ch in sharded[0][0]}  # the busiest rank
@@ -251,10 +257,18 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     nbytes["tp.grads"] = max(b for b, _ in tp_step)
     if table_bytes:
         nbytes["sparse"] = table_bytes
-    mem = max(_stage_memory(plan, settings, profile, bounds, samples, wire, served, _rows_of(profile, plan)))
+    stage_mem = _stage_memory(plan, settings, profile, bounds, samples, wire, served, _rows_of(profile, plan))
+    mem = max(stage_mem)
+    held = max(m + topo.unit_memory * n for m, n in zip(stage_mem, units)) - mem  # (the fullest stage's, with it)
     tp_grads_s = max(s for _, s in tp_step)
     return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s, bubble,
-                    {k: v for k, v in nbytes.items() if v}, mem, picks)
+                    {k: v for k, v in nbytes.items() if v}, mem, picks, held)
+
+
+def fsdp_units(plan: ParallelPlan, bounds) -> list[int]:
+    """FSDP units a rank of each stage runs (``bounds``: the stages' chain layers): each chain layer's modules,
+    then the stage's root; none where the plan does not shard."""
+    return [hi - lo + 1 if plan.dp_shard > 1 else 0 for lo, hi in bounds]
 
 
 def _pipeline(plan: ParallelPlan, compute: list[float], work: list[float], send: list[tuple[float, float]],

@@ -25,6 +25,7 @@ from ..sparse.cost import env_link_mbit
 
 LOOPBACK_MBIT = 8000.0  # gloo over loopback on this kind of machine: CPU-bound, about 1 GB/s per rank pair
 LOCAL_MBIT = 8000.0  # between ranks of one host (shared memory / loopback)
+CPU_UNIT_MEMORY = 0.68 * 2**20  # Topology.unit_memory on the CPU (measured there)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class Topology:
     # seconds each micro-batch beyond the first adds to a step beyond its layers' work (autograd set-up, the loss,
     # the runtime's bookkeeping), measured by a calibration trial (tessel.planner.calibrate; 0: not measured)
     per_micro: float = 0.0
+    # bytes a worker holds beside its tensors for each FSDP unit it runs, where that counts against a rank's
+    # memory: on the CPU (the host's memory), where 8 local ranks of the memory benchmark's Transformer LM held
+    # 0.68 MiB more of the rest per unit (330 MiB at 2 layers, 344 at 23; bench/local-probes); 0 on a GPU, where
+    # it is host memory, not the device's
+    unit_memory: float = 0.0
     source: str = "defaults"
 
     def __post_init__(self) -> None:
@@ -61,7 +67,7 @@ class Topology:
             raise ConfigError(f"topology headroom is {self.headroom}; it must be a share from 0 to below 1")
         if not 0 <= self.overlap <= 1:
             raise ConfigError(f"topology overlap is {self.overlap}; it must be a share from 0 to 1")
-        for key in ("latency", "per_micro"):
+        for key in ("latency", "per_micro", "unit_memory"):
             v = getattr(self, key)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"topology {key.replace('_', '-')} is {v}; it must be a finite number >= 0")
@@ -90,7 +96,9 @@ class Topology:
 
     def describe(self) -> str:
         mem = "unbounded" if math.isinf(self.memory) else f"{self.memory / 2**30:.1f} GiB" + (
-            f" ({self.headroom:.0%} kept free)" if self.headroom else "")
+            f" ({self.headroom:.0%} kept free)" if self.headroom else "") + (
+            f", {self.unit_memory / 2**20:.2f} MiB of it beside the tensors per FSDP unit"
+            if self.unit_memory and not math.isinf(self.memory) else "")
         moved = "" if math.isinf(self.rate_mbit) else (f" (a rank moves {self.rate_mbit:.0f}, {self.overlap:.0%} "
                                                       "of it hidden by compute)")
         return (f"topology: {self.ranks} ranks on {self.hosts} host{'s' if self.hosts > 1 else ''}, link "
