@@ -527,3 +527,24 @@ def test_bench_plan_report_prices_the_same_runs_with_and_without_the_trial():
            "worst 58%" in text
     assert "The calibration trial took 3.5–4.5 s per cell and model." in text
 
+
+
+def test_a_limit_given_to_the_run_counts_fsdps_units_beside_the_tensors_on_the_cpu():
+    """``plan.memory_gib``'s check (before the workers and in them) adds what FSDP's units hold beside their
+    tensors where a rank's memory is the host's, as the planner does: 0.68 MiB a unit on the CPU, none on a GPU
+    and none unsharded; a plan whose tensors fit but whose units do not is refused, saying so."""
+    from tessel.errors import PlanError
+    from tessel.preflight import check_fits, held_beside
+
+    cfg = load_config(None, TINY["transformer_lm"] + ["parallel.device=cpu"])
+    sharded, unit = ParallelPlan(dp=4, dp_shard=4), 0.68 * 2**20
+    chain = 2 + cfg.model.layers  # the embedding, the blocks, the head
+    assert held_beside(cfg, sharded) == [unit * (chain + 1)]  # (+ the root)
+    piped = ParallelPlan(dp=2, dp_shard=2, pp=2, bounds=((0, 1), (1, chain)))
+    assert held_beside(cfg, piped) == [unit * 2, unit * chain]
+    assert held_beside(cfg, ParallelPlan(dp=4)) == [0.0]
+    assert held_beside(load_config(None, TINY["transformer_lm"] + ["parallel.device=cuda"]), sharded) == [0.0]
+    limit = 2**30 * 1e-3  # plan.memory_gib=0.001: about 1.02 MiB; the units alone need 5 x 0.68 MiB
+    check_fits(sharded, [limit * 0.5], 1e-3)  # the tensors alone fit
+    with pytest.raises(PlanError, match=r"MiB of it beside its tensors for FSDP's units\), over plan.memory_gib"):
+        check_fits(sharded, [limit * 0.5], 1e-3, held_beside(cfg, sharded))

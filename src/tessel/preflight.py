@@ -22,10 +22,11 @@ from .errors import ConfigError, PlanError
 from .meta import on_meta
 from .parallelize import check_model
 from .plan import ParallelPlan, TableChoice, saved_plan
-from .planner.estimate import stage_memory
+from .planner.estimate import fsdp_units, stage_memory
 from .planner.job import Job
 from .planner.profile import Profile, TableProfile, measure_memory
-from .resolve import job_of, plan_of, settings_of
+from .planner.topology import CPU_UNIT_MEMORY
+from .resolve import job_of, on_cpu, plan_of, settings_of
 from .settings import DTYPES
 from .sparse import find_tables
 from .sparse.cost import env_link_mbit
@@ -148,15 +149,31 @@ def _whole_rows(job: Job, plan: ParallelPlan, infos) -> set[str]:
     return {i.name for i in infos if rows_whole(model, i) is not None}
 
 
-def check_fits(plan: ParallelPlan, predicted: list[float] | None, memory_gib: float) -> None:
-    """Refuse ``plan`` in one line where its fullest rank is predicted over ``memory_gib``."""
-    if not predicted or max(predicted) <= memory_gib * 2**30:
+def held_beside(cfg: Config, plan: ParallelPlan, dataset=None) -> list[float]:
+    """Bytes each stage's ranks hold beside their tensors for FSDP's units, where that counts against a rank's
+    memory (the CPU's: ``Topology.unit_memory``), as the planner prices them; zeros elsewhere."""
+    if plan.dp_shard == 1 or not on_cpu(cfg):
+        return [0.0] * plan.pp
+    bounds = plan.bounds
+    if not bounds:
+        with on_meta():
+            bounds = ((0, len(chain_of(job_of(cfg, dataset).build()).layers)),)
+    return [CPU_UNIT_MEMORY * n for n in fsdp_units(plan, bounds)]
+
+
+def check_fits(plan: ParallelPlan, predicted: list[float] | None, memory_gib: float,
+               held: list[float] | None = None) -> None:
+    """Refuse ``plan`` in one line where its fullest rank is predicted over ``memory_gib`` (its tensors, and
+    ``held``: what each stage holds beside them, :func:`held_beside`)."""
+    needs = [p + h for p, h in zip(predicted or [], held or [0.0] * len(predicted or []))]
+    if not needs or max(needs) <= memory_gib * 2**30:
         return
     shard = f" dp_shard={plan.dp_shard}" if plan.dp_shard > 1 else ""
-    need, limit = max(predicted) / 2**20, memory_gib * 1024
+    need, limit = max(needs) / 2**20, memory_gib * 1024
+    beside = f", {max(held) / 2**20:,.1f} MiB of it beside its tensors for FSDP's units" if held and max(held) else ""
     raise PlanError(f"plan dp={plan.dp}{shard} pp={plan.pp} tp={plan.tp} needs {need:,.1f} MiB on its fullest rank "
-                    f"(predicted), over plan.memory_gib={memory_gib:g} ({limit:,.0f} MiB); valid: a plan that fits "
-                    "(tessel plan --memory-per-rank lists them), sharding (--dp-shard), recompute "
+                    f"(predicted{beside}), over plan.memory_gib={memory_gib:g} ({limit:,.0f} MiB); valid: a plan "
+                    "that fits (tessel plan --memory-per-rank lists them), sharding (--dp-shard), recompute "
                     "(--train.recompute layers), more ranks, or a smaller batch")
 
 
@@ -178,7 +195,7 @@ def preflight(cfg: Config, world_size: int | None = None, plan: ParallelPlan | N
         dataset = build_data(cfg)
     check_model(model, plan, settings)
     if cfg.plan.memory_gib and (plan.pp == 1 or plan.bounds):  # (a cut made from timings: checked once made)
-        check_fits(plan, predicted_memory(cfg, plan, dataset), cfg.plan.memory_gib)
+        check_fits(plan, predicted_memory(cfg, plan, dataset), cfg.plan.memory_gib, held_beside(cfg, plan, dataset))
     identity = model_identity(cfg, vocab, plan)
     if cfg.checkpoint.init_from or cfg.checkpoint.resume:
         # here, not at the top: torch's checkpoint package takes a second to import, on the launcher's path before

@@ -130,7 +130,7 @@ def job_of(cfg: Config, dataset=None):
     return Job(build=model, batch=batch, settings=settings, base=base)
 
 
-def _on_cpu(cfg: Config) -> bool:
+def on_cpu(cfg: Config) -> bool:
     """Whether the ranks will keep their tensors in the host's memory (parallel.device, auto: a GPU where the
     backend will be nccl)."""
     import torch
@@ -149,7 +149,7 @@ def topology_of(cfg: Config, ranks: int, measured: dict | None = None, calibrati
     p = cfg.plan
     memory = p.memory_gib * 2**30 if p.memory_gib else math.inf
     topo = from_environment(ranks, p.hosts, p.link_mbit, memory=memory, headroom=p.memory_headroom)
-    if _on_cpu(cfg):  # a rank's memory is the host's: what FSDP's units hold beside their tensors counts
+    if on_cpu(cfg):  # a rank's memory is the host's: what FSDP's units hold beside their tensors counts
         topo = replace(topo, unit_memory=CPU_UNIT_MEMORY)
     if calibration is not None:
         topo = calibration.apply(topo)

@@ -33,7 +33,7 @@ from .meta import on_meta
 from .parallelize import Parallelized, builds_on_meta, parallelize
 from .plan import ParallelPlan, regrouped, saved_plan
 from .planner import calibrate, probe
-from .preflight import check_fits, predicted_memory
+from .preflight import check_fits, held_beside, predicted_memory
 from .resolve import job_of, plan_of, saved_plan_for, settings_of, topology_of
 from .settings import Settings
 from .sparse.schedule import WAITS
@@ -171,7 +171,7 @@ def _predicted(cfg: Config, par: Parallelized, dataset) -> list[float] | None:
     mine = predicted_memory(cfg, par.plan, dataset, use) if dist.get_rank() == 0 and wanted else None
     predicted = comm.all_gather_object(mine, "meta")[0]
     if cfg.plan.memory_gib:
-        check_fits(par.plan, predicted, cfg.plan.memory_gib)
+        check_fits(par.plan, predicted, cfg.plan.memory_gib, held_beside(cfg, par.plan, dataset))
     return predicted
 
 
