@@ -34,6 +34,19 @@ def test_gpu_check_wiring_parity_holds_in_both_layouts(world1, world4, tmp_path,
     assert len(parity) == 2 and all(ln.endswith(" ok") for ln in parity), parity
 
 
+def test_gpu_check_tells_gloos_cuda_send_abort_from_a_failure():
+    """gloo aborts the process on CUDA tensors in send/recv, the last call tried; tessel.comm never sends CUDA
+    tensors through it, so that abort alone passes the part, said as such, and any other failure does not."""
+    check = example("gpu_check", folder="scripts")
+    ok = "".join(f"collectives: gloo, cuda tensors, {name:18s} ok\n" for name in check.COLLECTIVES[:-1])
+    said, good = check.collectives_verdict(ok, -6, "Signal 6 (SIGABRT) received")
+    assert good and "send/recv" in said and "not supported" in said
+    assert check.collectives_verdict(ok + "collectives: gloo, cuda tensors, send/recv ok\n", 0, "") == ("", True)
+    wrong = ok.replace("broadcast          ok", "broadcast          wrong values")
+    assert check.collectives_verdict(wrong, -6, "a\nb\nSignal 6") == ("collectives: failed: a | b | Signal 6", False)
+    assert not check.collectives_verdict(ok.split("\n", 1)[1], -6, "x")[1]  # one call missing before the abort
+
+
 def test_gpu_check_refuses_without_cuda():
     r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60,
                        env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
