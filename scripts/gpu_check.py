@@ -225,11 +225,11 @@ def collectives_verdict(stdout: str, returncode: int, stderr: str) -> tuple[str,
     through host copies under gloo, so tessel's path never meets it: where every call before it was ok, that abort
     is said as such and the part passes (tests/test_gpu_check.py).
     """
-    done = [ln for ln in stdout.splitlines() if ln.startswith("collectives: gloo, ")]
     if returncode == 0:
         return "", True
+    done = [ln for ln in stdout.splitlines() if ln.startswith("collectives: gloo, ")]
     if len(done) == len(COLLECTIVES) - 1 and all(ln.endswith(" ok") for ln in done):
-        return ("collectives: gloo, cuda tensors, send/recv          not supported: the process aborted in it; "
+        return (f"collectives: gloo, cuda tensors, {COLLECTIVES[-1]:18s} not supported: the process aborted in it; "
                 "tessel.comm sends through host copies under gloo"), True
     return "collectives: failed: " + " | ".join(stderr.strip().splitlines()[-3:]), False
 

@@ -23,12 +23,12 @@ if not torch.cuda.is_available():  # the wiring, on the CPU with tiny shapes
     CELLS, BACKEND = {"tiny, 4 steps": [*TINY, "--steps", "4"]}, "gloo"
 
 with tempfile.TemporaryDirectory() as tmp:
-    for cell, flags in CELLS.items():
+    for c, (cell, flags) in enumerate(CELLS.items()):
         tps: dict[str, dict[int, float]] = {"fp32": {}, "bf16-mixed": {}}
         for r in range(ROUNDS):
             for precision in sorted(tps, reverse=bool(r % 2)):
                 run = tessel_train(*flags, "--nproc", "1", "--parallel.backend", BACKEND, "--train.precision",
-                                   precision, out=Path(tmp) / f"{len(cell)}-{precision}-{r}")
+                                   precision, out=Path(tmp) / f"{c}-{precision}-{r}")
                 if "error" in run:
                     print(f"{cell}: {precision} failed: {run['error']}", flush=True)
                     continue
