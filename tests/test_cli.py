@@ -520,3 +520,15 @@ def test_tensor_parallel_errors(capsys):
     one_line_error(capsys, ["train", *TP, "--model", "lstm_lm"], "not lstm_lm")
     one_line_error(capsys, ["train", *TP, "--tp-mode", "1d"], "2 attention heads do not split over 4 ranks")
     one_line_error(capsys, ["train", *TP, "--tp-mode", "4d"], "tensor.mode", "valid: 1d, 2d, 3d, torch-1d")
+
+
+def test_the_command_line_imports_no_dtensor_before_a_run_needs_it():
+    """DTensor, DCP and FSDP (with torch._dynamo, which imports them) cost a process 40 MiB and most of a second:
+    a refusal, ``--help`` and a worker before its optimizer is made import none of them (torch's optimizers and
+    DDP import torch._dynamo themselves; sharded weights, torch's tensor parallelism and checkpoints import them
+    where used)."""
+    code = ("import sys, tessel.cli, tessel.trainer, tessel.parallelize, tessel.materialize, tessel.prepare, "
+            "tessel.pipeline.runtime, tessel.planner; print(sorted(m for m in ('torch.distributed.tensor', "
+            "'torch.distributed.checkpoint', 'torch.distributed.fsdp', 'torch._dynamo') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -13,12 +13,9 @@ dim 0, the tensor-parallel block). A run built this way is the run built whole, 
 from __future__ import annotations
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-from torch.distributed.tensor import DTensor, distribute_tensor
 
+from .dtensor import is_dtensor
 from .registry import spec_of
-
-_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 @torch.no_grad()
@@ -29,7 +26,6 @@ def materialize(outer: torch.nn.Module, module: torch.nn.Module, plain: torch.nn
     tensor-parallel blocks and FSDP shards in it) its piece of the value ``plain``'s class draws for it under
     ``seed`` (``plain``: the model as built, on the meta device); ``shards``: the tensor-parallel handle that
     places blocks in full tensors (checkpoints use the same)."""
-    init = spec_of(plain).init
     # to_empty makes new parameter objects (FSDP's keeps them, but not the attributes tessel tags them with: a
     # tensor-parallel split, which pieces are partial sums): the tags go back by name, the handle takes the new ones
     tags = {n: dict(vars(p)) for n, p in outer.named_parameters()}
@@ -40,7 +36,28 @@ def materialize(outer: torch.nn.Module, module: torch.nn.Module, plain: torch.nn
                 setattr(p, k, v)
     if shards is not None:
         shards.rebind(module)
-    state = get_model_state_dict(module, options=_OPTIONS)
+    fill = _fill_sharded if any(is_dtensor(p) for p in module.parameters()) else _fill_blocks
+    fill(module, plain, seed, shards)
+
+
+def _fill_blocks(module, plain, seed: int, shards) -> None:
+    """Weights unsharded over dp (whole, or tensor-parallel blocks cut here by the grid): no DTensor is needed, so
+    none is imported (a second and 40 MiB on the CPU)."""
+    init = spec_of(plain).init
+    for name, value in module.state_dict().items():  # plain names: nothing wraps the model yet
+        whole = torch.empty(value.shape if shards is None else shards.full_shape(name, value), dtype=value.dtype)
+        init(plain, name, whole, seed)
+        value.copy_(whole if shards is None else shards.block_of(name, whole))
+
+
+def _fill_sharded(module, plain, seed: int, shards) -> None:
+    """FSDP's shards (DTensors; under tensor parallelism chunks of blocks): each weight placed in its full tensor
+    as a checkpoint is loaded, and this rank's piece cut from it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    init, options = spec_of(plain).init, StateDictOptions(flatten_optimizer_state_dict=True)
+    state = get_model_state_dict(module, options=options)
     full_view = shards.to_dtensors(state) if shards is not None else state
     for name, value in full_view.items():
         whole = torch.empty(value.shape, dtype=value.dtype)  # one weight whole at a time, on the host
@@ -50,4 +67,4 @@ def materialize(outer: torch.nn.Module, module: torch.nn.Module, plain: torch.nn
             value.to_local().copy_(piece)
         else:
             value.copy_(whole)
-    set_model_state_dict(module, shards.to_local(full_view) if shards is not None else full_view, options=_OPTIONS)
+    set_model_state_dict(module, shards.to_local(full_view) if shards is not None else full_view, options=options)

@@ -39,7 +39,6 @@ from .settings import Settings
 from .sparse.schedule import WAITS
 from .sparse.served import table_use
 from .tensor.cost import step_formula
-from .train import checkpoint
 from .train.build import build, build_data, model_identity
 from .train.integrity import set_aside
 from .train.memory import (
@@ -91,6 +90,8 @@ def _resume_point(cfg: Config, plan: ParallelPlan, settings: Settings) -> tuple[
     start = _find_start(cfg)
     if start.path is None:
         return start, plan
+    from .train import checkpoint  # DCP and DTensor take a second and 40 MiB to import: only where a run uses them
+
     meta = checkpoint.read_meta(start.path)
     saved = saved_plan(meta, plan, start.path)
     checkpoint.same_optimizer(meta, settings.optimizer.name, start.path)
@@ -154,6 +155,8 @@ def _build(cfg: Config, mesh, plan: ParallelPlan, settings: Settings):
     identity = model_identity(cfg, vocab, plan)
     start, plan = _resume_point(cfg, plan, settings)
     if cfg.checkpoint.init_from and start.path is None:
+        from .train import checkpoint
+
         # into the plain model, before any parallelism: the source may have any world size or layout
         source = checkpoint.latest(cfg.checkpoint.init_from) or cfg.checkpoint.init_from  # a run's folder or a step
         checkpoint.load_weights(source, model, identity)
@@ -178,6 +181,8 @@ def _predicted(cfg: Config, par: Parallelized, dataset) -> list[float] | None:
 def _source_rank(rank: int, plan: ParallelPlan, path: str) -> int:
     """The saving rank at this rank's (pp, tp) place with dp index 0: dp replicas share one RNG stream and data
     position, so a job re-formed with another dp takes its state from there."""
+    from .train import checkpoint
+
     saved = ParallelPlan.from_dict(checkpoint.read_meta(path)["plan"])
     if saved.dp == plan.dp:
         return rank
@@ -297,6 +302,8 @@ def run(cfg: Config) -> dict[str, Any]:
 
     start = 0
     if begin.path is not None:
+        from .train import checkpoint
+
         start, data_state = checkpoint.load(begin.path, par.module, par.optimizer, identity, par.tables, par.shards,
                                             verify=False,  # rank 0 has just checked every file
                                             source_rank=_source_rank(rank, plan, begin.path))
@@ -342,6 +349,8 @@ def run(cfg: Config) -> dict[str, Any]:
         stopping = stop is not None and stop.requested() and step + 1 < cfg.train.steps
         if _checkpoint_due(cfg, step + 1) or stopping:
             engine.drain(step + 1)  # a checkpoint holds no half-trained mini-batch
+            from .train import checkpoint
+
             checkpoint.save(cfg.checkpoint_dir, step + 1, par.module, par.optimizer, loader.state_dict(), meta,
                             cfg.checkpoint.keep, par.tables, par.shards)
         if stopping:

@@ -95,6 +95,18 @@ class TensorParallel:
     def _splits(self) -> dict[str, Split]:
         return {n.removeprefix("module."): p.tp_split for n, p in self.named}
 
+    def full_shape(self, name: str, block: torch.Tensor) -> torch.Size:
+        """The shape of weight ``name`` whole, from this rank's ``block`` of it."""
+        shape = list(block.shape)
+        for d, axes in (self._splits().get(name) or Split()).dims:
+            shape[d] *= self.grid.block(axes)[1]
+        return torch.Size(shape)
+
+    def block_of(self, name: str, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's block of weight ``name`` from its value ``whole`` (itself where the weight is not cut)."""
+        split = self._splits().get(name)
+        return whole if split is None else self.grid.local(whole, split, name)
+
     def to_dtensors(self, state: dict) -> dict:
         """Model or (flattened) optimizer state with every shard as a DTensor of its full shape."""
         from torch.distributed.tensor import DTensor

@@ -9,8 +9,8 @@ from __future__ import annotations
 import inspect
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from ..dtensor import is_dtensor
 from ..settings import Settings
 
 
@@ -46,6 +46,6 @@ def without_fused_on_shards(options: dict, params) -> dict:
     off where ``params`` hold a DTensor: not every fused kernel has a DTensor rule in torch 2.13 (SGD's has none;
     AdamW's refused torch's tensor parallelism's mix of DTensor and plain tensors), so shards step one tensor at a
     time."""
-    if options.get("fused") and any(isinstance(p, DTensor) for p in params):
+    if options.get("fused") and any(is_dtensor(p) for p in params):
         return {**options, "fused": False, "foreach": False}
     return options
