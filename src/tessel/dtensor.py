@@ -1,8 +1,10 @@
 """Whether a tensor is torch's DTensor, asked without importing DTensor.
 
-Importing ``torch.distributed.tensor`` costs a process about 40 MiB and most of a second on the CPU (it comes with
-DCP and FSDP too), so tessel imports it only where a run uses it: sharded weights, torch's tensor parallelism,
-checkpoints. A process that never imported it holds no DTensor, so the check needs no import.
+Importing ``torch.distributed.tensor`` (with DCP and FSDP, which import it) costs a process about 40 MiB and most of
+a second on the CPU. The launcher, its refusals, ``--help`` and the planner never need it, so tessel imports it only
+where a run uses it: sharded weights, torch's tensor parallelism, checkpoints. (A training worker has it anyway once
+it makes its optimizer: torch's optimizers import ``torch._dynamo``, which imports FSDP and DTensor.) A process
+that never imported it holds no DTensor, so the check needs no import.
 """
 
 from __future__ import annotations

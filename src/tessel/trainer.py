@@ -90,7 +90,7 @@ def _resume_point(cfg: Config, plan: ParallelPlan, settings: Settings) -> tuple[
     start = _find_start(cfg)
     if start.path is None:
         return start, plan
-    from .train import checkpoint  # DCP and DTensor take a second and 40 MiB to import: only where a run uses them
+    from .train import checkpoint  # DCP with DTensor: not imported by the launcher and its refusals (tessel/dtensor.py)
 
     meta = checkpoint.read_meta(start.path)
     saved = saved_plan(meta, plan, start.path)
