@@ -4,8 +4,7 @@ Importing ``torch.distributed.tensor`` (with DCP and FSDP, which import it) cost
 a second on the CPU. The launcher, its refusals, ``--help`` and the planner never need it, so tessel imports it only
 where a run uses it: sharded weights, torch's tensor parallelism, checkpoints. (A process that makes a torch
 optimizer has it anyway, a training worker or the planner's profile: torch's optimizers import ``torch._dynamo``,
-which imports FSDP and DTensor.) A process
-that never imported it holds no DTensor, so the check needs no import.
+which imports FSDP and DTensor.) A process that never imported it holds no DTensor, so the check needs no import.
 """
 
 from __future__ import annotations
