@@ -4,18 +4,12 @@ plan (m micro-batches on its slowest stage): no fresh profile, so today's machin
 [median |error| %, worst %, Spearman] before -> after."""
 import json, statistics, sys
 from pathlib import Path
+
+from cells import CELLS
 from scipy.stats import spearmanr
-sys.path.insert(0, "/tmp/s33/prof")
 from tessel.bench.plan_check import _saved
 from tessel.plan import ParallelPlan
 STAGE = 3.96e-3
-CELLS = {("classifier", 4, "1gbit"): "plan", ("lstm_lm", 4, "1gbit"): "plan-lstm-again",
-         ("transformer_lm", 4, "1gbit"): "plan", ("classifier", 4, "200mbit"): "plan",
-         ("lstm_lm", 4, "200mbit"): "plan", ("transformer_lm", 4, "200mbit"): "plan",
-         ("classifier", 6, "500mbit"): "plan-unseen", ("transformer_lm", 6, "500mbit"): "plan-unseen",
-         ("classifier", 8, "1gbit"): "plan-8h", ("transformer_lm", 8, "1gbit"): "plan-8h",
-         ("lstm_lm", 8, "1gbit"): "plan-lstm-8h", ("lstm_lm", 8, "200mbit"): "plan-lstm-8h",
-         ("transformer_lm", 8, "200mbit"): "plan-tf-8h-200", ("classifier", 8, "200mbit"): "plan-cls-8h-200"}
 def stats(pred, meas):
     err = [p / m - 1 for p, m in zip(pred, meas)]
     return [round(100 * statistics.median(map(abs, err))), round(100 * max(err, key=abs)), round(spearmanr(pred, meas)[0], 2)]

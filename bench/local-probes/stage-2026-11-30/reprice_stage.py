@@ -2,6 +2,8 @@
 (CPU_STAGE_MICRO); per cell the median and worst error and Spearman, before -> after."""
 import json, statistics, sys
 from pathlib import Path
+
+from cells import CELLS
 from dataclasses import replace
 from scipy.stats import spearmanr
 from tessel.bench.plan_check import MODELS, COMMON, _saved, policy_of
@@ -14,13 +16,6 @@ from tessel.planner.estimate import estimate
 from tessel.planner.topology import CPU_STAGE_MICRO
 from tessel.resolve import job_of, settings_of
 
-CELLS = {("classifier", 4, "1gbit"): "plan", ("lstm_lm", 4, "1gbit"): "plan-lstm-again",
-         ("transformer_lm", 4, "1gbit"): "plan", ("classifier", 4, "200mbit"): "plan",
-         ("lstm_lm", 4, "200mbit"): "plan", ("transformer_lm", 4, "200mbit"): "plan",
-         ("classifier", 6, "500mbit"): "plan-unseen", ("transformer_lm", 6, "500mbit"): "plan-unseen",
-         ("classifier", 8, "1gbit"): "plan-8h", ("transformer_lm", 8, "1gbit"): "plan-8h",
-         ("lstm_lm", 8, "1gbit"): "plan-lstm-8h", ("lstm_lm", 8, "200mbit"): "plan-lstm-8h",
-         ("transformer_lm", 8, "200mbit"): "plan-tf-8h-200", ("classifier", 8, "200mbit"): "plan-cls-8h-200"}
 profiles, out = {}, []
 for (model, hosts, rate), folder in CELLS.items():
     d = Path("/work/main/bench") / folder
