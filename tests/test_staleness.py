@@ -133,18 +133,31 @@ def test_v2_weight_copies_are_counted_per_micro_batch(world3):
     assert world3.run(check_v2_copies) == [3.0, 2.0, 0.0]
 
 
-def test_v2_names_each_copy_even_when_python_reuses_a_freed_dict():
+def test_v2_shares_one_copy_per_weight_version_and_names_it_by_the_version():
+    """v2's graphs keep their forward's Ŵ. The forwards of one weight version and s share one copy (one key, one
+    storage), a new version makes a new copy under a new key, and no key rests on an id Python reuses for a
+    freed dict."""
     from tessel.pipeline.predict import StageWeights
 
     lin = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
     w = StageWeights(dict(lin.named_parameters()), opt, "predict", stage=0, stages=2, variant="v2")
-    keys = []
-    for _ in range(4):
-        weights, leaves, _, kept = w.make(ahead=1)
-        keys.append(kept)
-        del weights, leaves  # the engine drops the dict after the forward: its id is free for the next one
-    assert len(set(keys)) == 4, keys
+    keys, storages = [], []
+    for _ in range(3):
+        for _ in range(2):
+            weights, leaves, _, kept = w.make(ahead=1)
+            keys.append(kept)
+            storages.append(weights["weight"].untyped_storage().data_ptr())
+            buf = opt.state[lin.weight].get("momentum_buffer")
+            want = lin.weight.detach() if buf is None else lin.weight.detach() - 0.1 * buf
+            torch.testing.assert_close(weights["weight"], want)  # Ŵ = W − η·v (SGD: v is the momentum buffer)
+            del weights, leaves  # the engine drops the dict after the forward: its id is free for the next one
+        lin(torch.randn(4, 3)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        w.updates += 1
+    assert keys[0::2] == keys[1::2] and storages[0::2] == storages[1::2], keys
+    assert len(set(keys)) == 3 and w.made == 3, keys
 
 
 def test_prediction_error_example_measures_the_guess_against_the_weights_reached(tmp_path, monkeypatch, capsys):

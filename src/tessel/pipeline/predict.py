@@ -18,7 +18,8 @@ for that mini-batch, whose gradients are added to the real parameters' ``.grad``
     replace it in the graph by a token and rebuild the backward's weights when autograd asks, so no
     weight version is stored.
   - ``v2`` (the official repo's later version): the forward uses s and the backward reuses that Ŵ,
-    which the graph keeps (one weight copy per micro-batch in flight, like stashing).
+    which the graph keeps (one weight copy per weight version in flight, like stashing).
+  - Forwards of the same weight version and s share one Ŵ, made once (v1 without its half-way term, v2, opt).
   - ``opt`` (the optimizer-dependent prediction of XPipe, arXiv 1911.04610, and PipeOptim, arXiv 2312.00839):
     Ŵ is where the run's own optimizer would take W in its next s updates, each at its own LR, from its own
     state (momentum buffer, Adam's moments and step count, weight decay) with no gradient yet to come
@@ -138,6 +139,10 @@ class _RebuildSaved:
         self.by_node = {t.grad_fn: name for name, t in weights.items() if t.grad_fn is not None}
         self.by_leaf = {id(t): name for name, t in weights.items() if t.grad_fn is None}
         self.weights, self.rebuild, self.cache = weights, rebuild, {}
+        # a cast changes the dtype: a saved tensor of the one dtype every weight has (an fp32 or fp64 run's
+        # activations) is none of their casts, and is passed without walking its graph (Python, per saved tensor)
+        dtypes = {t.dtype for t in weights.values()}
+        self.only = next(iter(dtypes)) if len(dtypes) == 1 else None
 
     def pack(self, t: torch.Tensor):
         if t.layout != torch.strided:
@@ -151,6 +156,8 @@ class _RebuildSaved:
 
     def _cast_of(self, t: torch.Tensor) -> str | None:
         """The weight ``t`` is a cast (or a view of a cast) of, laid out as that weight's storage cast; else None."""
+        if t.dtype == self.only:
+            return None
         fn, name = t.grad_fn, None
         for _ in range(self.HOPS):
             if fn is None:
@@ -201,9 +208,12 @@ class StageWeights:
         self.updates = 0  # bumped by the engine after every optimizer step: names the weight version
         # update index (0: the engine's first) -> the LR it applies; None: the optimizer's current LR for all
         self.lr_of = lr_of
-        self.made = 0  # predicted weight sets made: v2 names the copy its graph keeps by this count
+        self.made = 0  # predicted weight sets made (shared by the forwards of one weight version and s)
         self.log: list | None = None  # a list: ("F" | "B", updates done, s, shift) per prediction (tests)
         self._stash: tuple[int, dict[str, torch.Tensor]] | None = None
+        # the forwards' Ŵ of one weight version and s, shared: with m micro-batches per update up to m - 1
+        # forwards of a step predict the same Ŵ (stage 0 of 4 at m = 4: three), each a pass over the stage's weights
+        self._shared: tuple[tuple, dict[str, torch.Tensor]] | None = None
 
     def shift(self, s: int) -> float:
         """How far along the update direction the weights ``s`` updates from now are: the sum of those
@@ -250,6 +260,7 @@ class StageWeights:
         them as it is (a copy, ``functional_call`` and the gradients' second sum cost a stage's small ops up to
         a third of their time; docs/pipeline.md)."""
         if ahead == 0 and (self.mode != "predict" or self.extra == 0):
+            self._shared = None  # a version's last predicted forward has run: its Ŵ is not kept past it
             return None
         if self.mode == "stash":
             # micro-batches that run on the same version share one copy (PipeDream-2BW keeps two)
@@ -264,10 +275,28 @@ class StageWeights:
             return leaves, leaves, live.context(), None
         s = ahead + self.extra
         shift = self._logged_shift("F", s)
-        weights = {n: self._predicted(n, leaf, shift, s) for n, leaf in leaves.items()}
-        if not (self.variant.again_in_backward or self.variant.live_backward):  # v2: the graph keeps this copy
+        if self.extra and not self.variant.live_backward:
+            # v1's half-way term: the backward predicts weights of its own, so a Ŵ kept for the next forward would
+            # be a second copy; each forward makes its own and the graph holds none of it (_RebuildSaved)
+            weights = {n: self._predicted(n, leaf, shift, s) for n, leaf in leaves.items()}
+            return weights, leaves, _RebuildSaved(weights, self._backward_weight).context(), None
+        key, shared = self._shared_prediction(s, shift)
+        # each forward's own leaves on the shared storage: their gradients are this micro-batch's, added to the
+        # parameters' by the engine, as a leaf under a predicted copy would have passed them on unchanged
+        leaves = {n: w.detach().requires_grad_(True) for n, w in shared.items()}
+        if not (self.variant.again_in_backward or self.variant.live_backward):  # v2: the graphs keep this copy
+            return leaves, leaves, contextlib.nullcontext(), (self.variant.name, *key)
+        # v1 (no half-way term here) and opt: the backward multiplies by the live weights of its time
+        return leaves, leaves, _RebuildSaved(leaves, self._backward_weight).context(), None
+
+    def _shared_prediction(self, s: int, shift: float) -> tuple[tuple, dict[str, torch.Tensor]]:
+        """(key, Ŵ) for a forward ``s`` updates ahead, made once per weight version: the key holds what Ŵ is a
+        function of (the update count, s and its shift, and the parameters' version counters, which every in-place
+        change of a weight bumps: an optimizer step, a checkpoint's load)."""
+        key = (self.updates, s, shift, *(p._version for p in self.params.values()))
+        if self._shared is None or self._shared[0] != key:
+            self._shared = None  # the old copy goes before the new one is made
+            with torch.no_grad():
+                self._shared = (key, {n: self._predicted(n, p.detach(), shift, s) for n, p in self.params.items()})
             self.made += 1
-            return weights, leaves, contextlib.nullcontext(), (self.variant.name, self.made)
-        # v1: the backward's weights predicted again then; opt: the live ones then (_backward_weight)
-        hooks = _RebuildSaved(weights, self._backward_weight)
-        return weights, leaves, hooks.context(), None
+        return self._shared
