@@ -252,6 +252,30 @@ def test_balance_minimises_slowest_stage():
     assert parse_split("1,2", 3, 2, ["a", "b", "c"]) == [(0, 1), (1, 3)]
 
 
+def test_equal_layers_are_timed_alike_and_the_first_and_last_apart(monkeypatch):
+    """With ``pool`` every layer runs, and equal layers (same modules and shapes, an input that needs a gradient)
+    take the median of their times. The first layer (its input is data, no gradient) and the last (the loss
+    follows it) stand apart. The times here are a fake clock's, so the expected costs are exact."""
+    from tessel.models import DenseClassifier
+    from tessel.pipeline import partition
+
+    m = DenseClassifier(in_features=16, hidden=16, layers=4, classes=4)  # chain: 4 x (Linear 16x16, ReLU), head
+    took = iter([0.05, 0.10, 0.03, 0.08, 0.04])  # one timed run per layer (each over the 20 ms a layer needs)
+    now = [0.0, None]
+
+    def clock():  # a run's start, then its end one duration later
+        if now[1] is None:
+            now[1] = next(took)
+            return now[0]
+        now[0], now[1] = now[0] + now[1], None
+        return now[0]
+
+    monkeypatch.setattr(partition.time, "thread_time", clock)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    got = [c.seconds for c in partition.profile(m, chain_of(m), x, y, repeats=1, pool=True)]
+    assert got == pytest.approx([0.05, 0.08, 0.08, 0.08, 0.04])  # layers 1-3: the median of 0.10, 0.03, 0.08
+
+
 def test_plan_profiles_and_prints():
     cfg = load_config(None, ["model.name=transformer_lm", *SMALL["transformer_lm"]])
     torch.manual_seed(0)

@@ -2,9 +2,10 @@
 
 Each layer's forward+backward time is measured on one micro-batch (the fastest of several runs after a
 warm-up, as timeit advises: interference only ever adds time); on CPU the clock is this thread's CPU time,
-which other processes and a host's CPU quota do not inflate. The split minimises the slowest stage over
-all contiguous cuts. A given split (layer counts per stage, torchgpipe's ``balance``) skips the search
-but is profiled and printed the same way.
+which other processes and a host's CPU quota do not inflate. Equal layers (same modules, shapes and input)
+then take the median of their times: measured one after another, they differ only by the machine's drift, and
+a cut should not follow it. The split minimises the slowest stage over all contiguous cuts. A given split
+(layer counts per stage, torchgpipe's ``balance``) skips the search but is profiled and printed the same way.
 
 Example::
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -109,12 +111,14 @@ def _made(model: nn.Module, chain: Chain, i: int):
 
 
 def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, repeats: int = 5,
-            memory: bool = False, reuse: bool = False) -> list[LayerCost]:
+            memory: bool = False, reuse: bool = False, pool: bool = False) -> list[LayerCost]:
     """Time each layer's forward and backward on the micro-batch ``x`` (targets ``y``), one layer at a time;
     with ``memory``, also count what its forward saves and its backward holds (the planner's memory column).
     A model on the meta device is run for its shapes only, or with ``memory`` one layer made real at a time.
     With ``reuse`` (always when only counting memory), a layer like one already run (same modules, shapes,
-    input) is taken to cost what that one did instead of being run again."""
+    input) is taken to cost what that one did instead of being run again. With ``pool``, every layer is run and
+    equal layers are given the median of their times: timed one after another they differ by the machine's
+    drift alone (up to 2x between equal blocks here), and a cut between them would follow that noise."""
     costs = []
     clock = time.perf_counter if x.is_cuda else time.thread_time
     on_meta = any(p.is_meta for p in model.parameters())
@@ -123,26 +127,37 @@ def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, re
             if b is not None and b.is_meta:
                 module._buffers[name] = torch.zeros(b.shape, dtype=b.dtype)
     runs: dict = {}  # a layer like one already measured (same modules, shapes, input) holds and costs the same
+    keys: list = []  # each run layer's (for ``pool``)
     for i in range(len(chain.layers)):
-        key = _signature(model, chain, i, x) if repeats == 0 or reuse else None
-        if key is not None and key in runs:
+        key = _signature(model, chain, i, x) if repeats == 0 or reuse or pool else None
+        if key is not None and key in runs and not pool:
             costs.append(_Run(dataclasses.replace(runs[key].cost, name=chain.layers[i].name), runs[key].out))
         else:
             with _made(model, chain, i) if on_meta and memory else contextlib.nullcontext():
                 costs.append(_layer(model, chain, i, x, y, repeats, memory, on_meta and not memory, clock))
             runs[key] = costs[-1]
+            keys.append(key)
         x = costs[-1].out
-    return [c.cost for c in costs]
+    return _pooled([c.cost for c in costs], keys) if pool else [c.cost for c in costs]
+
+
+def _pooled(costs: list[LayerCost], keys: list) -> list[LayerCost]:
+    """Each layer's seconds replaced by the median over the layers of its key (equal modules, shapes, input)."""
+    groups: dict = {}
+    for cost, key in zip(costs, keys):
+        groups.setdefault(key, []).append(cost.seconds)
+    return [dataclasses.replace(cost, seconds=statistics.median(groups[key])) for cost, key in zip(costs, keys)]
 
 
 def _signature(model: nn.Module, chain: Chain, i: int, x: torch.Tensor) -> tuple:
-    """What a layer's memory depends on: its modules' kinds and parameter shapes, its input's, and whether the
-    loss follows it (a model of many equal blocks is measured once per kind of block)."""
+    """What a layer's memory and time depend on: its modules' kinds and parameter shapes, its input's, whether a
+    gradient is taken for its input (not for the first layer's: data), and whether the loss follows it (a model
+    of many equal blocks is measured once per kind of block)."""
     if i + 1 == len(chain.layers):
         return ("loss",)
     mods = tuple((type(m).__name__, tuple((n, tuple(p.shape), p.dtype) for n, p in m.named_parameters()))
                  for o in chain.layers[i].owns for m in model.get_submodule(o).modules())
-    return mods, tuple(x.shape), x.dtype
+    return mods, tuple(x.shape), x.dtype, i == 0
 
 
 @dataclass
@@ -262,7 +277,7 @@ def plan_stages(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor
                 split: str = "") -> StagePlan:
     """Profile ``chain`` on the micro-batch ``(x, y)`` and cut it into ``stages`` stages (or as ``split`` says)."""
     names = [layer.name for layer in chain.layers]
-    costs = profile(model, chain, x, y)
+    costs = profile(model, chain, x, y, pool=True)
     if split:
         return StagePlan(parse_split(split, len(names), stages, names), costs, given=True)
     return StagePlan(balance([c.seconds for c in costs], stages), costs, given=False)

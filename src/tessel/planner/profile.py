@@ -272,7 +272,7 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
             sizes = sorted(set(sizes or (1, b)) | {b})
             x, y = job.batch(b, 1)
             with settings.autocast():  # timed and counted as the run computes (bf16 under mixed precision)
-                costs = {n: profile(model, chain, x[:n], y[:n], repeats=3, memory=n == b) for n in sizes}
+                costs = {n: profile(model, chain, x[:n], y[:n], repeats=3, memory=n == b, pool=True) for n in sizes}
                 selective = _selective(model, chain, x, y)
                 again = _recompute_shares(model, chain, x, y)
             tables = _tables(job, model, dps)
