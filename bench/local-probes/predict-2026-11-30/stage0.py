@@ -31,7 +31,7 @@ class Stage:
     def step(self, share: bool = True) -> None:
         for i in range(4):
             if not share:
-                self.sw._shared = None
+                self.sw._copy = None
             made = self.sw.make(1 if i < 3 else 0)
             x = self.xs[i].clone().requires_grad_(True)
             if made is None:

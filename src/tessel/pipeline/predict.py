@@ -208,12 +208,11 @@ class StageWeights:
         self.updates = 0  # bumped by the engine after every optimizer step: names the weight version
         # update index (0: the engine's first) -> the LR it applies; None: the optimizer's current LR for all
         self.lr_of = lr_of
-        self.made = 0  # predicted weight sets made (shared by the forwards of one weight version and s)
+        self.made = 0  # weight copies made (stashed or predicted; each shared by the forwards of its key)
         self.log: list | None = None  # a list: ("F" | "B", updates done, s, shift) per prediction (tests)
-        self._stash: tuple[int, dict[str, torch.Tensor]] | None = None
-        # the forwards' Ŵ of one weight version and s, shared: with m micro-batches per update up to m - 1
-        # forwards of a step predict the same Ŵ (stage 0 of 4 at m = 4: three), each a pass over the stage's weights
-        self._shared: tuple[tuple, dict[str, torch.Tensor]] | None = None
+        # the copy the forwards of one key share: the stash of a weight version, or Ŵ of a version and s (with m
+        # micro-batches per update up to m - 1 forwards of a step predict the same Ŵ: stage 0 of 4 at m = 4 three)
+        self._copy: tuple[tuple, dict[str, torch.Tensor]] | None = None
 
     def shift(self, s: int) -> float:
         """How far along the update direction the weights ``s`` updates from now are: the sum of those
@@ -260,17 +259,15 @@ class StageWeights:
         them as it is (a copy, ``functional_call`` and the gradients' second sum cost a stage's small ops up to
         a third of their time; docs/pipeline.md)."""
         if ahead == 0 and (self.mode != "predict" or self.extra == 0):
-            self._shared = None  # a version's last predicted forward has run: its Ŵ is not kept past it
+            self._copy = None  # a version's last copied forward has run: its copy is not kept past it
             return None
         if self.mode == "stash":
             # micro-batches that run on the same version share one copy (PipeDream-2BW keeps two)
-            if self._stash is None or self._stash[0] != self.updates:
-                self._stash = (self.updates, {n: p.detach().clone() for n, p in self.params.items()})
-            leaves = {n: t.detach().requires_grad_(True) for n, t in self._stash[1].items()}
+            copy = self._once(("stash", self.updates), lambda: {n: p.detach().clone() for n, p in self.params.items()})
+            leaves = {n: t.detach().requires_grad_(True) for n, t in copy.items()}
             return leaves, leaves, contextlib.nullcontext(), ("stash", self.updates)
-        # .data: shares the storage but not the version counter, so in-place updates do not trip autograd
-        leaves = {n: p.data.requires_grad_(True) for n, p in self.params.items()}
         if self.mode == "stale":  # the backward multiplies by the weights live then (autocast's copies rebuilt)
+            leaves = self._aliases()
             live = _RebuildSaved(leaves, lambda name: self.params[name].detach())
             return leaves, leaves, live.context(), None
         s = ahead + self.extra
@@ -278,9 +275,13 @@ class StageWeights:
         if self.extra and not self.variant.live_backward:
             # v1's half-way term: the backward predicts weights of its own, so a Ŵ kept for the next forward would
             # be a second copy; each forward makes its own and the graph holds none of it (_RebuildSaved)
+            leaves = self._aliases()
             weights = {n: self._predicted(n, leaf, shift, s) for n, leaf in leaves.items()}
             return weights, leaves, _RebuildSaved(weights, self._backward_weight).context(), None
-        key, shared = self._shared_prediction(s, shift)
+        # Ŵ is a function of the update count, s and its shift, and the weights and optimizer state, which every
+        # in-place change of a weight (an optimizer step, a checkpoint's load) marks in the version counters
+        key = (self.updates, s, shift, *(p._version for p in self.params.values()))
+        shared = self._once(key, lambda: {n: self._predicted(n, p.detach(), shift, s) for n, p in self.params.items()})
         # each forward's own leaves on the shared storage: their gradients are this micro-batch's, added to the
         # parameters' by the engine, as a leaf under a predicted copy would have passed them on unchanged
         leaves = {n: w.detach().requires_grad_(True) for n, w in shared.items()}
@@ -289,14 +290,16 @@ class StageWeights:
         # v1 (no half-way term here) and opt: the backward multiplies by the live weights of its time
         return leaves, leaves, _RebuildSaved(leaves, self._backward_weight).context(), None
 
-    def _shared_prediction(self, s: int, shift: float) -> tuple[tuple, dict[str, torch.Tensor]]:
-        """(key, Ŵ) for a forward ``s`` updates ahead, made once per weight version: the key holds what Ŵ is a
-        function of (the update count, s and its shift, and the parameters' version counters, which every in-place
-        change of a weight bumps: an optimizer step, a checkpoint's load)."""
-        key = (self.updates, s, shift, *(p._version for p in self.params.values()))
-        if self._shared is None or self._shared[0] != key:
-            self._shared = None  # the old copy goes before the new one is made
+    def _aliases(self) -> dict[str, torch.Tensor]:
+        """The parameters as leaves: ``.data`` shares the storage but not the version counter, so in-place updates
+        do not trip autograd."""
+        return {n: p.data.requires_grad_(True) for n, p in self.params.items()}
+
+    def _once(self, key: tuple, make: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The weight copy of ``key``, made by ``make`` only when the key changes (the old copy dropped first)."""
+        if self._copy is None or self._copy[0] != key:
+            self._copy = None
             with torch.no_grad():
-                self._shared = (key, {n: self._predicted(n, p.detach(), shift, s) for n, p in self.params.items()})
+                self._copy = (key, make())
             self.made += 1
-        return self._shared
+        return self._copy[1]
