@@ -254,7 +254,8 @@ def _pipeline_line(p: dict[str, Any] | None) -> str:
         return ""
     bubble = f"bubble {p['bubble']:.0%} (measured idle share)" if p.get("bubble") is not None else "bubble n/a"
     kept = max(p.get("kept_bytes_per_rank") or [0])
-    return (f"  pipeline        {p['schedule']}, {p['micro_batches']} micro-batches, {bubble}"
+    m = p['micro_batches']
+    return (f"  pipeline        {p['schedule']}, {m} micro-batch{'es' if m != 1 else ''}, {bubble}"
             + (f", stage imbalance {p['busy_imbalance']:.2f}x" if p.get("busy_imbalance") else "")
             + (f", weight copies kept {human_bytes(kept)} (largest rank)" if kept else ""))
 
