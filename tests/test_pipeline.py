@@ -261,19 +261,24 @@ def test_equal_layers_are_timed_alike_and_the_first_and_last_apart(monkeypatch):
 
     m = DenseClassifier(in_features=16, hidden=16, layers=4, classes=4)  # chain: 4 x (Linear 16x16, ReLU), head
     took = iter([0.05, 0.10, 0.03, 0.08, 0.04])  # one timed run per layer (each over the 20 ms a layer needs)
-    now = [0.0, None]
+    calls = iter(range(10**6))
+    now = [0.0, 0.0]  # the run's start and its duration
 
-    def clock():  # a run's start, then its end one duration later
-        if now[1] is None:
+    def clock():  # a run's start, its forward's end a quarter of its duration later, then its end
+        k = next(calls) % 3
+        if k == 0:
             now[1] = next(took)
             return now[0]
-        now[0], now[1] = now[0] + now[1], None
+        if k == 1:
+            return now[0] + now[1] / 4
+        now[0] += now[1]
         return now[0]
 
     monkeypatch.setattr(partition.time, "thread_time", clock)
     x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
-    got = [c.seconds for c in partition.profile(m, chain_of(m), x, y, repeats=1, pool=True)]
-    assert got == pytest.approx([0.05, 0.08, 0.08, 0.08, 0.04])  # layers 1-3: the median of 0.10, 0.03, 0.08
+    got = partition.profile(m, chain_of(m), x, y, repeats=1, pool=True)
+    assert [c.seconds for c in got] == pytest.approx([0.05, 0.08, 0.08, 0.08, 0.04])  # 1-3: median of 0.10, 0.03, 0.08
+    assert [c.forward for c in got] == pytest.approx([0.0125, 0.02, 0.02, 0.02, 0.01])  # the forwards pooled alike
 
 
 def test_plan_profiles_and_prints():

@@ -215,6 +215,33 @@ def test_flushed_bubble_and_async():
     assert math.isclose(flushed.bubble, 2 * ms, rel_tol=1e-3)
 
 
+def test_gpipe_phases_are_paced_by_their_own_slowest_stage():
+    """GPipe runs every forward, then every backward: each phase is one slot of every stage and m - 1 of that
+    phase's slowest, so a stage slow in the forward and another slow in the backward cost GPipe more than 1F1B,
+    whose slots hold both. Stages alike in their forward's share price the same under the two."""
+    cfg = load_config(None, TINY["classifier"])
+    profile, settings = measure(job_of(cfg), dps=(1,)), settings_of(cfg)
+    assert all(0 < layer.forward_share < 1 for layer in profile.layers)  # timed: the forward is part of it
+    ms = 1e-3
+    profile.step_factor, profile.optimizer_per_elem = 1.0, 0.0
+    topo = planner.Topology(ranks=2, hosts=2, link_mbit=1e9, latency=0.0)
+    bounds, m = ((0, 2), (2, 4)), 4
+
+    def span(schedule):
+        e = estimate(ParallelPlan(dp=1, pp=2, micro_batches=m, bounds=bounds, schedule=schedule), settings,
+                     profile, topo)
+        return e.step - e.comm
+
+    for layer, each, share in zip(profile.layers, (1, 1, 3, 2), (0.5, 0.5, 0.1, 0.1)):
+        layer.measured, layer.fixed, layer.per_sample, layer.forward_share = {}, each * ms, 0.0, share
+    # forwards: stage 0 1 ms, stage 1 0.5 ms; backwards 1 ms and 4.5 ms
+    assert math.isclose(span("gpipe"), ((1 + 0.5) + (m - 1) * 1 + (1 + 4.5) + (m - 1) * 4.5) * ms, rel_tol=1e-3)
+    assert math.isclose(span("1f1b"), (2 + 5 + (m - 1) * 5) * ms, rel_tol=1e-3)
+    for layer in profile.layers:
+        layer.forward_share = 0.4
+    assert math.isclose(span("gpipe"), span("1f1b"), rel_tol=1e-9)
+
+
 def test_plan_command_and_saved_plan(tmp_path, capsys):
     out = tmp_path / "plan.json"
     argv = ["plan", "--model", "classifier", "--model.hidden", "32", "--model.in_features", "24", "--batch", "8",

@@ -48,6 +48,7 @@ class LayerCost:
     #                saved tensors, or what a recompute keeps: a selective one its matrix products' outputs)
     ahead: int = 0  # bytes its forward (and loss) holds at once beyond what it saves and hands on (a fused
     #                 loss's logits, made and dropped in the forward)
+    forward: float = 0.0  # of ``seconds``, the forward's (with the loss on the last layer): GPipe runs them apart
 
 
 @dataclass
@@ -142,11 +143,14 @@ def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, re
 
 
 def _pooled(costs: list[LayerCost], keys: list) -> list[LayerCost]:
-    """Each layer's seconds replaced by the median over the layers of its key (equal modules, shapes, input)."""
+    """Each layer's seconds (and its forward's) replaced by the median over the layers of its key (equal modules,
+    shapes, input)."""
     groups: dict = {}
     for cost, key in zip(costs, keys):
-        groups.setdefault(key, []).append(cost.seconds)
-    return [dataclasses.replace(cost, seconds=statistics.median(groups[key])) for cost, key in zip(costs, keys)]
+        groups.setdefault(key, []).append(cost)
+    return [dataclasses.replace(cost, seconds=statistics.median(c.seconds for c in groups[key]),
+                                forward=statistics.median(c.forward for c in groups[key]))
+            for cost, key in zip(costs, keys)]
 
 
 def _signature(model: nn.Module, chain: Chain, i: int, x: torch.Tensor) -> tuple:
@@ -203,18 +207,23 @@ def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Ten
     # runs: unfused logits, (rows, classes), are a step's largest tensor)
     work = max(made - saved.bytes - params - size, 0)
     ahead = max(ahead - saved.bytes - (0 if last else size), 0)
+    forwards: list[float] = []
     while repeats and (len(times) < repeats or (sum(times) < 0.02 and len(times) < 50)):  # (0: memory only)
         t0 = clock()
         out = layer.run(model, inp)
         loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
+        if out.is_cuda:
+            torch.cuda.synchronize()
+        forwards.append(clock() - t0)
         loss.backward()
         if out.is_cuda:
             torch.cuda.synchronize()
         times.append(clock() - t0)
     model.zero_grad(set_to_none=True)
-    return _Run(LayerCost(layer.name, min(times, default=0.0), params, tuple(out.shape[1:]),
+    best = min(range(len(times)), key=times.__getitem__, default=None)  # the least disturbed run, both its parts
+    return _Run(LayerCost(layer.name, times[best] if times else 0.0, params, tuple(out.shape[1:]),
                           str(out.dtype).removeprefix("torch."), out.numel() * out.element_size(),
-                          saved.bytes, work, max(kept, 0), ahead), out.detach())
+                          saved.bytes, work, max(kept, 0), ahead, forwards[best] if times else 0.0), out.detach())
 
 
 def balance(seconds: list[float], stages: int) -> list[tuple[int, int]]:

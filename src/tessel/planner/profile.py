@@ -41,6 +41,8 @@ from ..train.optim import build_optimizer
 from ..train.tail import StepTail
 from .job import Job
 
+FORWARD_SHARE = 1 / 3  # where untimed: a linear's one matrix product forward against its two backward
+
 
 @dataclass
 class LayerProfile:
@@ -59,6 +61,10 @@ class LayerProfile:
     # recompute kind -> the share of the layer's forward + backward time that recomputing adds, timed at the
     # global batch (where not timed, the kind's assumed share: a forward, a third)
     again: dict = field(default_factory=dict)
+    # the share of its forward + backward spent in the forward (with the loss on the last layer), timed at the
+    # global batch: GPipe runs every forward before any backward, so its phases are paced by different stages
+    # (where not timed, a forward's usual third)
+    forward_share: float = FORWARD_SHARE
 
     def seconds(self, samples: float) -> float:
         """Measured at this size, else on the line through the nearest measured sizes around it."""
@@ -255,6 +261,11 @@ def _optimizer_cost(model: torch.nn.Module, settings: Settings) -> float:
     return seconds / max(sum(p.numel() for p in model.parameters()), 1)
 
 
+def _share(forward: float, seconds: float) -> float:
+    """The forward's share of a timed forward + backward; the usual third where nothing was timed."""
+    return min(max(forward / seconds, 0.0), 1.0) if seconds > 0 else FORWARD_SHARE
+
+
 def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...] = (1,)) -> Profile:
     """Profile ``job``'s model at every micro-batch size in ``sizes`` (default: 1 sample and the global batch;
     other sizes are priced on the line through the nearest two) and survey its tables on the dp-local batch of
@@ -291,7 +302,8 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
                                            _numel(top.out_shape), owns, tuple(linears[i]), points,
                                            saved_per_sample=top.saved / large, work_per_sample=top.work / large,
                                            ahead_per_sample=top.ahead / large,
-                                           selective_per_sample=selective[i] / large, again=again[i]))
+                                           selective_per_sample=selective[i] / large, again=again[i],
+                                           forward_share=_share(top.forward, top.seconds)))
             tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
             opt = _optimizer_cost(model, settings)
             whole = sum(layer.measured[b] for layer in layers) + opt * sum(p.numel() for p in model.parameters())
