@@ -214,7 +214,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     pp_rate = topo.group_rate(*strides["pp"])
     share = _out_share(profile, plan)
     stage_compute, stage_work, stage_send, tp_elems, pp_elems, tp_step, hops = [], [], [], [], [], [], []
-    stage_forward, stage_sends = [], []  # per stage: its forward's compute; (activation out, gradient back) seconds
+    stage_forward = []  # per stage: the forward's part of its compute
     # what the runtime adds to each micro-batch on a stage beyond its layers (a calibration trial's per_micro): a
     # pipeline stage pays it for every micro-batch; one process's step already holds the first in step_factor
     runtime = topo.per_micro * (1.0 if plan.pp > 1 else (m - 1) / m)
@@ -227,8 +227,8 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         stage_compute.append(c)
         stage_work.append(c + s_tp)
         stage_forward.append(sum(forward[lo:hi]))
-        stage_sends.append((out * wire / pp_rate, inp * wire / pp_rate))
-        stage_send.append(((out + inp) * wire / pp_rate, topo.latency if out or inp else 0.0))
+        # (its activation forward, its input's gradient back: seconds each, latency of the pair)
+        stage_send.append((out * wire / pp_rate, inp * wire / pp_rate, topo.latency if out or inp else 0.0))
         hops.append(2 * out * wire / pp_rate)  # one activation forward and its gradient back
         tp_elems.append({ch: e * m for ch, e in e_tp.items()})
         tp_step.append(_tp_step(plan, profile, range(lo, hi), topo))  # once per step, after the micro-batches
@@ -253,9 +253,8 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
             backward = 2 / 3 * compute
             dp_s -= topo.overlap * min(dp_s * (1 - 1 / DDP_BUCKETS), backward)
-    work = [w + g for w, g in zip(stage_work, gathers)]
-    phases = _phases(stage_compute, stage_forward, work, stage_sends, stage_send)
-    comm_pipe, bubble = _pipeline(plan, stage_compute, work, stage_send, hops, phases)
+    comm_pipe, bubble = _pipeline(plan, stage_compute, stage_forward, [w + g for w, g in zip(stage_work, gathers)],
+                                  stage_send, hops)
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
     tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency
@@ -279,34 +278,35 @@ def fsdp_units(plan: ParallelPlan, bounds) -> list[int]:
     return [hi - lo + 1 if plan.dp_shard > 1 else 0 for lo, hi in bounds]
 
 
-def _phases(compute: list[float], forward: list[float], work: list[float], sends: list[tuple[float, float]],
-            send: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def _phases(compute: list[float], forward: list[float], work: list[float], send: list[tuple[float, float, float]]
+            ) -> list[tuple[float, float]]:
     """Per stage, a micro-batch's (forward, backward) slot: its forward's compute or its activation's send, then its
     backward's or its input gradient's send. What is not the layers' compute (the runtime's per micro-batch, the tp
     collectives, FSDP's gathers: one each way) and the boundary latency go half to each."""
     out = []
-    for c, f, w, (s_out, s_in), (_, lat) in zip(compute, forward, work, sends, send):
+    for c, f, w, (s_out, s_in, lat) in zip(compute, forward, work, send):
         extra = (w - c) / 2
         out.append((max(f + extra, s_out) + lat / 2, max(c - f + extra, s_in) + lat / 2))
     return out
 
 
-def _pipeline(plan: ParallelPlan, compute: list[float], work: list[float], send: list[tuple[float, float]],
-              hops: list[float], phases: list[tuple[float, float]] | None = None) -> tuple[float, float]:
-    """(exposed communication, bubble) seconds of a step's micro-batches over the stages: per stage its compute, its
-    work with the collectives it waits on (tp, FSDP's gathers), its boundary sends (seconds, latency), one
-    activation's and gradient's trip over its boundary, and its (forward, backward) slots (:func:`_phases`)."""
+def _pipeline(plan: ParallelPlan, compute: list[float], forward: list[float], work: list[float],
+              send: list[tuple[float, float, float]], hops: list[float]) -> tuple[float, float]:
+    """(exposed communication, bubble) seconds of a step's micro-batches over the stages: per stage its compute and
+    the forward's part of it, its work with the collectives it waits on (tp, FSDP's gathers), its boundary sends
+    (activation, gradient, latency) and one activation's and gradient's trip over its boundary."""
     m = plan.micro_batches
     # a micro-batch's slot on a stage is its work, or its boundary sends where those take longer: sends are posted
     # asynchronously and travel while the stage computes
-    slots = [max(w, s) + lat for w, (s, lat) in zip(work, send)]
+    slots = [max(w, s_out + s_in) + lat for w, (s_out, s_in, lat) in zip(work, send)]
     flushed = plan.pp > 1 and plan.schedule.flushed
     # a flushed step is the first micro-batch's trip through every stage (each at its own slot) and then one
     # slowest slot per further micro-batch; an asynchronous one is m slowest slots (no flush). GPipe runs all
     # forwards, then all backwards: each phase is paced by its own slowest stage, and where that is not the same
-    # stage (a last stage's loss lengthens its forward, a first stage's embedding its backward) the step is longer
-    # than 1F1B's, whose slots alternate the two
-    if flushed and plan.schedule.holds_all_micro and phases:
+    # stage (a last stage whose fused loss runs in its forward, against stages of blocks) the step is longer than
+    # 1F1B's, whose slots hold a forward and a backward each
+    if flushed and plan.schedule.holds_all_micro:
+        phases = _phases(compute, forward, work, send)
         span = sum(sum(p[i] for p in phases) + (m - 1) * max(p[i] for p in phases) for i in (0, 1))
     else:
         span = sum(slots) + (m - 1) * max(slots) if flushed else m * max(slots)
