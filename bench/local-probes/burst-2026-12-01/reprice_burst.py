@@ -3,6 +3,8 @@ with a flushed pipeline's fill and drain (the first micro-batch's slot on every 
 host has after idling: each stage's forward and backward of that micro-batch is a burst of w seconds at a full core
 that takes min(w, q) + max(0, w - q) / speed, with q = 10 ms x the host's quota (2 cores / hosts, as the bench's
 hosts have). An experiment beside the estimate (its _pipeline replaced for the second pricing), not a change to it.
+It ran at commit 08fe948; from 9a5b5f9 the schedule arithmetic is tessel.planner.span.pipeline, with another
+signature, so check that commit out to run it again.
 
     python bench/local-probes/burst-2026-12-01/reprice_burst.py > bench/local-probes/burst-2026-12-01/reprice.txt
     python bench/local-probes/burst-2026-12-01/reprice_burst.py 0.00396 > bench/local-probes/burst-2026-12-01/reprice-m.txt

@@ -41,6 +41,7 @@ from ..sparse.cost import estimate as table_estimate
 from ..sparse.plan import AUTO_OPTIONS
 from ..tensor.cost import grad_sum_traffic, linear_traffic, norm_sum_traffic
 from .profile import Profile
+from .span import pipeline
 from .topology import Topology
 
 if TYPE_CHECKING:
@@ -253,8 +254,8 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
             backward = 2 / 3 * compute
             dp_s -= topo.overlap * min(dp_s * (1 - 1 / DDP_BUCKETS), backward)
-    comm_pipe, bubble = _pipeline(plan, stage_compute, stage_forward, [w + g for w, g in zip(stage_work, gathers)],
-                                  stage_send, hops)
+    comm_pipe, bubble = pipeline(plan, stage_compute, stage_forward, [w + g for w, g in zip(stage_work, gathers)],
+                                 stage_send, hops)
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
     tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency
@@ -276,43 +277,6 @@ def fsdp_units(plan: ParallelPlan, bounds) -> list[int]:
     """FSDP units a rank of each stage runs (``bounds``: the stages' chain layers): each chain layer's modules,
     then the stage's root; none where the plan does not shard."""
     return [hi - lo + 1 if plan.dp_shard > 1 else 0 for lo, hi in bounds]
-
-
-def _phases(compute: list[float], forward: list[float], work: list[float], send: list[tuple[float, float, float]]
-            ) -> list[tuple[float, float]]:
-    """Per stage, a micro-batch's (forward, backward) slot: its forward's compute or its activation's send, then its
-    backward's or its input gradient's send. What is not the layers' compute (the runtime's per micro-batch, the tp
-    collectives, FSDP's gathers: one each way) and the boundary latency go half to each."""
-    out = []
-    for c, f, w, (s_out, s_in, lat) in zip(compute, forward, work, send):
-        extra = (w - c) / 2
-        out.append((max(f + extra, s_out) + lat / 2, max(c - f + extra, s_in) + lat / 2))
-    return out
-
-
-def _pipeline(plan: ParallelPlan, compute: list[float], forward: list[float], work: list[float],
-              send: list[tuple[float, float, float]], hops: list[float]) -> tuple[float, float]:
-    """(exposed communication, bubble) seconds of a step's micro-batches over the stages: per stage its compute and
-    the forward's part of it, its work with the collectives it waits on (tp, FSDP's gathers), its boundary sends
-    (activation, gradient, latency) and one activation's and gradient's trip over its boundary."""
-    m = plan.micro_batches
-    # a micro-batch's slot on a stage is its work, or its boundary sends where those take longer: sends are posted
-    # asynchronously and travel while the stage computes
-    slots = [max(w, s_out + s_in) + lat for w, (s_out, s_in, lat) in zip(work, send)]
-    flushed = plan.pp > 1 and plan.schedule.flushed
-    # a flushed step is the first micro-batch's trip through every stage (each at its own slot) and then one
-    # slowest slot per further micro-batch; an asynchronous one is m slowest slots (no flush). GPipe runs all
-    # forwards, then all backwards: each phase is paced by its own slowest stage, and where that is not the same
-    # stage (a last stage whose fused loss runs in its forward, against stages of blocks) the step is longer than
-    # 1F1B's, whose slots hold a forward and a backward each
-    if flushed and plan.schedule.holds_all_micro:
-        phases = _phases(compute, forward, work, send)
-        span = sum(sum(p[i] for p in phases) + (m - 1) * max(p[i] for p in phases) for i in (0, 1))
-    else:
-        span = sum(slots) + (m - 1) * max(slots) if flushed else m * max(slots)
-    comm = (max(slots) - max(compute)) * m
-    # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
-    return comm, span - max(compute) * m - comm + (sum(hops) if flushed else 0.0)
 
 
 def _layer_seconds(plan: ParallelPlan, profile: Profile, samples: float) -> list[float]:
