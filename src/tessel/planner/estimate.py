@@ -215,7 +215,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     pp_rate = topo.group_rate(*strides["pp"])
     share = _out_share(profile, plan)
     stage_compute, stage_work, stage_send, tp_elems, pp_elems, tp_step, hops = [], [], [], [], [], [], []
-    stage_forward = []  # per stage: the forward's part of its compute
+    stage_forward = []  # per stage: the forward's part of its compute (``c`` below)
     # what the runtime adds to each micro-batch on a stage beyond its layers (a calibration trial's per_micro): a
     # pipeline stage pays it for every micro-batch; one process's step already holds the first in step_factor
     runtime = topo.per_micro * (1.0 if plan.pp > 1 else (m - 1) / m)
@@ -227,7 +227,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         inp = samples * profile.layers[lo - 1].out_per_sample * share[lo - 1] if k > 0 else 0.0
         stage_compute.append(c)
         stage_work.append(c + s_tp)
-        stage_forward.append(sum(forward[lo:hi]))
+        stage_forward.append(sum(forward[lo:hi]) + runtime / 2)  # the runtime's cost a micro-batch: half each way
         # (its activation forward, its input's gradient back: seconds each, latency of the pair)
         stage_send.append((out * wire / pp_rate, inp * wire / pp_rate, topo.latency if out or inp else 0.0))
         hops.append(2 * out * wire / pp_rate)  # one activation forward and its gradient back

@@ -22,8 +22,8 @@ from ..plan import ParallelPlan
 def phases(compute: list[float], forward: list[float], work: list[float], send: list[tuple[float, float, float]]
            ) -> list[tuple[float, float]]:
     """Per stage, a micro-batch's (forward, backward) slot: its forward's compute or its activation's send, then its
-    backward's or its input gradient's send. What is not the layers' compute (the runtime's per micro-batch, the tp
-    collectives, FSDP's gathers: one each way) and the boundary latency go half to each."""
+    backward's or its input gradient's send (``forward``: the forward's part of ``compute``). The work beyond the
+    compute (the tp collectives, FSDP's gathers: one each way) and the boundary latency go half to each."""
     out = []
     for c, f, w, (s_out, s_in, lat) in zip(compute, forward, work, send):
         extra = (w - c) / 2
