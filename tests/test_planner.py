@@ -194,6 +194,52 @@ def test_candidates_and_feasibility():
     assert ParallelPlan.from_json(squeezed.best.plan.to_json()).recompute.name == "layers"
 
 
+def test_profile_times_the_sizes_in_turn_and_the_real_step_beside_the_global_batch(monkeypatch):
+    """Every size once a round, in turn (the order reversed every other round), its memory counted and its
+    warm-up run only in the first; a layer's time the median of the rounds'; the real step and an optimizer step
+    right after the global batch's layers in every round. Fake timings, so the expected values are exact."""
+    from tessel.pipeline.partition import LayerCost
+    from tessel.planner import profile as prof
+
+    order, rounds = [], iter(range(100))
+    took = {(0, 2): 4.0, (0, 8): 9.0, (1, 8): 7.0, (1, 2): 2.0, (2, 2): 3.0, (2, 8): 8.0}  # (round, size) -> s
+
+    def fake_profile(model, chain, x, y, repeats, memory, pool, warm):
+        r = sum(1 for n, *_ in order if n == x.shape[0])
+        order.append((x.shape[0], memory, warm, repeats))
+        return [LayerCost("a", took[(r, x.shape[0])], 10, (1,), "float32", 4, saved=7 if memory else 0,
+                          forward=took[(r, x.shape[0])] / 4)]
+
+    def fake_step(*_):
+        return lambda: (order.append(("step",)), 20.0 + next(rounds))[1]
+
+    monkeypatch.setattr(prof, "profile", fake_profile)
+    monkeypatch.setattr(prof, "_real_step", fake_step)
+    monkeypatch.setattr(prof, "_optimizer_step", lambda *_: lambda: (order.append(("opt",)), 1.0)[1])
+    costs, real = prof._rounds(None, None, None, torch.zeros(8, 1), torch.zeros(8), [2, 8])
+    assert order == [(2, False, True, 1), (8, True, True, 1), ("step",), ("opt",),  # round 0: up, memory at 8
+                     (8, False, False, 1), ("step",), ("opt",), (2, False, False, 1),  # round 1: down
+                     (2, False, False, 1), (8, False, False, 1), ("step",), ("opt",)]  # round 2: up
+    assert [c.seconds for c in costs[2]] == [3.0] and [c.seconds for c in costs[8]] == [8.0]  # medians
+    assert costs[8][0].forward == 2.0 and costs[8][0].saved == 7  # the median round's forward, round 0's memory
+    assert real == [(20.0, [9.0], 1.0), (21.0, [7.0], 1.0), (22.0, [8.0], 1.0)]
+
+
+def test_the_profiles_real_step_runs_its_forward_under_the_runs_autocast():
+    """The step factor is a real step's CPU over the layers' timed under the run's autocast: the real step must
+    compute in the same dtype (it ran in float32 beside bf16 layers, and the factor came out 1.7-2.2 for 1.2-1.3)."""
+    from tessel.planner import profile as prof
+
+    cfg = load_config(None, [*TINY["classifier"], "train.dtype=float32", "train.precision=bf16-mixed"])
+    job = job_of(cfg)
+    model, seen = job.build(), []
+    next(m for m in model.modules() if isinstance(m, torch.nn.Linear)).register_forward_hook(
+        lambda mod, inp, out: seen.append(out.dtype))
+    x, y = job.batch(4, 1)
+    step = prof._real_step(model, settings_of(cfg), x, y)  # (runs its first step)
+    assert step() >= 0 and seen == [torch.bfloat16, torch.bfloat16]
+
+
 def test_flushed_bubble_and_async():
     """A flushed step: one slot of every stage, then m - 1 of the slowest; an asynchronous one: m slowest."""
     cfg = load_config(None, TINY["classifier"])

@@ -112,14 +112,16 @@ def _made(model: nn.Module, chain: Chain, i: int):
 
 
 def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, repeats: int = 5,
-            memory: bool = False, reuse: bool = False, pool: bool = False) -> list[LayerCost]:
+            memory: bool = False, reuse: bool = False, pool: bool = False, warm: bool = True) -> list[LayerCost]:
     """Time each layer's forward and backward on the micro-batch ``x`` (targets ``y``), one layer at a time;
     with ``memory``, also count what its forward saves and its backward holds (the planner's memory column).
     A model on the meta device is run for its shapes only, or with ``memory`` one layer made real at a time.
     With ``reuse`` (always when only counting memory), a layer like one already run (same modules, shapes,
     input) is taken to cost what that one did instead of being run again. With ``pool``, every layer is run and
     equal layers are given the median of their times: timed one after another they differ by the machine's
-    drift alone (up to 2x between equal blocks here), and a cut between them would follow that noise."""
+    drift alone (up to 2x between equal blocks here), and a cut between them would follow that noise. Without
+    ``warm`` (layers already run at this size) the untimed first run is left out, and with it the memory
+    counts and the saved bytes (0)."""
     costs = []
     clock = time.perf_counter if x.is_cuda else time.thread_time
     on_meta = any(p.is_meta for p in model.parameters())
@@ -135,7 +137,7 @@ def profile(model: nn.Module, chain: Chain, x: torch.Tensor, y: torch.Tensor, re
             costs.append(_Run(dataclasses.replace(runs[key].cost, name=chain.layers[i].name), runs[key].out))
         else:
             with _made(model, chain, i) if on_meta and memory else contextlib.nullcontext():
-                costs.append(_layer(model, chain, i, x, y, repeats, memory, on_meta and not memory, clock))
+                costs.append(_layer(model, chain, i, x, y, repeats, memory, on_meta and not memory, clock, warm))
             runs[key] = costs[-1]
             keys.append(key)
         x = costs[-1].out
@@ -171,22 +173,49 @@ class _Run:
 
 
 def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Tensor, repeats: int, memory: bool,
-           shapes_only: bool, clock) -> _Run:
+           shapes_only: bool, clock, warm: bool = True) -> _Run:
     """Layer ``i`` of ``chain`` profiled on its input ``x`` (see :func:`profile`)."""
     layer = chain.layers[i]
     last = i + 1 == len(chain.layers)
     # the first layer's input is data: no gradient is computed for it in training either
     inp = x.detach().requires_grad_(i > 0 and x.is_floating_point())
     times: list[float] = []
-    # the first run warms allocator and kernels up; fast layers get more runs (20 ms of them at least)
+    # an untimed first run warms allocator and kernels up; fast layers get more runs (20 ms of them at least)
     params = sum(p.numel() * p.element_size() for p in stage_params(model, chain, i, i + 1).values())
     if shapes_only:  # a model built on the meta device (tessel.materialize): its shapes, nothing to time
         with torch.no_grad():
             out = layer.run(model, inp.to("meta"))
         return _Run(LayerCost(layer.name, 0.0, params, tuple(out.shape[1:]), str(out.dtype).removeprefix("torch."),
                               out.numel() * out.element_size()), out)
-    # the first run, untimed, also counts the layer's memory: what its forward saves, its backward's peak
     model.zero_grad(set_to_none=True)
+    saved_bytes = work = kept = ahead = 0
+    if warm or memory or not repeats:
+        saved_bytes, work, kept, ahead, out = _first_run(model, chain, i, inp, y, memory, params)
+    forwards: list[float] = []
+    while repeats and (len(times) < repeats or (sum(times) < 0.02 and len(times) < 50)):  # (0: memory only)
+        t0 = clock()
+        out = layer.run(model, inp)
+        loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
+        if out.is_cuda:
+            torch.cuda.synchronize()
+        forwards.append(clock() - t0)
+        loss.backward()
+        if out.is_cuda:
+            torch.cuda.synchronize()
+        times.append(clock() - t0)
+    model.zero_grad(set_to_none=True)
+    best = min(range(len(times)), key=times.__getitem__, default=None)  # the least disturbed run, both its parts
+    return _Run(LayerCost(layer.name, times[best] if times else 0.0, params, tuple(out.shape[1:]),
+                          str(out.dtype).removeprefix("torch."), out.numel() * out.element_size(),
+                          saved_bytes, work, max(kept, 0), ahead, forwards[best] if times else 0.0), out.detach())
+
+
+def _first_run(model: nn.Module, chain: Chain, i: int, inp: torch.Tensor, y: torch.Tensor, memory: bool,
+               params: int) -> tuple[int, int, int, int, torch.Tensor]:
+    """Layer ``i``'s untimed first run, which warms allocator and kernels up and counts its memory: (bytes its
+    forward saves, its backward's transients, what the forward kept beyond its output, the forward's transients,
+    its output)."""
+    layer, last = chain.layers[i], i + 1 == len(chain.layers)
     known = [*model.parameters(), *model.buffers(), inp, y]  # all its operations start from
     with (PeakTensors(known) if memory else contextlib.nullcontext()) as peak, \
             SavedBytes(model.parameters()) as saved:
@@ -206,24 +235,7 @@ def _layer(model: nn.Module, chain: Chain, i: int, x: torch.Tensor, y: torch.Ten
     # forward, the stand-in loss's ones, where there is one (the last layer's output is alive while the loss
     # runs: unfused logits, (rows, classes), are a step's largest tensor)
     work = max(made - saved.bytes - params - size, 0)
-    ahead = max(ahead - saved.bytes - (0 if last else size), 0)
-    forwards: list[float] = []
-    while repeats and (len(times) < repeats or (sum(times) < 0.02 and len(times) < 50)):  # (0: memory only)
-        t0 = clock()
-        out = layer.run(model, inp)
-        loss = chain.loss(out, y) if last else (out * torch.ones_like(out)).sum()
-        if out.is_cuda:
-            torch.cuda.synchronize()
-        forwards.append(clock() - t0)
-        loss.backward()
-        if out.is_cuda:
-            torch.cuda.synchronize()
-        times.append(clock() - t0)
-    model.zero_grad(set_to_none=True)
-    best = min(range(len(times)), key=times.__getitem__, default=None)  # the least disturbed run, both its parts
-    return _Run(LayerCost(layer.name, times[best] if times else 0.0, params, tuple(out.shape[1:]),
-                          str(out.dtype).removeprefix("torch."), out.numel() * out.element_size(),
-                          saved.bytes, work, max(kept, 0), ahead, forwards[best] if times else 0.0), out.detach())
+    return saved.bytes, work, kept, max(ahead - saved.bytes - (0 if last else size), 0), out
 
 
 def balance(seconds: list[float], stages: int) -> list[tuple[int, int]]:

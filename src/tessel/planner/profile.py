@@ -20,6 +20,7 @@ each candidate dp (unique rows per rank) and on the global batch.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import statistics
 import time
@@ -248,17 +249,22 @@ class TensorShards:
     table_parts: dict[str, int] = field(default_factory=dict)  # table -> blocks its rows are cut into (1: whole)
 
 
-def _optimizer_cost(model: torch.nn.Module, settings: Settings) -> float:
-    """Seconds per parameter element of one optimizer step (the second step: the first allocates state)."""
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    opt = build_optimizer(list(model.parameters()), settings)
-    opt.step()
-    t0 = time.thread_time()
-    opt.step()
-    seconds = time.thread_time() - t0
-    model.zero_grad(set_to_none=True)
-    return seconds / max(sum(p.numel() for p in model.parameters()), 1)
+def _optimizer_step(model: torch.nn.Module, settings: Settings):
+    """A callable timing one optimizer step over ``model``'s parameters (CPU seconds); its first step, which
+    allocates the state, is run here untimed."""
+    params = list(model.parameters())
+    opt = build_optimizer(params, settings)
+
+    def step() -> float:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        t0 = time.thread_time()
+        opt.step()
+        seconds = time.thread_time() - t0
+        model.zero_grad(set_to_none=True)
+        return seconds
+    step()
+    return step
 
 
 def _share(forward: float, seconds: float) -> float:
@@ -283,7 +289,7 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
             sizes = sorted(set(sizes or (1, b)) | {b})
             x, y = job.batch(b, 1)
             with settings.autocast():  # timed and counted as the run computes (bf16 under mixed precision)
-                costs = {n: profile(model, chain, x[:n], y[:n], repeats=3, memory=n == b, pool=True) for n in sizes}
+                costs, real = _rounds(model, chain, settings, x, y, sizes)
                 selective = _selective(model, chain, x, y)
                 again = _recompute_shares(model, chain, x, y)
             tables = _tables(job, model, dps)
@@ -305,11 +311,7 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
                                            selective_per_sample=selective[i] / large, again=again[i],
                                            forward_share=_share(top.forward, top.seconds)))
             tokens = x.shape[1] if x.dim() > 1 and not x.is_floating_point() else 1
-            opt = _optimizer_cost(model, settings)
-            whole = sum(layer.measured[b] for layer in layers) + opt * sum(p.numel() for p in model.parameters())
-            # a real step does the layers' work and more (autograd glue, loss, clip): a ratio under 1 can only
-            # be a profiled run that the machine slowed, and it would scale every plan's compute down
-            factor = max(1.0, _real_step(model, chain, settings, x, y) / max(whole, 1e-9))
+            factor, opt = _step_factor(real, sum(p.numel() for p in model.parameters()))
     finally:
         torch.set_num_threads(threads)
     elem = next(model.parameters()).element_size()
@@ -385,22 +387,74 @@ def _steady(points: dict[int, float]) -> dict[int, float]:
     return out
 
 
-def _real_step(model, chain, settings: Settings, x, y, repeats: int = 3) -> float:
-    """CPU seconds of one real training step of the plain model (engine, step tail, optimizer), the median of
-    ``repeats`` after a warm-up. What the layers' profile leaves out (autograd across layers, the loss,
-    zeroing, the norm and clip) comes back as the ratio of the two, and so does the gap between a layer's
-    fastest run (what the profile keeps, steady enough to balance stages on) and a typical step (what a
-    benchmark's median measures: the fastest of a few steps ran 15% under their median here)."""
+ROUNDS = 3  # the micro-batch sizes are timed in turn, this many times over
+
+
+def _rounds(model, chain, settings: Settings, x, y, sizes: list[int]
+            ) -> tuple[dict[int, list], list[tuple[float, list[float], float]]]:
+    """(size -> the layers' costs, per round (a real step's CPU seconds, the layers' at the global batch just
+    before it, an optimizer step's just after)).
+
+    Every size is timed once a round, in turn (the order reversed every other round), and a layer's time at a
+    size is the median over the rounds of each round's fastest run. This machine runs for seconds at a time up to
+    1.9x slower (one LSTM layer timed 14 to 27 ms in profiles taken one after another), so a size timed in one
+    burst can land in a slow spell while the others do not. The real step (engine, step tail, optimizer: what
+    the layers leave out, autograd across layers, the loss, zeroing, the norm and clip) runs right after the
+    global batch's layers in every round, and an optimizer step right after it, so each round's ratio of the
+    two is taken within one spell."""
+    b = sizes[-1]
+    step, optimizer = _real_step(model, settings, x, y), _optimizer_step(model, settings)
+    runs: dict[int, list] = {n: [] for n in sizes}
+    real = []
+    for r in range(ROUNDS):
+        for n in sizes if r % 2 == 0 else sizes[::-1]:
+            runs[n].append(profile(model, chain, x[:n], y[:n], repeats=1, memory=n == b and r == 0, pool=True,
+                                   warm=r == 0))
+            if n == b:
+                real.append((step(), [c.seconds for c in runs[n][-1]], optimizer()))
+    return {n: [_median_run(per) for per in zip(*rounds)] for n, rounds in runs.items()}, real
+
+
+def _step_factor(real: list[tuple[float, list[float], float]], params: int) -> tuple[float, float]:
+    """(A real step's CPU time over its layers' and optimizer's, the median of the rounds' ratios; the optimizer's
+    seconds per parameter element, the median over the rounds), from ``_rounds``' pairs. A real step does the
+    layers' work and more (autograd glue, loss, clip): a ratio under 1 can only be a round the machine slowed,
+    and it would scale every plan's compute down, so the factor is at least 1.
+
+        >>> # three rounds: ratios 1.2, 1.3 and 0.9 (a slowed round's layers); optimizer steps 0.1, 0.1, 0.2 s
+        >>> factor, opt = _step_factor([(1.2, [0.5, 0.4], 0.1), (2.6, [1.0, 0.9], 0.1), (0.9, [0.4, 0.4], 0.2)], 10)
+        >>> round(factor, 9), round(opt, 9)
+        (1.2, 0.01)
+    """
+    factor = statistics.median(step / max(sum(layers) + opt, 1e-9) for step, layers, opt in real)
+    return max(1.0, factor), statistics.median(opt for _, _, opt in real) / max(params, 1)
+
+
+def _median_run(costs) -> object:
+    """One layer's cost over the rounds: the first round's (which counted its memory), with the time and the
+    forward's share of the round whose time is the median."""
+    mid = sorted(costs, key=lambda c: c.seconds)[(len(costs) - 1) // 2]
+    return dataclasses.replace(costs[0], seconds=mid.seconds, forward=mid.forward)
+
+
+def _real_step(model, settings: Settings, x, y):
+    """A callable timing one real training step of a copy of the plain model (CPU seconds), under the run's
+    autocast as the layers are; its first step, which makes the optimizer's state, is run here untimed."""
     model = copy.deepcopy(model)
     runner = Runner(model, chain_of(model))
     optimizer = build_optimizer(list(runner.parameters()), settings)
-    engine = Engine(runner, StepTail(list(runner.parameters()), optimizer, settings.clip), 1, settings.lr_at)
-    times = []
-    for step in range(repeats + 1):
-        t0 = time.thread_time()
-        engine.step(x, y, step)
-        times.append(time.thread_time() - t0)
-    return statistics.median(times[1:])
+    engine = Engine(runner, StepTail(list(runner.parameters()), optimizer, settings.clip), 1, settings.lr_at,
+                    autocast=settings.autocast)
+    steps = iter(range(10**9))
+
+    def step() -> float:
+        # (the profile's layers run inside the run's autocast; a run's step tail and optimizer do not)
+        with torch.autocast(x.device.type, enabled=False):
+            t0 = time.thread_time()
+            engine.step(x, y, next(steps))
+            return time.thread_time() - t0
+    step()
+    return step
 
 
 def _numel(shape: tuple[int, ...]) -> int:
