@@ -562,6 +562,22 @@ def test_predicted_bytes_equal_measured_on_8_ranks(world8, model):
                                                                                       est.bytes, got)
 
 
+def test_bench_plan_skips_a_cell_no_plan_fits_with_one_line(tmp_path, monkeypatch, capsys):
+    """A cell whose world the model cannot be cut over (the LSTM's 3 pipeline layers on 5 hosts, its batch of 32
+    over no dp of 5) is skipped with the planner's reason, and the other cells go on (it raised StopIteration)."""
+    from tessel.bench import plan_check
+    from tessel.planner.choose import Planned
+
+    monkeypatch.setattr(plan_check, "probe_cell", lambda *a: {"latency": 1e-3, "speed": 0.4, "mbit": 130.0,
+                                                               "overlap": 0.0})
+    monkeypatch.setattr(plan_check.calibrate, "choose_calibrated", lambda job, topo, *a: Planned(
+        [], [(ParallelPlan(dp=1, pp=5), "pp=5 stages but the model has only 3 pipeline layers")], topo(None), None,
+        0.0, []))
+    assert plan_check.run(["lstm_lm"], [5], ["150mbit"], tmp_path, 1, 1, {}) == []
+    assert "lstm_lm, 5 hosts, 150mbit: no plan fits 5 ranks for this model: pp=5 stages but the model has only 3 " \
+           "pipeline layers; the cell is skipped" in capsys.readouterr().out
+
+
 def test_bench_plan_reprices_saved_candidates_against_their_measurements(tmp_path, capsys):
     """`tessel bench plan --report-only --reprice`: today's planner on a saved run's plans and probed topology;
     the measurements and results.json stay as they were."""

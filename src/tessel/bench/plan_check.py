@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 
 from ..config import load_config
+from ..errors import PlanError
 from ..planner import Planned, calibrate, choose, short
 from ..planner.estimate import estimate
 from ..planner.topology import Topology
@@ -101,6 +102,7 @@ def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path, measured: d
                       overlap=measured["overlap"], source="emulated cluster, latency, speed, rate and overlap probed")
     planned = calibrate.choose_calibrated(job_of(cfg), lambda cal: cal.apply(probed) if cal else probed, trial,
                                           cfg.plan.allow_async)
+    best = planned.best  # (no plan fits: a PlanError saying why, which skips the cell)
     picked = pick(planned)
     folder = out / "plans" / f"{model}-h{hosts}-{rate}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -111,7 +113,7 @@ def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path, measured: d
         path.write_text(e.plan.to_json())
         strategies[label] = ["--plan", str(path.resolve())]
     scn = Scenario(name="plan", about="planner check", models={model: _flags(MODELS[model])}, strategies=strategies,
-                   baseline=next(iter(strategies)), hosts=[hosts], rates=[rate], unshaped=False,
+                   baseline=short(best.plan).replace(" ", "-"), hosts=[hosts], rates=[rate], unshaped=False,
                    common=_flags(COMMON), cluster={"cpus": cpus})
     return planned, picked, scn, probed
 
@@ -132,7 +134,11 @@ def run(models: list[str], hosts: list[int], rates: list[str], out: Path, repeat
                 record = calibrate.attempt(partial(trial_cell, model, h, rate, {**cluster, "cpus": cpus})) \
                     if trial else None
                 t0 = time.perf_counter()
-                planned, picked, scn, probed = _cell(model, h, rate, cpus, out, measured, record)
+                try:
+                    planned, picked, scn, probed = _cell(model, h, rate, cpus, out, measured, record)
+                except PlanError as e:  # (a world the model's batch and layers cannot be cut over)
+                    print(f"{model}, {h} hosts, {rate}: {e}; the cell is skipped", flush=True)
+                    continue
                 plan_s = time.perf_counter() - t0
                 scn.steps = steps
                 scn.cluster = {**cluster, "cpus": cpus}
