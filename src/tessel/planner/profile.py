@@ -258,9 +258,10 @@ def _optimizer_step(model: torch.nn.Module, settings: Settings):
     def step() -> float:
         for p in params:
             p.grad = torch.zeros_like(p)
-        t0 = time.thread_time()
-        opt.step()
-        seconds = time.thread_time() - t0
+        with torch.autocast(params[0].device.type, enabled=False):  # (timed among layers under the run's autocast;
+            t0 = time.thread_time()  # a run's optimizer steps outside it)
+            opt.step()
+            seconds = time.thread_time() - t0
         model.zero_grad(set_to_none=True)
         return seconds
     step()
