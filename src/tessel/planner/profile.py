@@ -32,7 +32,7 @@ from .. import tensor
 from ..chain import Runner, chain_of, recomputed
 from ..meta import on_meta
 from ..pipeline.layers import stage_params
-from ..pipeline.partition import profile
+from ..pipeline.partition import LayerCost, profile
 from ..registry import spec_of
 from ..settings import Settings
 from ..sparse import find_tables
@@ -431,7 +431,7 @@ def _step_factor(real: list[tuple[float, list[float], float]], params: int) -> t
     return max(1.0, factor), statistics.median(opt for _, _, opt in real) / max(params, 1)
 
 
-def _median_run(costs) -> object:
+def _median_run(costs: tuple[LayerCost, ...]) -> LayerCost:
     """One layer's cost over the rounds: the first round's (which counted its memory), with the time and the
     forward's share of the round whose time is the median."""
     mid = sorted(costs, key=lambda c: c.seconds)[(len(costs) - 1) // 2]
