@@ -20,7 +20,7 @@ def step_side_by_side(engine, ref_engine, loader, ref_loader, steps: int, world:
         x, y = loader.next_batch()
         rx, ry = ref_loader.next_batch()
         rng = torch.get_rng_state()
-        upcoming = loader.peek()[0] if step + 1 < steps else None  # scheduled sparse tables fetch ahead
+        upcoming = loader.peek() if step + 1 < steps else None  # scheduled sparse tables fetch ahead
         res = engine.step(x, y, step, upcoming)
         torch.set_rng_state(rng)  # the sampled softmax draws the same candidates in the reference
         ref_res = ref_engine.step(rx, ry, step)

@@ -1,7 +1,7 @@
 """alltoall tables (EmbRace), their scheduling, and the auto cost model.
 
 Parity: fp64 against one process, several steps with clipping, scheduled and unscheduled, on the LSTM
-LM and the Transformer LM (sampled softmax, and full softmax with two micro-batches), SGD and Adagrad,
+LM and the Transformer LM (sampled softmax, with one and two micro-batches, and full softmax with two), SGD and Adagrad,
 2 and 4 ranks. Bytes: exact per channel for known ids, column and row split.
 """
 
@@ -24,7 +24,9 @@ CASES = [("lstm_lm", "sgd", 1, ()), ("lstm_lm", "adagrad", 1, UNSCHEDULED),
          ("lstm_lm", "adagrad", 1, ()), ("lstm_lm", "sgd", 1, UNSCHEDULED),
          ("transformer_sampled", "adagrad", 1, ()), ("transformer_sampled", "sgd", 1, UNSCHEDULED),
          ("transformer_sampled", "sgd", 1, ()), ("transformer_sampled", "adagrad", 1, UNSCHEDULED),
-         ("transformer_lm", "adagrad", 2, ()), ("lstm_lm", "adagrad", 1, ("sparse.split=row",))]
+         ("transformer_lm", "adagrad", 2, ()), ("lstm_lm", "adagrad", 1, ("sparse.split=row",)),
+         # the sampled softmax's rows prefetched for the targets, two forwards each drawing its own candidates
+         ("lstm_lm", "sgd", 2, ())]
 
 
 def _id(case):
@@ -132,6 +134,96 @@ def check_prefetch_mismatch():
 
 def test_prefetched_table_refuses_other_ids(world2):
     assert world2.run(check_prefetch_mismatch) == [True, True]
+
+
+class Head(torch.nn.Module):
+    """A table read as a sampled softmax reads its own: the batch's targets, then ids the forward adds itself
+    (``extra``, the candidates; the test sets them per step as a sampler would draw them, alike on every rank)."""
+
+    def __init__(self, rows=10, dim=4):
+        super().__init__()
+        self.emb = torch.nn.Embedding(rows, dim)
+        self.register_buffer("extra", torch.tensor([0]))
+
+    def forward(self, x, y):
+        rows = self.emb(torch.cat([y.reshape(-1), self.extra]))
+        return ((rows.sum(-1) * torch.arange(1, rows.shape[0] + 1)).sum() - x.sum()) ** 2
+
+
+def check_targets_prefetched(schedule: bool) -> list:
+    """2 ranks, a 10 x 4 fp64 table read by :class:`Head`, two steps as the engine runs them (begin_step with this
+    and the next batch, final_backward before the backward, reduce and step)."""
+    r = dist.get_rank()
+    torch.manual_seed(0)
+    model = Head().double()
+    x = torch.ones(1, dtype=torch.float64)
+    ys = [[torch.tensor([[0, 1, 2, 2]]), torch.tensor([[1, 3, 3, 4]])][r],
+          [torch.tensor([[5, 6, 6, 7]]), torch.tensor([[9, 9, 9, 9]])][r]]
+    extras = [torch.tensor([5, 1]), torch.tensor([8, 0])]
+    model.extra = extras[0]
+    tables = sparse.shard(model, [(x, ys[0])], "alltoall", "sgd", lr=0.1, partitions=2, schedule=schedule)
+    t = tables.tables["emb"]
+    out = {"table": (t.lookahead, t.feed, t.more), "steps": []}
+    comm.counter.end_step()
+    for i, y in enumerate(ys):
+        model.extra = extras[i]
+        tables.begin_step((x, y), (x, ys[i + 1]) if i + 1 < len(ys) else None)
+        ahead = comm.counter.end_step()
+        loss = model(x, y)
+        tables.final_backward(True)
+        loss.backward()
+        forward = comm.counter.end_step()
+        tables.reduce()
+        tables.step()
+        out["steps"].append({"ahead": ahead, "forward": forward, "reduce": comm.counter.end_step(),
+                             "loss": float(loss.detach()), "waits": sorted(tables.timing()[1])})
+    out["table_after"] = sparse.full_table(t)
+    return out
+
+
+def test_a_sampled_softmax_table_is_prefetched_for_the_targets_and_fetches_its_candidates(world2):
+    """The next step's rows for its targets travel during this step, final ones early and those this step's update
+    changes (its targets' and its candidates' rows, every rank's) after it; the forward fetches only the candidates
+    not among its targets. The same rows, values and losses as unscheduled."""
+    i, b = 8, 8 * 2  # an id; a row's part on one owner (2 of 4 fp64 columns)
+    sched, plain = world2.run(check_targets_prefetched, True), world2.run(check_targets_prefetched, False)
+    for r in range(2):
+        assert sched[r]["table"] == (True, 1, True)  # fed from the batch's second tensor, with ids of its own
+        for s, u in zip(sched[r]["steps"], plain[r]["steps"]):
+            assert abs(s["loss"] - u["loss"]) < 1e-10, (s["loss"], u["loss"])
+        torch.testing.assert_close(sched[r]["table_after"], plain[r]["table_after"], rtol=0, atol=1e-12)
+    # step 1: targets {0,1,2} and {1,3,4} asked and served ahead, with step 2's 4 raw targets as int32
+    one = [s["steps"][0] for s in sched]
+    for r in range(2):
+        assert one[r]["ahead"]["a2a.meta"] == {"sent": i, "recv": i}
+        assert one[r]["ahead"]["a2a.ids"] == {"sent": 3 * i + 4 * 4, "recv": 3 * i + 4 * 4}
+        assert one[r]["ahead"]["a2a.fwd"] == {"sent": 3 * b, "recv": 3 * b}
+    # its forward: the candidates 5 and 1; 1 is a target of both ranks, 5 of neither, so each asks for row 5 alone
+    # (counts, one id, one row); then the early phase of step 2: rank 0 asks {5,6,7}, rank 1 {9}; step 1 touched
+    # {0..5}, so 6, 7 (to rank 0) and 9 (to rank 1) are final already, 5 is not
+    f = [s["forward"] for s in one]
+    assert f[0]["a2a.meta"] == f[1]["a2a.meta"] == {"sent": i, "recv": i}
+    assert f[0]["a2a.ids"] == f[1]["a2a.ids"] == {"sent": 1 * i, "recv": 1 * i}
+    assert f[0]["a2a.fwd"] == {"sent": (1 + 1) * b, "recv": (1 + 2) * b}
+    assert f[1]["a2a.fwd"] == {"sent": (1 + 2) * b, "recv": (1 + 1) * b}
+    assert f[0]["a2a.bwd"] == f[1]["a2a.bwd"] == {"sent": (3 + 1) * b, "recv": (3 + 1) * b}  # leaf and candidate
+    # after the update, the late phase: row 5 to rank 0
+    assert one[0]["reduce"]["a2a.fwd"] == {"sent": 0, "recv": b} and one[1]["reduce"]["a2a.fwd"] == {"sent": b,
+                                                                                                    "recv": 0}
+    # step 2 asks nothing ahead; its forward asks for its candidates 8 and 0, none of them a target
+    two = [s["steps"][1] for s in sched]
+    assert not two[0]["ahead"] and not two[1]["ahead"]
+    assert two[0]["forward"]["a2a.ids"] == {"sent": 2 * i, "recv": 2 * i}
+    assert two[0]["forward"]["a2a.fwd"] == {"sent": 2 * b, "recv": 2 * b}
+    assert two[0]["forward"]["a2a.bwd"] == {"sent": (3 + 2) * b, "recv": (1 + 2) * b}
+    assert sched[0]["steps"][1]["waits"] == ["grads", "ids", "late_rows", "rows"]
+    # the rows and row gradients that move are the unscheduled path's, in other pieces
+    for r in range(2):
+        for ch in ("a2a.fwd", "a2a.bwd"):
+            got = [sum(s[k].get(ch, {}).get("sent", 0) for s in run[r]["steps"] for k in ("ahead", "forward",
+                                                                                          "reduce"))
+                   for run in (sched, plain)]
+            assert got[0] == got[1], (ch, got)
 
 
 def check_auto_plan(rate: float) -> tuple:

@@ -45,7 +45,7 @@ def _train(overrides: list[str], steps: int = 3) -> tuple[list[float], dict, lis
     comm.counter.end_step()
     for step in range(steps):
         x, y = loader.next_batch()
-        losses.append(par.engine.step(x, y, step, loader.peek()[0]).loss)
+        losses.append(par.engine.step(x, y, step, loader.peek()).loss)
     sent = {c: v["sent"] for c, v in comm.counter.end_step().items()}
     params = {n: p.detach().clone() for n, p in par.module.named_parameters()}
     return losses, params, [(t.name, t.strategy.name, t.split) for t in par.plan.tables], sent

@@ -74,7 +74,7 @@ def run_composed(extra: list[str]) -> tuple[list[tuple[int, int]], int]:
     loader, samples = ShardedLoader(data, B, dp, plan.dp), []
     for step in range(STEPS):
         x, y = loader.next_batch()
-        par.engine.step(x, y, step, loader.peek()[0])
+        par.engine.step(x, y, step, loader.peek())
         if (step + 1) % EVERY == 0:
             samples.append(live_tensors())
     par.engine.drain(STEPS)

@@ -101,7 +101,7 @@ def run(overrides: list[str], precision: str):
     comm.counter.end_step()
     for step in range(STEPS):
         x, y = loader.next_batch()
-        res = par.engine.step(x, y, step, loader.peek()[0])
+        res = par.engine.step(x, y, step, loader.peek())
         loss = torch.tensor([res.loss], dtype=torch.float64)
         comm.all_reduce(loss, "meta", group=mesh.get_group("dp"))
         losses.append(float(loss) / plan.dp)

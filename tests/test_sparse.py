@@ -19,6 +19,7 @@ from tessel.data import ShardedLoader
 from tessel.errors import ConfigError, PlanError
 from tessel.mesh import ParallelDims, build_mesh
 from tessel.parallelize import apply_ddp, apply_sparse, row_optimizer
+from tessel.sparse.alltoall import AllToAllTable
 from tessel.sparse.partition import plan_rows
 from tessel.sparse.rowopt import RowOptimizer
 from tessel.train.build import build, build_data
@@ -62,6 +63,12 @@ def check_sparse_parity(name: str, strategy: str, optimizer: str, micro: int = 1
     if hosts:
         assert all(t.hosts for t in tables.tables.values())
     assert set(tables.tables) == {n for n, m in ref.named_modules() if isinstance(m, nn.Embedding)}
+    for n, t in tables.tables.items():
+        if isinstance(t, AllToAllTable):
+            # scheduled, a column-split table is fetched a step ahead for the batch tensor its ids begin with: the
+            # input embedding for the inputs, a sampled softmax's weight for the targets (its candidates then)
+            assert t.lookahead == (t.schedule and t.split == "column" and n != "pos_emb"), n
+            assert (t.feed, t.more) == ((1, True) if n.startswith("head.") else (0, False)), n
     model = apply_ddp(model, mesh.get_group("dp"))
     ref_loader = ShardedLoader(data, 8, 0, 1)
     engine = tessel_engine(model, cfg.train, tables=tables)

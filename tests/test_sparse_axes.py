@@ -80,7 +80,7 @@ def check_parity(model, layout, strategy, schedule, optimizer, micro=2, steps=3,
     ref_engine = TorchReference(ref, cfg.train)
     for step in range(steps):
         x, y = loader.next_batch()
-        upcoming = loader.peek()[0] if step + 1 < steps else None
+        upcoming = loader.peek() if step + 1 < steps else None
         rx, ry = _regroup(x, dp_group, micro), _regroup(y, dp_group, micro)
         rng = torch.get_rng_state()
         res = par.engine.step(x, y, step, upcoming)

@@ -43,7 +43,7 @@ from torch import nn
 from . import choices, comm, sparse
 from .chain import chain_of
 from .choices import TableStrategy
-from .data.prepared import PreparedLoader, first_tensor
+from .data.prepared import PreparedLoader, batch_tensors, first_tensor
 from .errors import ConfigError, PlanError, TesselError
 from .mesh import ParallelDims, build_mesh, init_distributed
 from .parallelize import apply_ddp, shard_model
@@ -126,8 +126,10 @@ class PreparedModel(nn.Module):
         if self.tables and torch.is_grad_enabled() and torch.is_tensor(ids):
             # the next batch's rows start travelling, when this forward takes the batch the loader just gave
             # (the same tensor object: a copy, e.g. moved to a device, just fetches its own rows in time)
-            ours = ids is self.loader.current
-            self.tables.begin_step(ids, self.loader.next_inputs if ours else None)
+            if ids is self.loader.current:
+                self.tables.begin_step(batch_tensors(self.loader.batch), batch_tensors(self.loader.upcoming))
+            else:
+                self.tables.begin_step(ids, None)
         with self.autocast():
             out = self.module(*args, **kwargs)
         if self.tables:

@@ -328,7 +328,7 @@ def run(cfg: Config) -> dict[str, Any]:
         t0 = time.perf_counter()
         inputs, targets = draw()
         # scheduled alltoall tables fetch the next batch's rows during this step
-        upcoming = loader.peek()[0] if tables and step + 1 < cfg.train.steps else None
+        upcoming = loader.peek() if tables and step + 1 < cfg.train.steps else None
         # the run's second step (the optimizer's state exists by then) counts the tensor bytes alive at its peak
         with (PeakTensors([*held_tensors(par.module, par.optimizer), *(tables.held_tensors() if tables else ())])
               if step == start + 1 and cfg.metrics.memory else contextlib.nullcontext()) as peak:

@@ -59,6 +59,16 @@ def first_tensor(batch):
     return batch[0]
 
 
+def batch_tensors(batch) -> tuple:
+    """The batch's tensors in order, as a table's ids are matched against them (``TableInfo.ahead``): a tuple's or
+    list's tensors, a dict's or a tensor's ids alone (:func:`first_tensor`); () for None."""
+    if batch is None:
+        return ()
+    if isinstance(batch, (tuple, list)):
+        return tuple(x for x in batch if torch.is_tensor(x))
+    return (first_tensor(batch),)
+
+
 def call(model, batch):
     """The model run on a batch the way its loop does: ``model(**batch)`` for a dict, ``model(*batch)`` for a
     tuple or list, ``model(batch)`` for a tensor."""
@@ -79,6 +89,7 @@ class PreparedLoader:
         self.loader, self.rank, self.size = loader, rank, size
         self.position, self.skip, self.steps = 0, 0, 0  # batches of this pass, to skip, of all passes
         self.current = self.next_inputs = None  # first tensors of the batch just yielded and of the next one
+        self.batch = self.upcoming = None  # the batch just yielded and the next one (this rank's slices)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -93,6 +104,7 @@ class PreparedLoader:
             batch, ahead = slice_batch(ahead, self.rank, self.size), next(it, None)
             nxt = None if ahead is None else slice_batch(ahead, self.rank, self.size)
             self.current, self.next_inputs = _first(batch), _first(nxt)
+            self.batch, self.upcoming = batch, nxt
             self.position += 1
             self.steps += 1
             yield batch

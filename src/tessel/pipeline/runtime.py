@@ -108,12 +108,13 @@ class _StageEngine(ABC):
             self._fourth = now
         self._steps += 1
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int, next_inputs=None) -> StepResult:
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int, upcoming=None) -> StepResult:
         """One training step on this rank's batch (the inputs matter on the first stage, targets on the last)."""
         self._mark()
         self.stage.runner.train()
         with comm.guard(f"pipeline {self.schedule.name} step (stage {self.stage.index})", "pp"):
-            result = self._step(inputs, targets, step, next_inputs)
+            # the first stage prefetches its tables' rows for the next inputs (the targets' tables sit on the last)
+            result = self._step(inputs, targets, step, None if upcoming is None else upcoming[0])
         self._end = self._now()
         return result
 

@@ -17,8 +17,9 @@ Strategies per table: ``dense`` (stays in DDP, whole gradient all-reduced), ``al
 ``alltoall`` (split over the ranks, EmbRace; :mod:`tessel.sparse.alltoall`), ``auto`` (the cost model of
 :mod:`tessel.sparse.cost` picks per table), and ``torch-sparse`` (``sparse=True`` inside torch DDP as
 shipped: the peer DDP-with-sparse-gradients). With scheduled ``alltoall`` tables, also call
-``sparse.begin_step(inputs, next_inputs)`` before each step's forward pass so the input table's rows
-are fetched a step ahead (:mod:`tessel.sparse.schedule`).
+``sparse.begin_step((inputs, targets), (next_inputs, next_targets))`` before each step's forward pass so the
+tables' rows are fetched a step ahead (:mod:`tessel.sparse.schedule`): the input table's for the inputs, a sampled
+softmax's for the targets.
 """
 
 from __future__ import annotations

@@ -58,7 +58,9 @@ class Fetch:
     route: Route
     rows: torch.Tensor  # (k, d), filled as phases are assembled
     phases: list = field(default_factory=list)  # (work, recv buffer, mask over uniq or None)
-    late: tuple[torch.Tensor, torch.Tensor] | None = None  # (mask over ids_in, mask over uniq) after update
+    # The next step's: rows this step touches (bool per table row) while their late phase is not yet sent. It
+    # grows while this step's forwards read ids not prefetched (``AllToAllTable.more``).
+    touched: torch.Tensor | None = None
 
 
 @dataclass
@@ -80,7 +82,7 @@ class AllToAllTable(RowTable):
 
     def __init__(self, name: str, source: nn.Module, group, opt: RowOptimizer, split: str = "column",
                  plan: RowPlan | None = None, schedule: bool = False, lookahead: bool = False,
-                 clock: Clock | None = None, routes: dict | None = None):
+                 clock: Clock | None = None, routes: dict | None = None, feed: int = 0, more: bool = False):
         weight = source.weight
         super().__init__(name, weight.shape[0], weight.shape[1], group, opt, source)
         p, d = self.world, weight.shape[1]
@@ -100,6 +102,9 @@ class AllToAllTable(RowTable):
         # Prefetching the next batch needs every rank to know which rows this step touches: only the
         # column split, where every owner sees every id, has that for free.
         self.lookahead = bool(lookahead and schedule and split == "column")
+        # The batch tensor whose ids are prefetched (``SparseTables.begin_step``), and whether the forward reads
+        # more ids after them (a sampled softmax's candidates): those it fetches when it runs.
+        self.feed, self.more = feed, more
         self.dtype = self.table.dtype
         self.state = opt.init(self.table)
         self.clock = clock or Clock()
@@ -110,7 +115,8 @@ class AllToAllTable(RowTable):
         self._lookups: list[Lookup] = []
         self._ready: Fetch | None = None  # this step's rows, fetched ahead
         self._next: Fetch | None = None  # the next step's rows, being fetched
-        self._asked = None  # the next step's raw ids in flight: (work, buffer, rows this step touches)
+        self._asked = None  # the next step's raw ids in flight: (work, buffer)
+        self._touched: torch.Tensor | None = None  # rows this step touches, bool per row (see ``Fetch.touched``)
         self._leaf: tuple[Route, torch.Tensor] | None = None  # this step's prefetched rows, once assembled
 
     def held_tensors(self) -> list[torch.Tensor]:
@@ -241,30 +247,32 @@ class AllToAllTable(RowTable):
             self._serve(route, self._ready, async_op=True)
         if ids_next is None or self._ready is None:
             return
-        touched = torch.zeros(self.num_embeddings, dtype=torch.bool, device=self.table.device)
-        touched[self._ready.route.ids_in] = True  # column split: every rank's ids of this step
+        self._touched = torch.zeros(self.num_embeddings, dtype=torch.bool, device=self.table.device)
+        self._touched[self._ready.route.ids_in] = True  # column split: every rank's ids of this step
         # The next ids travel raw and in the background (every rank's batch has the same shape); the
         # owners deduplicate them once they are in, before this step's backward pass (launch_next).
         raw = ids_next.reshape(-1).to(torch.int32 if self.num_embeddings < 2**31 else torch.int64)
         buf = raw.new_empty(self.world * raw.numel())
         work = self.clock.launch(comm.all_gather_into(buf, raw, "a2a.ids", self.group, async_op=True))
-        self._asked = (work, buf, touched)
+        self._asked = (work, buf)
 
     @_timed
     def launch_next(self) -> None:
-        """Turn the next step's ids into a route and send the rows that are final already (early phase)."""
-        if self._asked is None:
+        """Turn the next step's ids into a route and send the rows that are final already (early phase). A table
+        whose forwards read ids of their own (``more``) waits for the step's last: only then is it known which rows
+        this step touches."""
+        if self._asked is None or (self.more and not self.final):
             return
-        work, buf, touched = self._asked
+        work, buf = self._asked
         self._asked = None
         self.clock.wait(work, "ids")
         self.check_ids(buf)
         uniqs = [torch.unique(x).long() for x in buf.view(self.world, -1)]
         uniq = uniqs[self.me]
         route = Route(uniq, torch.cat(uniqs), [u.numel() for u in uniqs], [uniq.numel()] * self.world)
-        early_in, late_in = priority(route.ids_in, touched)
-        early_out, late_out = priority(uniq, touched)
-        self._next = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim), late=(late_in, late_out))
+        early_in, _ = priority(route.ids_in, self._touched)
+        early_out, _ = priority(uniq, self._touched)
+        self._next = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim), touched=self._touched)
         self._serve(route, self._next, early_in, early_out, async_op=True)
 
     # -- forward, backward, update ------------------------------------------------------------------
@@ -280,12 +288,18 @@ class AllToAllTable(RowTable):
         else:
             route = self.clock.sync(lambda: self._ask(uniq), "ids")
             self.routes[key] = (weakref.ref(ids), route)
-        fetch = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim))
+        return self._fetch(route)
+
+    def _fetch(self, route: Route) -> torch.Tensor:
+        """The rows of ``route``'s ids, asked now and waited for (tracked for their gradient when training)."""
+        fetch = Fetch(route, self.table.new_empty(route.uniq.numel(), self.embedding_dim))
         self._serve(route, fetch)
         rows = self._assemble(fetch)
         if self.training_step:
             rows.requires_grad_(True)
             self._track(route, rows, whole_step=False)
+            if self._touched is not None:
+                self._touched[route.ids_in] = True  # the next step's rows that must wait for this update
         return rows
 
     def _prefetched(self, uniq: torch.Tensor) -> torch.Tensor:
@@ -296,11 +310,20 @@ class AllToAllTable(RowTable):
             self._ready = None
             self._track(self._leaf[0], rows, whole_step=True)
         route, rows = self._leaf
-        pos = torch.searchsorted(route.uniq, uniq)
-        if pos.numel() and (int(pos.max()) >= route.uniq.numel() or not torch.equal(route.uniq[pos], uniq)):
-            raise PlanError(f"table '{self.name}' was prefetched for this step's input ids, but the forward "
-                            "pass asked for others; pass the batch's inputs to begin_step")
-        return rows[pos]
+        n = route.uniq.numel()
+        pos = torch.searchsorted(route.uniq, uniq).clamp_(max=max(n - 1, 0))
+        found = route.uniq[pos] == uniq if n else torch.zeros_like(uniq, dtype=torch.bool)
+        if not self.more:
+            if not bool(found.all()):
+                raise PlanError(f"table '{self.name}' was prefetched for this step's input ids, but the forward "
+                                "pass asked for others; pass the batch's inputs to begin_step")
+            return rows[pos]
+        # The ids past the batch's (a sampled softmax's candidates) are fetched now, by every rank (the exchange is
+        # collective, so a rank with none still takes part); a row comes from the prefetched leaf or from these.
+        miss = uniq[~found]
+        extra = self._fetch(self.clock.sync(lambda: self._ask(miss), "ids"))
+        at = torch.where(found, pos, n + torch.cumsum(~found, 0) - 1)
+        return torch.cat([rows, extra])[at]
 
     def _track(self, route: Route, rows: torch.Tensor, whole_step: bool) -> None:
         entry = Lookup(route, rows, self.tag)
@@ -342,10 +365,13 @@ class AllToAllTable(RowTable):
         """Apply the row update, then send the next step's rows that waited for it (the late phase)."""
         super().update(lr, scale)
         self.launch_next()
-        if self._next is not None and self._next.late is not None:
-            late_in, late_out = self._next.late
-            self._next.late = None
-            self._serve(self._next.route, self._next, late_in, late_out, async_op=True, what="late_rows")
+        nxt, self._touched = self._next, None
+        if nxt is not None and nxt.touched is not None:
+            # rows this step touched: sent now, final. Were one of them sent early and touched after (a forward's
+            # own ids read after the early phase), it is sent again here and the later copy is the one kept.
+            touched, nxt.touched = nxt.touched, None
+            self._serve(nxt.route, nxt, touched[nxt.route.ids_in], touched[nxt.route.uniq], async_op=True,
+                        what="late_rows")
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, split={self.split}, schedule={self.schedule}, lookahead={self.lookahead}"

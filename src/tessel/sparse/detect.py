@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..data.prepared import call, first_tensor
+from ..data.prepared import batch_tensors, call
 from ..errors import PlanError
 
 TABLE_TYPES = (nn.Embedding, nn.EmbeddingBag)
@@ -38,6 +38,11 @@ class TableInfo:
     unique_per_step: float = 0.0  # mean unique ids one rank's batch reads
     lookups_per_step: float = 0.0
     fed: bool = False  # the table reads the batch's first argument as its ids (so they are known ahead)
+    # The batch tensor the table's ids begin with (0: the first argument, 1: the second, a language model's
+    # targets), so those ids are known a step ahead; ``more``: the forward adds ids of its own after them (a sampled
+    # softmax's candidates, drawn when it runs). None: the ids are not the batch's.
+    ahead: int | None = None
+    more: bool = False
     counts: list[torch.Tensor] = field(default_factory=list, repr=False)  # per sample batch: accesses per row
     unsupported: str | None = None  # why it cannot be served row by row (see ``unsupported``)
 
@@ -48,7 +53,8 @@ class TableInfo:
         uniq = sum(float((c > 0).sum()) for c in counts) / max(len(counts), 1)
         return dataclasses.replace(
             self, rows=n, bytes=self.bytes * n // self.rows, counts=counts, unique_per_step=uniq, touched=uniq / n,
-            lookups_per_step=sum(float(c.sum()) for c in counts) / max(len(counts), 1), fed=False)
+            lookups_per_step=sum(float(c.sum()) for c in counts) / max(len(counts), 1), fed=False, ahead=None,
+            more=False)
 
 
 def find_tables(model: nn.Module) -> list[TableInfo]:
@@ -117,12 +123,29 @@ def measure(model: nn.Module, tables: list[TableInfo], batches: list, run=None) 
             for x in ids:
                 c.index_add_(0, x.cpu(), torch.ones(x.numel(), dtype=torch.float64))
             per_batch.append(c)
-        # Prefetching the next step's rows needs ids known before the forward pass: the batch's inputs.
-        t.fed = all(len(ids) == 1 and torch.is_tensor(first_tensor(b)) and torch.equal(ids[0],
-                                                                                  first_tensor(b).reshape(-1))
-                    for ids, b in zip(seen[t.name], batches))
+        # Prefetching the next step's rows needs ids known before the forward pass: the batch's own tensors.
+        t.ahead, t.more = _feed(seen[t.name], batches)
+        t.fed = t.ahead == 0 and not t.more
         t.counts = per_batch
         t.unique_per_step = sum(float((c > 0).sum()) for c in per_batch) / len(per_batch)
         t.lookups_per_step = sum(float(c.sum()) for c in per_batch) / len(per_batch)
         t.touched = t.unique_per_step / t.rows
     return seconds
+
+
+def _feed(seen: list[list[torch.Tensor]], batches: list) -> tuple[int | None, bool]:
+    """(k, more): every sample batch's one lookup of a table began with the batch's k-th tensor
+    (:func:`tessel.data.prepared.batch_tensors`), and ``more``: some lookup read ids after it. (None, False) if no
+    k fits all."""
+    fits = None
+    for ids, b in zip(seen, batches):
+        if len(ids) != 1:
+            return None, False
+        got = ids[0]
+        here = {k: got.numel() > x.numel() for k, x in enumerate(batch_tensors(b))
+                if x.dtype == got.dtype and got.numel() >= x.numel() and torch.equal(got[: x.numel()], x.reshape(-1))}
+        fits = here if fits is None else {k: fits[k] or more for k, more in here.items() if k in fits}
+    if not fits:
+        return None, False
+    k = min(fits)  # the first argument when both fit (a batch whose targets equal its inputs)
+    return k, fits[k]

@@ -253,8 +253,8 @@ def _ps(b: _Build):
 def _alltoall(b: _Build):
     row = b.choice.split == "row"
     return AllToAllTable(b.choice.info.name, b.place.module, b.lay.side, b.rows, b.choice.split,
-                         b.row_plan() if row else None, b.policy.schedule, lookahead=b.choice.info.fed,
-                         clock=b.clock, routes=b.routes)
+                         b.row_plan() if row else None, b.policy.schedule, lookahead=b.choice.info.ahead is not None,
+                         clock=b.clock, routes=b.routes, feed=b.choice.info.ahead or 0, more=b.choice.info.more)
 
 
 # TableStrategy.builds -> the constructor of its table (None: the table stays in the model)

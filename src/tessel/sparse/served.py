@@ -32,14 +32,18 @@ class SparseTables:
     def __bool__(self) -> bool:
         return bool(self.tables)
 
-    def begin_step(self, inputs: torch.Tensor | None, next_inputs: torch.Tensor | None = None) -> None:
+    def begin_step(self, batch, upcoming=None) -> None:
         """Before a step's forward pass: fetch this step's rows if not yet coming, start the next step's.
 
-        Only scheduled ``alltoall`` tables fed from the batch act on it; ``inputs`` is the step's whole
-        first model argument (all micro-batches), ``next_inputs`` the next step's (None on the last step)."""
+        Only scheduled ``alltoall`` tables whose ids begin with a batch tensor act on it. ``batch``: the step's
+        whole tensors in the model's argument order (all micro-batches; ``(inputs, targets)``, or the inputs
+        alone), ``upcoming`` the next step's alike (None on the last step). A table is fetched for the tensor its
+        ids begin with (:attr:`tessel.sparse.detect.TableInfo.ahead`): a language model's input embedding for the
+        inputs, a sampled softmax's table for the targets."""
+        now, nxt = _tensors(batch), _tensors(upcoming)
         for t in self.tables.values():
             if isinstance(t, AllToAllTable):
-                t.prefetch(inputs, next_inputs)
+                t.prefetch(_at(now, t.feed), _at(nxt, t.feed))
 
     def lookahead(self, on: bool) -> None:
         """Allow or stop fetching the next step's rows ahead (an asynchronous pipeline cannot wait for them)."""
@@ -170,3 +174,12 @@ def table_use(tables: SparseTables | None) -> TableUse:
     seen = comm.all_gather_object(mine, "meta")
     rows = {name: max(r.get(name, 0.0) for r, _ in seen) for r, _ in seen for name in r}
     return TableUse(rows, frozenset(n for _, ahead in seen for n in ahead))
+
+
+def _tensors(batch) -> tuple:
+    """A step's tensors as a tuple: ``batch`` itself, or ``(batch,)`` for one tensor, or () for None."""
+    return () if batch is None else (batch,) if torch.is_tensor(batch) else tuple(batch)
+
+
+def _at(tensors: tuple, k: int):
+    return tensors[k] if k < len(tensors) else None

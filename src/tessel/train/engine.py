@@ -47,7 +47,7 @@ class StepEngine(Protocol):
     computes_loss: bool  # whether this rank's StepResult.loss is the loss (in a pipeline, the last stage's rank)
     lr_of: Callable[[int], float]  # the LR of a step's mini-batch (a caller with its own schedule replaces it)
 
-    def step(self, inputs, targets, step: int, next_inputs=None) -> StepResult: ...
+    def step(self, inputs, targets, step: int, upcoming=None) -> StepResult: ...
 
     def drain(self, step: int) -> None: ...  # finish whatever mini-batch is in flight (before a checkpoint)
 
@@ -93,17 +93,17 @@ class Engine:
         return contextlib.nullcontext()
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int,
-             next_inputs: torch.Tensor | None = None) -> StepResult:
+             upcoming: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepResult:
         """One optimizer step on this rank's batch, split into ``micro_batches`` micro-batches.
 
-        ``next_inputs``: the next step's inputs, if known, so scheduled sparse tables fetch ahead."""
+        ``upcoming``: the next step's (inputs, targets), if known, so scheduled sparse tables fetch ahead."""
         self.model.train()
         m = self.micro_batches
         inputs, targets = self.to_device(inputs), self.to_device(targets)
-        next_inputs = None if next_inputs is None else self.to_device(next_inputs)
+        upcoming = None if upcoming is None else tuple(self.to_device(t) for t in upcoming)
         if self.tables:
             with comm.guard("prefetch of sparse rows", "sparse"):
-                self.tables.begin_step(inputs, next_inputs)
+                self.tables.begin_step((inputs, targets), upcoming)
         total = torch.zeros((), dtype=torch.float64, device=self.device)  # summed on the device: no wait per loss
         for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
             # DDP's gradient all-reduce runs inside backward; a dead peer surfaces here.
