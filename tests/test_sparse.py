@@ -18,7 +18,7 @@ from tessel.config import load_config
 from tessel.data import ShardedLoader
 from tessel.errors import ConfigError, PlanError
 from tessel.mesh import ParallelDims, build_mesh
-from tessel.parallelize import apply_ddp, apply_sparse, row_optimizer
+from tessel.parallelize import apply_ddp, apply_sparse, parallelize, row_optimizer
 from tessel.sparse.alltoall import AllToAllTable
 from tessel.sparse.partition import plan_rows
 from tessel.sparse.rowopt import RowOptimizer
@@ -150,6 +150,37 @@ def check_lazy_adam(steps: int = 4):
         ref_rows.zero_grad()
     torch.testing.assert_close(sparse.full_table(tables.tables["emb"]), ref.emb.weight.detach(), rtol=0, atol=ATOL)
     torch.testing.assert_close(model.out.weight, ref.out.weight, rtol=0, atol=ATOL)
+
+
+def check_torch_sparse_parity(optimizer: str, steps: int = 3) -> float:
+    """The peer ``torch-sparse`` (torch DDP with sparse table gradients, through ``parallelize`` as ``tessel train``
+    builds it) against one process with dense tables and torch's optimizer, clipping and LR rule."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    cfg = load_config(None, ["model.name=lstm_lm", *SMALL["lstm_lm"], "train.dtype=float64", "train.global_batch=8",
+                             f"train.optimizer={optimizer}", "train.lr=0.05", "train.warmup=1", "train.clip=0.5",
+                             f"train.steps={steps}", "train.momentum=0", "sparse.strategy=torch-sparse"])
+    plan, settings = planned(cfg)
+    mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
+    data = build_data(cfg)
+    torch.manual_seed(1)
+    ref = build(cfg, data.vocab_size).double()
+    torch.manual_seed(1)
+    model = build(cfg, data.vocab_size).double()
+    peek = ShardedLoader(data, 8, r, p)
+    par = parallelize(model, plan, mesh, [_batch(peek), _batch(peek)], settings)
+    assert {m.sparse for m in par.module.modules() if isinstance(m, nn.Embedding)} == {True}
+    ref_res = step_side_by_side(par.engine, TorchReference(ref, cfg.train), ShardedLoader(data, 8, r, p),
+                                ShardedLoader(data, 8, 0, 1), steps, p, ATOL)
+    want = dict(ref.named_parameters())
+    for n, a in par.module.named_parameters():
+        torch.testing.assert_close(a, want[n.removeprefix("module.")], rtol=0, atol=ATOL, msg=n)
+    return float(ref_res.loss)
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])
+def test_torch_sparse_trains_as_one_process(world2, optimizer):
+    """torch's fused optimizer kernels refuse sparse gradients: the tables step in a group without them."""
+    assert len(set(world2.run(check_torch_sparse_parity, optimizer))) == 1
 
 
 def test_lazy_adam_equals_sparse_adam(world2):

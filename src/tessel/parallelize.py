@@ -211,6 +211,12 @@ def _micro(batch: tuple, micro_batches: int) -> tuple:
     return x[:b], y[:b]
 
 
+def _sparse_grads(model: torch.nn.Module) -> frozenset[int]:
+    """Ids of the weights whose gradient is sparse: tables left to torch DDP with ``sparse=True`` (torch-sparse)."""
+    return frozenset(id(m.weight) for m in model.modules()
+                     if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse)
+
+
 def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, batches: list[tuple], settings: Settings, *,
                 make_optimizer: Callable | None = None, rows: RowOptimizer | None = None) -> Parallelized:
     """Apply ``plan`` to the plain ``model`` (same seed, so the same weights, on every rank) on ``mesh``, trained
@@ -219,7 +225,7 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan, mesh, batches: list[
     ``batches``: this rank's first batches (sparse tables measure them, the pipeline profiles the first).
     ``make_optimizer``: (this rank's dense parameters) -> optimizer, and ``rows``: the served tables' row
     optimizer, for a caller mirroring its own optimizer (``tessel.prepare``); by default both follow ``settings``."""
-    make_optimizer = make_optimizer or (lambda params: build_optimizer(params, settings))
+    make_optimizer = make_optimizer or (lambda params: build_optimizer(params, settings, _sparse_grads(model)))
     rows = rows if rows is not None else row_optimizer(plan, settings)
     dp_group = mesh.get_group("dp")
     chain = chain_of(model) if plan.pp > 1 or plan.tp > 1 else None

@@ -14,10 +14,11 @@ from ..dtensor import is_dtensor
 from ..settings import Settings
 
 
-def build_optimizer(params, settings: Settings) -> torch.optim.Optimizer:
+def build_optimizer(params, settings: Settings, sparse_grads: frozenset[int] = frozenset()) -> torch.optim.Optimizer:
     """``torch.optim``'s class for ``settings.optimizer`` at the schedule's first lr, given the settings its
     constructor takes (momentum or betas only where it has them; the ones its name fixes, such as nadamw's
-    decoupled decay; on the CPU its fused kernel, else single-tensor updates)."""
+    decoupled decay; on the CPU its fused kernel, else single-tensor updates). ``sparse_grads``: ids of the
+    parameters whose gradient is sparse (torch DDP's sparse tables, the peer ``torch-sparse``)."""
     # a pipeline stage whose only weights are served tables has no dense parameter: an empty group, not an error
     params = [p for p in params if p.requires_grad] or [{"params": []}]
     cls = getattr(torch.optim, settings.optimizer.torch_class)
@@ -32,6 +33,12 @@ def build_optimizer(params, settings: Settings) -> torch.optim.Optimizer:
         # the CPU); either is within 3e-16 of the loop the fp64 parity tests write, so their 1e-10 holds
         given = without_fused_on_shards({**given, **({"fused": True} if "fused" in takes else {"foreach": False})},
                                         tensors)
+        # torch's fused kernels refuse a sparse gradient: those parameters step one tensor at a time, in a group of
+        # their own (the rest keep the fused kernel)
+        sparse = [p for p in tensors if id(p) in sparse_grads]
+        if sparse and given.get("fused"):
+            dense = [p for p in tensors if id(p) not in sparse_grads]
+            params = [{"params": dense}] * bool(dense) + [{"params": sparse, "fused": False, "foreach": False}]
     # the settings the name fixes go in unfiltered: a torch without one fails here rather than running another rule
     return cls(params, **{k: v for k, v in given.items() if k in takes}, **dict(settings.optimizer.options))
 
