@@ -25,8 +25,9 @@ CASES = [("lstm_lm", "sgd", 1, ()), ("lstm_lm", "adagrad", 1, UNSCHEDULED),
          ("transformer_sampled", "adagrad", 1, ()), ("transformer_sampled", "sgd", 1, UNSCHEDULED),
          ("transformer_sampled", "sgd", 1, ()), ("transformer_sampled", "adagrad", 1, UNSCHEDULED),
          ("transformer_lm", "adagrad", 2, ()), ("lstm_lm", "adagrad", 1, ("sparse.split=row",)),
-         # the sampled softmax's rows prefetched for the targets, two forwards each drawing its own candidates
-         ("lstm_lm", "sgd", 2, ())]
+         # the sampled softmax's rows prefetched for the targets (asked for), two forwards each drawing its own
+         # candidates, and one
+         ("lstm_lm", "sgd", 2, ("sparse.prefetch_all=true",)), ("lstm_lm", "adagrad", 1, ("sparse.prefetch_all=true",))]
 
 
 def _id(case):
@@ -161,7 +162,8 @@ def check_targets_prefetched(schedule: bool) -> list:
           [torch.tensor([[5, 6, 6, 7]]), torch.tensor([[9, 9, 9, 9]])][r]]
     extras = [torch.tensor([5, 1]), torch.tensor([8, 0])]
     model.extra = extras[0]
-    tables = sparse.shard(model, [(x, ys[0])], "alltoall", "sgd", lr=0.1, partitions=2, schedule=schedule)
+    tables = sparse.shard(model, [(x, ys[0])], "alltoall", "sgd", lr=0.1, partitions=2, schedule=schedule,
+                          prefetch_all=True)
     t = tables.tables["emb"]
     out = {"table": (t.lookahead, t.feed, t.more), "steps": []}
     comm.counter.end_step()

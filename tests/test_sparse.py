@@ -66,8 +66,9 @@ def check_sparse_parity(name: str, strategy: str, optimizer: str, micro: int = 1
     for n, t in tables.tables.items():
         if isinstance(t, AllToAllTable):
             # scheduled, a column-split table is fetched a step ahead for the batch tensor its ids begin with: the
-            # input embedding for the inputs, a sampled softmax's weight for the targets (its candidates then)
-            assert t.lookahead == (t.schedule and t.split == "column" and n != "pos_emb"), n
+            # input embedding for the inputs; a sampled softmax's weight for the targets (its candidates then) if asked
+            ahead = n in ("embedding", "tok_emb") or (n.startswith("head.") and plan.sparse.prefetch_all)
+            assert t.lookahead == (t.schedule and t.split == "column" and ahead), n
             assert (t.feed, t.more) == ((1, True) if n.startswith("head.") else (0, False)), n
     model = apply_ddp(model, mesh.get_group("dp"))
     ref_loader = ShardedLoader(data, 8, 0, 1)

@@ -113,6 +113,9 @@ class SparseConfig:
     max_touched: float = 0.5  # a table whose step touches more of its rows than this stays dense (not auto)
     split: str = "auto"  # alltoall tables: column | row | auto (column unless the cost model prefers row)
     schedule: bool = True  # alltoall: overlap its traffic with backward and the next forward (2-D scheduling)
+    # scheduled alltoall: fetch a step ahead every table whose ids begin with a batch tensor (a sampled softmax's for
+    # the next targets), not the input table alone; faster where the link binds, slower where CPU does (docs/sparse.md)
+    prefetch_all: bool = False
     link_mbit: float = 0.0  # link rate for auto; 0: TESSEL_LINK_MBIT if set, else measured at start-up
     partitions: int = 0  # ps row partitions; 0: chosen from measured access counts
     sample_batches: int = 2  # first batches used to measure sparsity and balance ps rows

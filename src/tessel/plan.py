@@ -74,6 +74,7 @@ class TablePolicy:
     overrides: tuple[tuple[str, TableStrategy], ...] = ()  # (table, strategy): these tables take it
     split: str = "auto"  # alltoall: column | row | auto (column unless the cost model prefers row)
     schedule: bool = True  # alltoall: overlap its traffic with backward and the next forward (EmbRace)
+    prefetch_all: bool = False  # scheduled alltoall: every table fed from the batch ahead (a sampled softmax's too)
     max_touched: float = 0.5  # a table a step touches more of than this stays dense (a named strategy)
     partitions: int = 0  # ps row partitions; 0: chosen from measured access counts
     hosts: int = 0  # hosts the ranks fill, for ps local aggregation; 0: torchrun's node ranks

@@ -38,7 +38,8 @@ def settings_of(cfg: Config) -> Settings:
 def policy_of(cfg: Config) -> TablePolicy:
     s = cfg.sparse
     return TablePolicy(strategy=s.strategy, overrides=tuple(sparse_overrides(cfg).items()), split=s.split,
-                       schedule=s.schedule, max_touched=s.max_touched, partitions=s.partitions, hosts=s.hosts,
+                       schedule=s.schedule, prefetch_all=s.prefetch_all, max_touched=s.max_touched,
+                       partitions=s.partitions, hosts=s.hosts,
                        link_mbit=s.link_mbit, sample_batches=s.sample_batches, row_optimizer=s.optimizer)
 
 

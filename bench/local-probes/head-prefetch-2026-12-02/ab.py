@@ -1,11 +1,13 @@
 """The scheduled alltoall path before and after the sampled softmax's table was prefetched for the targets, paired.
 
-One emulated cluster (4 hosts, the overlap scenario's cell lstm_lm_b256 at 25 Mbit/s); each round runs the
+One emulated cluster (4 hosts, the overlap scenario's cell lstm_lm_b256 at 25 Mbit/s, or the hosts, model and rate
+given); each round runs the
 committed code of both checkouts one after the other (order alternating by round), same flags, data and steps.
 Run as root from the repository root:
 
     git worktree add -f /tmp/old a05d7cb      # the code before the change
     python bench/local-probes/head-prefetch-2026-12-02/ab.py 5 /tmp/old/src src > ab.txt
+    python bench/local-probes/head-prefetch-2026-12-02/ab.py 5 /tmp/old/src src 8 lstm_lm 50mbit > ab-8h.txt
 """
 
 import json
@@ -19,12 +21,14 @@ from tessel.bench.stats import paired_ratio
 from tessel.cluster.emulate import HOST_INTERFACE, EmulatedCluster
 
 rounds, before, after = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-out = Path("/tmp/head-ab")
+given = len(sys.argv) > 4
+hosts, model, rate = (int(sys.argv[4]), sys.argv[5], sys.argv[6]) if given else (4, "lstm_lm_b256", "25mbit")
+out = Path(f"/tmp/head-ab-{hosts}-{model}-{rate}")
 args = ["-m", "tessel", "train", "--metrics.interface", HOST_INTERFACE, *OVERLAP.common,
-        *OVERLAP.models["lstm_lm_b256"], *OVERLAP.strategies["alltoall"], "--steps", str(OVERLAP.steps)]
+        *OVERLAP.models[model], *OVERLAP.strategies["alltoall"], "--steps", str(OVERLAP.steps)]
 records = {"before": {}, "after": {}}
-with EmulatedCluster(4, rate=None, prefix="tsab") as emu:
-    emu.set_rate("25mbit")
+with EmulatedCluster(hosts, rate=None, prefix="tsab") as emu:
+    emu.set_rate(rate)
     for r in range(rounds):
         order = [("before", before), ("after", after)]
         for name, src in (order if r % 2 == 0 else order[::-1]):

@@ -80,13 +80,11 @@ def analytic(cfg, flops: float, samples_for_tables: tuple[int, ...] = (1,), elem
 def _tables(cfg, model, data, dps) -> list[TableProfile]:
     out = []
     for info in find_tables(model):
-        inputs = info.name in ("embedding", "tok_emb")
-        # prefetched a step ahead: the input embedding for the inputs, the softmax's weight for the targets
-        t = TableProfile(info.name, info.rows, info.dim, inputs or info.name == "head.weight")
+        t = TableProfile(info.name, info.rows, info.dim, info.name in ("embedding", "tok_emb"))
         for dp in dps:
             x, y = ShardedLoader(data, cfg.train.global_batch, 0, dp).next_batch()
-            ids = x if inputs else y  # the softmax's rows: the targets and the shared samples
-            extra = 0 if inputs else cfg.model.num_sampled
+            ids = x if t.fed else y  # the softmax's rows: the targets and the shared samples
+            extra = cfg.model.num_sampled if not t.fed else 0
             t.unique[dp] = min(info.rows, float(torch.unique(ids).numel()) + extra)
         out.append(t)
     return out

@@ -65,6 +65,8 @@ SPARSE = Scenario(
                 "allgather": ["--sparse", "allgather"], "ps": ["--sparse", "ps"],
                 "alltoall": ["--sparse", "alltoall"],
                 "alltoall-unsched": ["--sparse", "alltoall", "--sparse.schedule", "false"],
+                # every table fed from the batch fetched ahead: the sampled softmax's too, for the next targets
+                "alltoall-all": ["--sparse", "alltoall", "--sparse.prefetch_all", "true"],
                 "auto": ["--sparse", "auto"]},
     baseline="dense",
     same_bytes={"torch-sparse": None},
@@ -96,6 +98,7 @@ OVERLAP = Scenario(
     # torch's sparse DDP and ps beside them: the baselines EmbRace's 2.41x is over, in a cell whose bytes are
     # mostly the tables'
     strategies={"alltoall": SPARSE.strategies["alltoall"], "alltoall-unsched": SPARSE.strategies["alltoall-unsched"],
+                "alltoall-all": SPARSE.strategies["alltoall-all"],
                 "torch-sparse": SPARSE.strategies["torch-sparse"], "ps": SPARSE.strategies["ps"]},
     baseline="alltoall-unsched",
     same_bytes={"torch-sparse": None},

@@ -85,7 +85,7 @@ class TableProfile:
     name: str
     rows: int
     dim: int
-    fed: bool  # ids begin with a batch tensor (the 2-D schedule prefetches them; a sampled softmax's: the targets)
+    fed: bool  # ids come from the batch (the 2-D schedule can prefetch them)
     unique: dict[int, float] = field(default_factory=dict)  # dp -> unique rows one rank's batch touches
 
 
@@ -475,5 +475,5 @@ def _tables(job: Job, model, dps: tuple[int, ...]) -> list[TableProfile]:
         measure_tables(model, infos, [job.batch(b, dp)])
         for i in infos:
             out[i.name].unique[dp] = i.unique_per_step
-            out[i.name].fed = i.ahead is not None  # the input embedding's, and a sampled softmax's (targets)
+            out[i.name].fed = i.fed
     return list(out.values())

@@ -14,8 +14,7 @@ and B of the table's own (a dense gradient is reduced at full width), i = 8 byte
 Time = bytes/rate + collectives·latency + updated elements·c, where the updated elements are V·d
 (dense: the dense optimizer walks the whole table), min(V, N·k)·d (allgather: every rank applies every
 rank's rows) and u·d/N (ps, alltoall: each owner its share). Scheduled ``alltoall`` exposes only its
-critical path: the next batch's late rows (fetched after the update) for a table fed from the batch
-(whose ids begin with a batch tensor; a sampled softmax's candidates add their exchange's latency),
+critical path: the next batch's late rows (fetched after the update) for a table fed from the batch,
 the whole forward exchange otherwise, plus whatever of the rest exceeds the step's compute (three
 times the measured forward pass) it hides behind. The rate, the latency and c are measured on the
 job's own group at start-up (:func:`probe`) unless the rate is given.
@@ -61,10 +60,9 @@ class Sparsity:
     u: float  # unique rows over all ranks per step
     u_host: float  # unique rows per host per step
     late: float  # share of the next batch's unique rows this batch touches
-    fed: bool  # ids begin with a batch tensor (prefetchable: the input embedding's, a sampled softmax's targets)
+    fed: bool  # ids come straight from the batch (prefetchable)
     wire: int = 0  # bytes per element of a looked-up row or row gradient on the wire (bf16 under mixed precision;
     # 0: elem)
-    more: bool = False  # the forward adds ids of its own (a sampled softmax's candidates), fetched when it runs
 
 
 @dataclass
@@ -105,9 +103,8 @@ def estimate(s: Sparsity, ranks: int, hosts: int, link: Link, compute: float, sc
             out[f"alltoall/{split}"] = Estimate(total, t(total, 4, s.u * s.dim / n))
             continue
         if s.fed and split == "column":
-            # next batch's ids (2 blocking collectives) and its late rows are on the critical path, and a forward's
-            # own ids (the candidates: a few hundred rows beside thousands, their bytes not priced) 3 more
-            critical = s.late * fwd / link.rate + (3 + 3 * s.more) * link.latency
+            # next batch's ids (2 blocking collectives) and its late rows are on the critical path
+            critical = s.late * fwd / link.rate + 3 * link.latency
             rest = (ids + (1 - s.late) * fwd + bwd) / link.rate
             hide = compute
             note = f"late rows {s.late:.0%}"

@@ -80,7 +80,7 @@ def sparsity(info: TableInfo, fit: torch.Tensor, group, local_group=None) -> Spa
         u_host = float((host > 0).sum())
     w = info.bytes // max(info.rows * info.dim, 1)
     return Sparsity(rows=info.rows, dim=info.dim, elem=w, k=float(stats[0]) / n, u=float((fit > 0).sum()),
-                    u_host=u_host, late=float(stats[1]) / n, fed=info.ahead is not None, more=info.more)
+                    u_host=u_host, late=float(stats[1]) / n, fed=info.fed)
 
 
 def decide_auto(pending: list[tuple[TableInfo, torch.Tensor]], group, hosts: int, layout, compute: float,

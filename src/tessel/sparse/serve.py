@@ -88,7 +88,8 @@ def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimize
           lr: float = 0.1, momentum: float = 0.0, group=None, overrides: dict[str, str] | None = None,
           max_touched: float = 0.5, partitions: int = 0, hosts: int | None = None,
           timeout: float = 30.0, split: str = "auto", schedule: bool = True, link_mbit: float = 0.0,
-          fixed: dict[str, list[str]] | None = None, weight_decay: float = 0.0) -> SparseTables:
+          fixed: dict[str, list[str]] | None = None, weight_decay: float = 0.0,
+          prefetch_all: bool = False) -> SparseTables:
     """Replace ``model``'s sparse tables in place; every rank of ``group`` must call it with its own batches.
 
     ``batches``: a few ``model(*batch)`` argument tuples (this rank's first batches) to measure sparsity
@@ -99,7 +100,8 @@ def shard(model: nn.Module, batches: list[tuple], strategy: str = "ps", optimize
     arguments make the :class:`tessel.plan.TablePolicy` that :func:`serve` follows.
     """
     policy = TablePolicy(strategy=strategy, overrides=tuple((overrides or {}).items()), split=split,
-                         schedule=schedule, max_touched=max_touched, partitions=partitions, hosts=hosts or 0,
+                         schedule=schedule, prefetch_all=prefetch_all, max_touched=max_touched,
+                         partitions=partitions, hosts=hosts or 0,
                          link_mbit=link_mbit)
     check_overrides([i.name for i in find_tables(model)], policy.overrides)
     rows = optimizer if isinstance(optimizer, RowOptimizer) else RowOptimizer(
@@ -250,10 +252,18 @@ def _ps(b: _Build):
     return PSTable(b.choice.info.name, b.place.module, b.lay.group, b.rows, b.row_plan(), b.lay.hosts)
 
 
+def _ahead(b: _Build) -> bool:
+    """Whether the table is fetched a step ahead: the input table always; any other table whose ids begin with a
+    batch tensor (a sampled softmax's, with its targets) only if asked (``TablePolicy.prefetch_all``): its extra
+    bookkeeping costs more than it hides on hosts whose CPU binds (docs/benchmarks.md)."""
+    info = b.choice.info
+    return info.fed or (info.ahead is not None and b.policy.prefetch_all)
+
+
 def _alltoall(b: _Build):
     row = b.choice.split == "row"
     return AllToAllTable(b.choice.info.name, b.place.module, b.lay.side, b.rows, b.choice.split,
-                         b.row_plan() if row else None, b.policy.schedule, lookahead=b.choice.info.ahead is not None,
+                         b.row_plan() if row else None, b.policy.schedule, lookahead=_ahead(b),
                          clock=b.clock, routes=b.routes, feed=b.choice.info.ahead or 0, more=b.choice.info.more)
 
 
