@@ -73,8 +73,8 @@ class SteppedModel(nn.Module):
         engine, plan = self.par.engine, self.par.plan
         self.lrs[self.steps] = float(self.lr_groups[0]["lr"])
         self.lrs.pop(self.steps - KEEP_LRS, None)
-        # scheduled tables fetch the next batch's rows
-        ahead = pair(self.loader.upcoming) if x is self.loader.current and self.loader.upcoming is not None else None
+        # scheduled tables fetch the next batch's rows for its inputs (a user's batch need not pair up ahead of time)
+        ahead = (self.loader.next_inputs,) if x is self.loader.current and self.loader.next_inputs is not None else None
         result = engine.step(x, y, self.steps, ahead if self.tables and self.tables.choices else None).read()
         self.steps += 1
         release_free(self.steps)  # malloc's free holes back to the system (train/memory.py)

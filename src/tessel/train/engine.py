@@ -93,10 +93,11 @@ class Engine:
         return contextlib.nullcontext()
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, step: int,
-             upcoming: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepResult:
+             upcoming: tuple[torch.Tensor, ...] | None = None) -> StepResult:
         """One optimizer step on this rank's batch, split into ``micro_batches`` micro-batches.
 
-        ``upcoming``: the next step's (inputs, targets), if known, so scheduled sparse tables fetch ahead."""
+        ``upcoming``: the next step's (inputs, targets), or its inputs alone, if known, so scheduled sparse tables
+        fetch ahead."""
         self.model.train()
         m = self.micro_batches
         inputs, targets = self.to_device(inputs), self.to_device(targets)
