@@ -58,9 +58,6 @@ class Fetch:
     route: Route
     rows: torch.Tensor  # (k, d), filled as phases are assembled
     phases: list = field(default_factory=list)  # (work, recv buffer, mask over uniq or None)
-    # The next step's: rows this step touches (bool per table row) while their late phase is not yet sent. It
-    # grows while this step's forwards read ids not prefetched (``AllToAllTable.more``).
-    touched: torch.Tensor | None = None
 
 
 @dataclass
@@ -116,7 +113,9 @@ class AllToAllTable(RowTable):
         self._ready: Fetch | None = None  # this step's rows, fetched ahead
         self._next: Fetch | None = None  # the next step's rows, being fetched
         self._asked = None  # the next step's raw ids in flight: (work, buffer)
-        self._touched: torch.Tensor | None = None  # rows this step touches, bool per row (see ``Fetch.touched``)
+        # Rows this step touches, bool per row, from the prefetch until the next step's late phase is sent; it grows
+        # while this step's forwards read ids not prefetched (``more``)
+        self._touched: torch.Tensor | None = None
         self._leaf: tuple[Route, torch.Tensor] | None = None  # this step's prefetched rows, once assembled
 
     def held_tensors(self) -> list[torch.Tensor]:
@@ -272,7 +271,7 @@ class AllToAllTable(RowTable):
         route = Route(uniq, torch.cat(uniqs), [u.numel() for u in uniqs], [uniq.numel()] * self.world)
         early_in, _ = priority(route.ids_in, self._touched)
         early_out, _ = priority(uniq, self._touched)
-        self._next = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim), touched=self._touched)
+        self._next = Fetch(route, self.table.new_empty(uniq.numel(), self.embedding_dim))
         self._serve(route, self._next, early_in, early_out, async_op=True)
 
     # -- forward, backward, update ------------------------------------------------------------------
@@ -365,11 +364,10 @@ class AllToAllTable(RowTable):
         """Apply the row update, then send the next step's rows that waited for it (the late phase)."""
         super().update(lr, scale)
         self.launch_next()
-        nxt, self._touched = self._next, None
-        if nxt is not None and nxt.touched is not None:
+        nxt, touched, self._touched = self._next, self._touched, None
+        if nxt is not None and touched is not None:
             # rows this step touched: sent now, final. Were one of them sent early and touched after (a forward's
             # own ids read after the early phase), it is sent again here and the later copy is the one kept.
-            touched, nxt.touched = nxt.touched, None
             self._serve(nxt.route, nxt, touched[nxt.route.ids_in], touched[nxt.route.uniq], async_op=True,
                         what="late_rows")
 
