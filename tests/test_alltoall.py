@@ -121,6 +121,67 @@ def test_alltoall_exact_bytes_column_and_row(world2, b):
                                                                                              "rows"], sched[r]
 
 
+class WithBias(torch.nn.Module):
+    """A table and a one-column table read with the same ids tensor, as a sampled softmax reads its weight and bias."""
+
+    def __init__(self, rows=10, dim=4):
+        super().__init__()
+        self.emb, self.bias = torch.nn.Embedding(rows, dim), torch.nn.Embedding(rows, 1)
+
+    def forward(self, ids, y):
+        return ((self.emb(ids).sum(-1) + self.bias(ids).squeeze(-1)).sum() - y.sum()) ** 2
+
+
+def check_bias_route() -> dict:
+    r = dist.get_rank()
+    torch.manual_seed(0)
+    model = WithBias().double()
+    ids = [torch.tensor([[0, 1, 2, 2, 5]]), torch.tensor([[1, 3, 3, 4, 4]])][r]
+    y = torch.zeros(1, dtype=torch.float64)
+    tables = sparse.shard(model, [(ids, y)], "alltoall", "sgd", lr=0.1, partitions=2, schedule=False)
+    splits = {n: t.split for n, t in tables.tables.items()}
+    comm.counter.end_step()
+    model(ids, y).backward()
+    forward = comm.counter.end_step()
+    tables.reduce()
+    tables.step()
+    owner = tables.tables["bias"].plan.owner
+    return {"splits": splits, "forward": forward, "reduce": comm.counter.end_step(), "owner": owner.tolist(),
+            "bias": sparse.full_table(tables.tables["bias"]), "emb": sparse.full_table(tables.tables["emb"])}
+
+
+def test_a_row_split_takes_its_route_from_a_column_split_of_the_same_ids(world2):
+    """The bias (one column: split by rows) is read with the weight's ids tensor; the weight's column split sent
+    every rank's ids to every owner, so the bias's route needs no exchange: its ids and counts never cross, only its
+    rows and gradients, between each id's one owner and the ranks that asked for it. The update is one process's."""
+    i, b = 8, 8  # an id; a bias row (one fp64 column)
+    out = world2.run(check_bias_route)
+    asked = [{0, 1, 2, 5}, {1, 3, 4}]
+    for r in range(2):
+        o, other = out[r], asked[1 - r]
+        assert o["splits"] == {"emb": "column", "bias": "row"}
+        f = o["forward"]
+        assert f["a2a.meta"] == {"sent": i, "recv": i}  # the weight's count alone
+        assert f["a2a.ids"] == {"sent": len(asked[r]) * i, "recv": len(other) * i}  # the weight's ids alone
+        mine_asked = sum(o["owner"][x] == r for x in other)  # the other rank's bias rows this rank serves
+        theirs = sum(o["owner"][x] != r for x in asked[r])
+        weight = 2 * 8  # a weight row's part on one owner: 2 of 4 fp64 columns
+        assert f["a2a.fwd"] == {"sent": len(other) * weight + mine_asked * b,
+                                "recv": len(asked[r]) * weight + theirs * b}
+        assert o["reduce"]["a2a.bwd"] == {"sent": len(asked[r]) * weight + theirs * b,
+                                          "recv": len(other) * weight + mine_asked * b}
+    # one process's step on both ranks' batches, their losses averaged as data parallelism averages gradients
+    torch.manual_seed(0)
+    ref = WithBias().double()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    both = [torch.tensor([[0, 1, 2, 2, 5]]), torch.tensor([[1, 3, 3, 4, 4]])]
+    (sum(ref(x, torch.zeros(1, dtype=torch.float64)) for x in both) / 2).backward()
+    opt.step()
+    for r in range(2):
+        torch.testing.assert_close(out[r]["bias"], ref.bias.weight.detach(), rtol=0, atol=1e-12)
+        torch.testing.assert_close(out[r]["emb"], ref.emb.weight.detach(), rtol=0, atol=1e-12)
+
+
 def check_prefetch_mismatch():
     r = dist.get_rank()
     model = Bag(rows=10, dim=4).double()

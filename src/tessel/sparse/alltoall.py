@@ -73,6 +73,17 @@ class Lookup:
     sent: list = field(default_factory=lambda: [None])
 
 
+def _row_route(col: Route, plan: RowPlan, me: int, world: int) -> Route:
+    """A row split's route for the ids a column split's ``col`` was taken for, without an exchange: under a column
+    split every owner received every rank's unique ids, so each rank knows which of them it serves by rows (in the
+    order a requester sends them: its ids by owner, ascending) and which owner serves each of its own."""
+    mine = [u[plan.owner[u] == me] for u in col.ids_in.split(col.n_in)]
+    dest = plan.owner[col.uniq]
+    order = torch.argsort(dest, stable=True)
+    return Route(col.uniq, torch.cat(mine), [m.numel() for m in mine],
+                 torch.bincount(dest, minlength=world).tolist(), order)
+
+
 class AllToAllTable(RowTable):
     strategy = "alltoall"
     sharded = True
@@ -105,8 +116,8 @@ class AllToAllTable(RowTable):
         self.dtype = self.table.dtype
         self.state = opt.init(self.table)
         self.clock = clock or Clock()
-        # Tables looked up with the very same ids tensor (a sampled softmax's weight and bias) and split
-        # alike share one route: the ids cross the wire once.
+        # Tables looked up with the very same ids tensor (a sampled softmax's weight and bias) share one route if
+        # split alike, and a row split's is derived from a column split's: the ids cross the wire once.
         self.routes = routes if routes is not None else {}
         self.final = True  # the engine clears it before all but the last micro-batch's backward
         self._lookups: list[Lookup] = []
@@ -281,13 +292,18 @@ class AllToAllTable(RowTable):
         if self.training_step and (self._ready is not None or self._leaf is not None):
             return self._prefetched(uniq)
         key = (self.split, id(self.plan))
-        last = self.routes.get(key)
-        if last is not None and last[0]() is ids:
-            route = last[1]
-        else:
+        route = self._known(key, ids)
+        if route is None and self.split == "row" and (col := self._known(("column", id(None)), ids)) is not None:
+            route = _row_route(col, self.plan, self.me, self.world)  # every rank's ids are in it: none cross
+        if route is None:
             route = self.clock.sync(lambda: self._ask(uniq), "ids")
-            self.routes[key] = (weakref.ref(ids), route)
+        self.routes[key] = (weakref.ref(ids), route)
         return self._fetch(route)
+
+    def _known(self, key: tuple, ids: torch.Tensor) -> Route | None:
+        """The route another table of this group took for this very ``ids`` tensor, split as ``key`` says."""
+        last = self.routes.get(key)
+        return last[1] if last is not None and last[0]() is ids else None
 
     def _fetch(self, route: Route) -> torch.Tensor:
         """The rows of ``route``'s ids, asked now and waited for (tracked for their gradient when training)."""
