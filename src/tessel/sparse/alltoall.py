@@ -291,7 +291,7 @@ class AllToAllTable(RowTable):
     def _lookup(self, uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if self.training_step and (self._ready is not None or self._leaf is not None):
             return self._prefetched(uniq)
-        key = (self.split, id(self.plan))
+        key = (self.split, id(self.plan))  # a column split has no owner map: its key is ("column", id(None))
         route = self._known(key, ids)
         if route is None and self.split == "row" and (col := self._known(("column", id(None)), ids)) is not None:
             route = _row_route(col, self.plan, self.me, self.world)  # every rank's ids are in it: none cross
