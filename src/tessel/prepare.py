@@ -133,7 +133,9 @@ class PreparedModel(nn.Module):
         with self.autocast():
             out = self.module(*args, **kwargs)
         if self.tables:
-            self.tables.final_backward(True)  # one forward per step: its backward completes the gradients
+            # each forward's backward completes its rows' gradients (a loop accumulating over forwards: the step
+            # reduces every forward's)
+            self.tables.final_backward(True)
         return out
 
     def drain(self) -> None:

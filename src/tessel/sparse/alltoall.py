@@ -247,7 +247,13 @@ class AllToAllTable(RowTable):
         if not self.lookahead or not self.training_step:
             return
         self.launch_next()  # in case no backward pass came between (a loop without the engine)
+        # A further forward before this step's update (a user's loop accumulating gradients over forwards): the
+        # earlier forwards' rows stay tracked for the step's reduce, and this one gets rows of its own.
+        further = self._leaf is not None
+        self._leaf = None
         if self._next is not None:
+            if further:  # no update comes between: the rows this step touched are final now, not after it
+                self._send_late(self._next)
             self._ready, self._next = self._next, None
         elif ids_now is not None:
             uniq = torch.unique(ids_now.reshape(-1))
@@ -257,7 +263,8 @@ class AllToAllTable(RowTable):
             self._serve(route, self._ready, async_op=True)
         if ids_next is None or self._ready is None:
             return
-        self._touched = torch.zeros(self.num_embeddings, dtype=torch.bool, device=self.table.device)
+        if self._touched is None:  # else a further forward of this step: the earlier ones' rows stay touched
+            self._touched = torch.zeros(self.num_embeddings, dtype=torch.bool, device=self.table.device)
         self._touched[self._ready.route.ids_in] = True  # column split: every rank's ids of this step
         # The next ids travel raw and in the background (every rank's batch has the same shape); the
         # owners deduplicate them once they are in, before this step's backward pass (launch_next).
@@ -380,10 +387,16 @@ class AllToAllTable(RowTable):
         """Apply the row update, then send the next step's rows that waited for it (the late phase)."""
         super().update(lr, scale)
         self.launch_next()
-        nxt, touched, self._touched = self._next, self._touched, None
-        if nxt is not None and touched is not None:
-            # rows this step touched: sent now, final. Were one of them sent early and touched after (a forward's
-            # own ids read after the early phase), it is sent again here and the later copy is the one kept.
+        if self._next is not None:
+            self._send_late(self._next)
+        self._touched = None
+
+    def _send_late(self, nxt: Fetch) -> None:
+        """Send the rows of ``nxt`` this step touched (final once updated, or with no update to come before the
+        forward that reads them). Were one of them sent early and touched after (a forward's own ids read after
+        the early phase), it is sent again here and the later copy is the one kept."""
+        touched = self._touched
+        if touched is not None:
             self._serve(nxt.route, nxt, touched[nxt.route.ids_in], touched[nxt.route.uniq], async_op=True,
                         what="late_rows")
 
