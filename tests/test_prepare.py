@@ -5,6 +5,8 @@ without tessel on the whole global batch, once prepared on this world's ranks; e
 table row compared. Plus the one-line errors and the resumable loader position.
 """
 
+import contextlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -143,7 +145,9 @@ def test_prepared_loop_sharded_equals_single_process(world4):
 
 def _accumulating(model, opt, sched, loader, clip, pattern, k=2):
     """Gradient accumulation as users write it: ``chunks`` splits each batch into k forwards, ``batches`` takes k
-    of the loader's batches per optimizer step (the scheduled tables fetch the next one during each). Returns each
+    of the loader's batches per optimizer step (the scheduled tables fetch the next one during each), ``no_sync``
+    as ``batches`` with all but a step's last forward and backward under ``model.no_sync()`` (DDP's idiom; a plain
+    module has none). Returns each
     optimizer step's loss, the sum of its forwards' (a rank's chunk is not the global batch's: only sums compare),
     and the unique ids its forwards looked up in both tables."""
     losses, total, looked_up = [], 0.0, 0
@@ -151,12 +155,14 @@ def _accumulating(model, opt, sched, loader, clip, pattern, k=2):
         h = words.shape[0] // k
         # the loader's own tensors, not views of them, so that ``batches`` takes the fetched-ahead path
         parts = [(words[c * h:(c + 1) * h], tags[c * h:(c + 1) * h], y[c * h:(c + 1) * h]) for c in range(k)]
+        quiet = pattern == "no_sync" and (i + 1) % k and hasattr(model, "no_sync")
         for part in parts if pattern == "chunks" else [(words, tags, y)]:
-            loss = model(*part) / k
+            with model.no_sync() if quiet else contextlib.nullcontext():
+                loss = model(*part) / k
+                loss.backward()
             looked_up += part[0].unique().numel() + part[1].unique().numel()
-            loss.backward()
             total = total + loss.detach()
-        if pattern == "batches" and (i + 1) % k:
+        if pattern != "chunks" and (i + 1) % k:
             continue
         clip(model, CLIP)
         opt.step()
@@ -184,6 +190,13 @@ def check_accumulation(cases):
             assert [(t.split, t.widths) for t in model.tables.tables.values()] == [("column", [3, 3])] * 2
             moved = comm.counter.total()
             assert moved["a2a.fwd"]["recv"] == moved["a2a.bwd"]["sent"] == looked_up * 3 * 8, (pattern, moved)
+        if pattern != "chunks":  # the dense gradients reduced in every backward, or (no_sync) in a step's last only
+            reductions, dense = {"batches": 6, "no_sync": 3}[pattern], list(ref.mlp.parameters())  # tables served
+            if isinstance(plan, ParallelPlan):  # FSDP's reduce-scatter: each weight's dim 0 padded to p rows
+                per, channel = sum(-(-w.shape[0] // p) * w[0].numel() for w in dense) * 8 * (p - 1), "dp.scatter"
+            else:  # DDP's ring all-reduce
+                per, channel = sum(w.numel() for w in dense) * 8 * 2 * (p - 1) / p, "dp.dense"
+            assert comm.counter.total()[channel]["sent"] == reductions * per, (pattern, comm.counter.total())
         got = _full(model)
         for n, w in ref.named_parameters():
             assert torch.allclose(got[n], w.detach(), atol=1e-10, rtol=0), (plan, opt_name, pattern, n)
@@ -196,9 +209,11 @@ def check_accumulation(cases):
 def test_prepared_loop_accumulating_gradients_equals_single_process(world2):
     """Several forwards and backwards per optimizer step: each forward's rows are its own (a scheduled table's
     next-batch rows, fetched before the update that now comes later, are completed before that forward reads them),
-    and the step reduces every forward's row gradients."""
+    and the step reduces every forward's row gradients; ``model.no_sync()`` keeps the dense gradients (DDP's, or
+    FSDP's unsharded ones) to the step's last backward."""
     cases = [("alltoall", "sgd", "chunks"), ("alltoall", "adagrad", "batches"), ("ps", "adagrad", "chunks"),
-             ("auto", "sgd", "batches")]
+             ("auto", "sgd", "batches"), ("alltoall", "sgd", "no_sync"), ("ps", "adagrad", "no_sync"),
+             (_sharded(2, 2, "alltoall"), "sgd", "no_sync")]
     assert world2.run(check_accumulation, cases) == [True, True]
 
 

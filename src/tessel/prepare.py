@@ -16,7 +16,9 @@ wraps the rest in DDP, and hides each step's table work in the returned objects:
 - ``model(...)``: starts the next batch's rows on their way (scheduled ``alltoall``; the loader is peeked);
 - ``optimizer.step()``: row gradients to their owners, rows updated with the optimizer's own LR (schedulers
   work), then the dense step; ``zero_grad`` as usual;
-- ``tessel.clip_grad_norm_(model, max_norm)``: torch's rule over dense and row gradients together.
+- ``tessel.clip_grad_norm_(model, max_norm)``: torch's rule over dense and row gradients together;
+- ``model.no_sync()``: as DDP's, for gradient accumulation (several forwards and backwards a step work with
+  every table strategy; inside it the dense gradients wait for the step's last backward).
 
 Rows are updated by a row optimizer mirroring the user's: SGD without momentum and Adagrad equal torch's
 dense update exactly (a zero-gradient row does not move); torch's momentum SGD, Adam and AdamW move rows
@@ -137,6 +139,22 @@ class PreparedModel(nn.Module):
             # reduces every forward's)
             self.tables.final_backward(True)
         return out
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """As DDP's ``no_sync``: the dense gradients of the forwards and backwards inside stay on this rank, summed
+        into the next synchronised backward's (gradient accumulation with one reduction a step); under FSDP the
+        unsharded gradients are kept until then. The tables' row gradients still go to their owners per backward."""
+        m = self.module
+        if hasattr(m, "set_requires_gradient_sync"):  # FSDP2
+            m.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                m.set_requires_gradient_sync(True)
+        else:
+            with m.no_sync() if hasattr(m, "no_sync") else contextlib.nullcontext():  # DDP; one process: as is
+                yield
 
     def drain(self) -> None:
         """Nothing is in flight between the steps of a data-parallel loop."""
