@@ -13,8 +13,11 @@ import torch.distributed as dist
 
 from tessel import comm, sparse
 from tessel.errors import PlanError
+from tessel.models import LSTMLM
 from tessel.plan import TablePolicy
 from tessel.sparse.cost import Link, Sparsity, choose, estimate
+from tessel.sparse.detect import find_tables, measure
+from tessel.sparse.plan import follows
 from tessel.sparse.schedule import Clock
 from test_sparse import Bag, check_sparse_parity
 
@@ -332,11 +335,41 @@ def test_cost_model_bytes_and_choice():
     assert half["ps"].bytes == 3 / 4 * 1000 * (2 * 64 * 2 + 16)
     assert half["alltoall/column"].bytes == 3 * 1000 * 8 + 2 * 3 / 4 * 1000 * 64 * 2
     assert half["alltoall/row"].bytes == 3 / 4 * 1000 * (2 * 64 * 2 + 8)
+    # read with the same ids right after a column-split table (a sampled softmax's bias after its weight), a table
+    # takes that table's route under either split: no ids cross, and its two id collectives are not run
+    after = estimate(dataclasses.replace(s, follows=True, fed=False), ranks=4, hosts=4, link=link, compute=0.2,
+                     schedule=False)
+    assert after["alltoall/column"].bytes == 2 * 3 / 4 * 1000 * row
+    assert after["alltoall/row"].bytes == 3 / 4 * 1000 * 2 * row
+    assert after["ps"].bytes == est["ps"].bytes and after["allgather"].bytes == est["allgather"].bytes
+    assert after["alltoall/row"].time == pytest.approx(after["alltoall/row"].bytes / 125e6 + 2 * 1e-3
+                                                       + 3000 * 64 / 4 * 1e-9, rel=1e-12)
     # a table every step reads whole (u = V) is cheapest dense: nothing sparse about it
     full = Sparsity(rows=1000, dim=64, elem=4, k=1000, u=1000, u_host=1000, late=1.0, fed=False)
     assert choose(estimate(full, 8, 8, link, 0.0, schedule=False), ("dense", "allgather", "ps", "alltoall")) in (
         "dense", "alltoall/row", "alltoall/column")
     assert choose(estimate(full, 8, 8, link, 0.0), ("dense", "allgather", "ps")) == "dense"
+
+
+def test_a_table_read_with_the_same_ids_follows_the_one_before():
+    """The sampled softmax reads its weight and then its bias with one ids tensor: measured, the bias follows the
+    weight, and is priced with the weight's route where the weight is split by columns and neither is fetched
+    ahead (a fetch ahead keeps its route to itself)."""
+    m = LSTMLM(vocab_size=300, dim=8, hidden=16, softmax="sampled", num_sampled=10)
+    found = {t.name: t for t in find_tables(m)}
+    x = torch.randint(0, 300, (4, 6))
+    measure(m, list(found.values()), [(x, x.roll(1, 1)), (x.flip(0), x)])
+    assert {n: t.route_from for n, t in found.items()} == {"embedding": None, "head.weight": None,
+                                                           "head.bias": "head.weight"}
+    bias, weight = found["head.bias"], found["head.weight"]
+    for option, schedule, prefetch_all, want in [("alltoall/column", True, False, True),
+                                                 ("alltoall/row", True, False, False), ("ps", True, False, False),
+                                                 ("alltoall/column", True, True, False),
+                                                 ("alltoall/column", False, True, True)]:
+        got = follows(bias, {"head.weight": (option, weight)}, schedule, prefetch_all)
+        assert got == want, (option, schedule, prefetch_all)
+    assert not follows(bias, {}, True, False) and not follows(weight, {"embedding": ("alltoall/column", weight)},
+                                                               True, False)
 
 
 def test_clock_hidden_share():

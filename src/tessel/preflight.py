@@ -134,7 +134,8 @@ def _served_tables(job: Job, plan: ParallelPlan, profile: Profile) -> ParallelPl
     tables = tuple(TableChoice(c.info.name, c.strategy, split_of(c.info.dim, plan.dp, policy.split)
                                if c.strategy.splits else "")
                    for c in picks if c is not None and c.strategy.served)
-    profile.tables = [TableProfile(i.name, i.rows, i.dim, i.fed, {plan.dp: i.unique_per_step}) for i in infos]
+    profile.tables = [TableProfile(i.name, i.rows, i.dim, i.fed, {plan.dp: i.unique_per_step}, i.ahead, i.route_from)
+                      for i in infos]
     return dataclasses.replace(plan, tables=tables)
 
 

@@ -38,7 +38,7 @@ from ..plan import ParallelPlan
 from ..settings import Settings
 from ..sparse.cost import Link, Sparsity
 from ..sparse.cost import estimate as table_estimate
-from ..sparse.plan import AUTO_OPTIONS
+from ..sparse.plan import AUTO_OPTIONS, follows
 from ..tensor.cost import grad_sum_traffic, linear_traffic, norm_sum_traffic
 from .profile import Profile
 from .span import pipeline
@@ -172,19 +172,21 @@ def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float
                 source="topology")
     allowed = AUTO_OPTIONS if policy.strategy.decides else (policy.strategy.builds,)
     hosts = max(1, min(plan.dp, topo.hosts))
-    picks, nbytes, seconds, served = {}, 0.0, 0.0, set()
+    picks, nbytes, seconds, served, picked = {}, 0.0, 0.0, set(), {}
     for t in profile.tables:
         k = t.unique.get(plan.dp)
         if k is None or t.unique.get(1) is None:
             continue
         parts = _table_parts(profile, plan, t.name)  # a 1-D vocabulary shard holds 1/tp of the rows
         s = Sparsity(t.rows // parts, t.dim, profile.elem, k / parts, t.unique[1] / parts,
-                     min(t.unique[1], k * plan.dp / hosts) / parts, 0.5, t.fed and parts == 1, wire)
+                     min(t.unique[1], k * plan.dp / hosts) / parts, 0.5, t.fed and parts == 1, wire,
+                     parts == 1 and follows(t, picked, policy.schedule, policy.prefetch_all))
         est = table_estimate(s, plan.dp, hosts, link, compute, policy.schedule)
         est = {o: e for o, e in est.items() if o.split("/")[0] in allowed}
         if not est or (policy.strategy.decides and k / max(t.rows, 1) > policy.max_touched):
             continue
         choice = min(est, key=lambda o: est[o].time)  # the cost model's option: dense, ps, ..., alltoall/column
+        picked[t.name] = (choice, t)
         if not choices.table_strategy(choice.split("/")[0]).served:
             continue
         picks[t.name], served = choice, served | {t.name}

@@ -87,6 +87,8 @@ class TableProfile:
     dim: int
     fed: bool  # ids come from the batch (the 2-D schedule can prefetch them)
     unique: dict[int, float] = field(default_factory=dict)  # dp -> unique rows one rank's batch touches
+    ahead: int | None = None  # as TableInfo's: the batch tensor its ids begin with
+    route_from: str | None = None  # as TableInfo's: the table read with the same ids before it
 
 
 @dataclass
@@ -475,5 +477,5 @@ def _tables(job: Job, model, dps: tuple[int, ...]) -> list[TableProfile]:
         measure_tables(model, infos, [job.batch(b, dp)])
         for i in infos:
             out[i.name].unique[dp] = i.unique_per_step
-            out[i.name].fed = i.fed
+            out[i.name].fed, out[i.name].ahead, out[i.name].route_from = i.fed, i.ahead, i.route_from
     return list(out.values())

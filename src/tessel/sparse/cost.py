@@ -11,6 +11,10 @@ and B of the table's own (a dense gradient is reduced at full width), i = 8 byte
     ps         L·(N-1)/N·k·(2d·b+2i), or with local aggregation (H-1)/H·u_h·(2d·b+2i)    6 collectives
     alltoall   column: L·[(N-1)·k·i + 2(N-1)/N·k·d·b]   row: L·(N-1)/N·k·(2d·b+i)          4 collectives
 
+A table that follows another (looked up with the very same ids right after a column-split one that is not fetched
+ahead: a sampled softmax's bias after its weight) takes that table's route under either split: its ids do not cross
+(the i terms go) and its two id collectives are not run.
+
 Time = bytes/rate + collectives·latency + updated elements·c, where the updated elements are V·d
 (dense: the dense optimizer walks the whole table), min(V, N·k)·d (allgather: every rank applies every
 rank's rows) and u·d/N (ps, alltoall: each owner its share). Scheduled ``alltoall`` exposes only its
@@ -63,6 +67,7 @@ class Sparsity:
     fed: bool  # ids come straight from the batch (prefetchable)
     wire: int = 0  # bytes per element of a looked-up row or row gradient on the wire (bf16 under mixed precision;
     # 0: elem)
+    follows: bool = False  # the route comes with the column-split table read with the same ids before it
 
 
 @dataclass
@@ -96,11 +101,12 @@ def estimate(s: Sparsity, ranks: int, hosts: int, link: Link, compute: float, sc
         if split == "column" and s.dim < n:
             continue  # a rank would hold no column
         ids = per_host * (n - 1) * s.k * ID_BYTES if split == "column" else per_host * (n - 1) / n * s.k * ID_BYTES
+        ids, asks = (0.0, 0) if s.follows else (ids, 2)  # the id exchange: its bytes and its two collectives
         fwd = bwd = per_host * (n - 1) / n * s.k * row
         total = ids + fwd + bwd
         upd = s.u * s.dim / n * link.per_elem
         if not schedule or n == 1:
-            out[f"alltoall/{split}"] = Estimate(total, t(total, 4, s.u * s.dim / n))
+            out[f"alltoall/{split}"] = Estimate(total, t(total, 2 + asks, s.u * s.dim / n))
             continue
         if s.fed and split == "column":
             # next batch's ids (2 blocking collectives) and its late rows are on the critical path
@@ -109,7 +115,7 @@ def estimate(s: Sparsity, ranks: int, hosts: int, link: Link, compute: float, sc
             hide = compute
             note = f"late rows {s.late:.0%}"
         else:
-            critical = (ids + fwd) / link.rate + 3 * link.latency
+            critical = (ids + fwd) / link.rate + (1 + asks) * link.latency
             rest = bwd / link.rate + link.latency
             hide = compute * 2 / 3  # the backward pass
             note = "gradients behind backward"

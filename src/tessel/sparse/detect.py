@@ -43,6 +43,9 @@ class TableInfo:
     # softmax's candidates, drawn when it runs). None: the ids are not the batch's.
     ahead: int | None = None
     more: bool = False
+    # The table looked up just before with the very same ids tensor, in every sample batch (a sampled softmax's bias
+    # after its weight): under alltoall split by columns that table's route serves this one too, and no ids cross.
+    route_from: str | None = None
     counts: list[torch.Tensor] = field(default_factory=list, repr=False)  # per sample batch: accesses per row
     unsupported: str | None = None  # why it cannot be served row by row (see ``unsupported``)
 
@@ -54,7 +57,7 @@ class TableInfo:
         return dataclasses.replace(
             self, rows=n, bytes=self.bytes * n // self.rows, counts=counts, unique_per_step=uniq, touched=uniq / n,
             lookups_per_step=sum(float(c.sum()) for c in counts) / max(len(counts), 1), fed=False, ahead=None,
-            more=False)
+            more=False, route_from=None)
 
 
 def find_tables(model: nn.Module) -> list[TableInfo]:
@@ -98,8 +101,13 @@ def measure(model: nn.Module, tables: list[TableInfo], batches: list, run=None) 
     run = run or call
     modules = dict(model.named_modules())
     seen: dict[str, list[list[torch.Tensor]]] = {t.name: [] for t in tables}
+    given: dict[str, list[list[torch.Tensor]]] = {t.name: [] for t in tables}  # the ids tensors themselves
+
     def hook(name):
-        return lambda m, args: seen[name][-1].append(args[0].reshape(-1))
+        def note(m, args):
+            seen[name][-1].append(args[0].reshape(-1))
+            given[name][-1].append(args[0])
+        return note
 
     hooks = [modules[t.name].register_forward_pre_hook(hook(t.name)) for t in tables]
     was_training = model.training
@@ -110,6 +118,7 @@ def measure(model: nn.Module, tables: list[TableInfo], batches: list, run=None) 
             for batch in batches:
                 for t in tables:
                     seen[t.name].append([])
+                    given[t.name].append([])
                 run(model, batch)
     finally:
         for h in hooks:
@@ -130,7 +139,14 @@ def measure(model: nn.Module, tables: list[TableInfo], batches: list, run=None) 
         t.unique_per_step = sum(float((c > 0).sum()) for c in per_batch) / len(per_batch)
         t.lookups_per_step = sum(float(c.sum()) for c in per_batch) / len(per_batch)
         t.touched = t.unique_per_step / t.rows
+    for k, t in enumerate(tables):
+        t.route_from = next((a.name for a in tables[:k] if _same_ids(given[a.name], given[t.name])), None)
     return seconds
+
+
+def _same_ids(first: list[list[torch.Tensor]], then: list[list[torch.Tensor]]) -> bool:
+    """Every sample batch's lookups of two tables read the very same ids tensors, one by one."""
+    return all(len(a) == len(b) > 0 and all(x is y for x, y in zip(a, b)) for a, b in zip(first, then))
 
 
 def _feed(seen: list[list[torch.Tensor]], batches: list) -> tuple[int | None, bool]:

@@ -83,19 +83,40 @@ def sparsity(info: TableInfo, fit: torch.Tensor, group, local_group=None) -> Spa
                     u_host=u_host, late=float(stats[1]) / n, fed=info.fed)
 
 
+def fetched_ahead(info, prefetch_all: bool) -> bool:
+    """Whether a scheduled column-split ``alltoall`` table (``info``: a TableInfo or the planner's TableProfile) is
+    fetched a step ahead: the input table always; any other whose ids begin with a batch tensor (a sampled softmax's,
+    with its targets) only if asked (``prefetch_all``): its extra bookkeeping costs more than it hides on hosts whose
+    CPU binds (docs/benchmarks.md)."""
+    return info.fed or (info.ahead is not None and prefetch_all)
+
+
+def follows(info, picked: dict, schedule: bool, prefetch_all: bool) -> bool:
+    """Whether ``info`` takes its route from the table it reads the same ids after (``route_from``): that one is
+    split by columns (``picked``: table -> (option, its info)) and neither is fetched ahead (a fetch ahead keeps its
+    route to itself)."""
+    before = picked.get(info.route_from or "")
+    if before is None or before[0] != "alltoall/column":
+        return False
+    return not any(schedule and fetched_ahead(i, prefetch_all) for i in (info, before[1]))
+
+
 def decide_auto(pending: list[tuple[TableInfo, torch.Tensor]], group, hosts: int, layout, compute: float,
-                link_mbit: float, schedule: bool, split: str, dtype=torch.float32) -> tuple[list[Choice], Link]:
+                link_mbit: float, schedule: bool, split: str, dtype=torch.float32,
+                prefetch_all: bool = False) -> tuple[list[Choice], Link]:
     """Choices for the tables ``auto`` decides (each with its global access counts), from the cost model."""
     n = dist.get_world_size(group)
     link = probe(group, link_mbit, dtype=dtype)
-    out = []
+    out, picked = [], {}
     for info, fit in pending:
         s = sparsity(info, fit, group, layout[0] if layout else None)
+        s.follows = follows(info, picked, schedule, prefetch_all)
         est = estimate(s, n, hosts, link, compute, schedule, local_aggregation=layout is not None)
         if split != "auto":
             # options with a split ("alltoall/column") keep the asked one; the others carry none
             est = {o: e for o, e in est.items() if o.partition("/")[2] in ("", split)}
         best = choose(est, AUTO_OPTIONS)
+        picked[info.name] = (best, info)
         strategy, _, how = best.partition("/")  # the cost model's options: dense, ps, ..., alltoall/column
         out.append(Choice(info, choices.table_strategy(strategy), f"cost model, link {link.rate * 8 / 1e6:.0f} "
                           f"Mbit/s ({link.source})", how, est))

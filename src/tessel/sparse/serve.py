@@ -21,7 +21,7 @@ from ..plan import TableChoice, TablePolicy
 from .alltoall import AllToAllTable
 from .detect import TABLE_TYPES, TableInfo, find_tables, measure, unsupported
 from .partition import RowPlan, plan_rows
-from .plan import Choice, decide_auto, forced, global_counts
+from .plan import Choice, decide_auto, fetched_ahead, forced, global_counts
 from .rowopt import RowOptimizer
 from .schedule import Clock
 from .served import SparseTables
@@ -205,7 +205,7 @@ def decide(places: dict[str, _Place], found: Survey, policy: TablePolicy, lay: _
     if pending:
         decided, link = decide_auto([(info, counts[info.name][0]) for info in pending], lay.group, lay.host_count,
                                     lay.hosts, found.compute, policy.link_mbit, policy.schedule, policy.split,
-                                    places[pending[0].name].module.weight.dtype)
+                                    places[pending[0].name].module.weight.dtype, policy.prefetch_all)
         it = iter(decided)
         picked = [c if c is not None else next(it) for c in picked]
     if agree is not None:
@@ -252,19 +252,11 @@ def _ps(b: _Build):
     return PSTable(b.choice.info.name, b.place.module, b.lay.group, b.rows, b.row_plan(), b.lay.hosts)
 
 
-def _ahead(b: _Build) -> bool:
-    """Whether the table is fetched a step ahead: the input table always; any other table whose ids begin with a
-    batch tensor (a sampled softmax's, with its targets) only if asked (``TablePolicy.prefetch_all``): its extra
-    bookkeeping costs more than it hides on hosts whose CPU binds (docs/benchmarks.md)."""
-    info = b.choice.info
-    return info.fed or (info.ahead is not None and b.policy.prefetch_all)
-
-
 def _alltoall(b: _Build):
-    row = b.choice.split == "row"
-    return AllToAllTable(b.choice.info.name, b.place.module, b.lay.side, b.rows, b.choice.split,
-                         b.row_plan() if row else None, b.policy.schedule, lookahead=_ahead(b),
-                         clock=b.clock, routes=b.routes, feed=b.choice.info.ahead or 0, more=b.choice.info.more)
+    row, info = b.choice.split == "row", b.choice.info
+    return AllToAllTable(info.name, b.place.module, b.lay.side, b.rows, b.choice.split, b.row_plan() if row else None,
+                         b.policy.schedule, lookahead=fetched_ahead(info, b.policy.prefetch_all), clock=b.clock,
+                         routes=b.routes, feed=info.ahead or 0, more=info.more)
 
 
 # TableStrategy.builds -> the constructor of its table (None: the table stays in the model)
