@@ -311,6 +311,45 @@ def test_prepared_loop_resumes_bit_identical(world2, tmp_path):
         assert world2.run(check_resume, str(tmp_path / plan), plan) == [True, True]
 
 
+def check_resume_elsewhere(tmp, plan, stop):
+    """Train ``stop`` steps and save (``stop``), or load what another rank count saved and train the rest."""
+    model, opt, sched = _setup("adagrad")
+    model, opt, loader = tessel.prepare(model, opt, _batches(), plan=plan, link_mbit=0.1, verbose=False,
+                                        resume=None if stop else tmp)
+    if not stop:
+        for _ in range(tessel.load(tmp, model, opt, loader)):  # the LR scheduler's state is the caller's
+            sched.step()
+    for words, tags, y in loader:
+        model(words, tags, y).backward()
+        tessel.clip_grad_norm_(model, CLIP)
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        if loader.steps == stop:
+            tessel.save(tmp, model, opt, loader)
+            return None
+    return {n: t.tolist() for n, t in _full(model).items()}
+
+
+def test_prepared_loop_resumes_on_another_rank_count(world2, world4, tmp_path):
+    """Saved on 2 ranks, resumed on 4 (and the other way round): the tables come back whole and are cut anew, the
+    dense weights and their optimizer state are DCP's to reshard, each rank takes its new slice of the global batches
+    from the saved position; the end equals one process trained straight through."""
+    ref, ref_opt, ref_sched = _setup("adagrad")
+    _loop(ref, ref_opt, ref_sched, _batches(), _torch_clip)
+    for plan, first, then in [("alltoall", world2, world4), ("ps", world4, world2),
+                              (_sharded(2, 2, "alltoall"), world2, None)]:
+        tmp = str(tmp_path / f"{first.size}-{plan if isinstance(plan, str) else 'fsdp'}")
+        assert first.run(check_resume_elsewhere, tmp, plan, 3) == [None] * first.size
+        if then is None:  # FSDP over 2, resumed under FSDP over 4
+            plan, then = _sharded(4, 4, "alltoall"), world4
+        got = then.run(check_resume_elsewhere, tmp, plan, 0)
+        for n, w in ref.named_parameters():
+            for r in range(then.size):
+                assert torch.allclose(torch.tensor(got[r][n], dtype=torch.float64), w.detach(), atol=1e-10,
+                                      rtol=0), (plan, n, r)
+
+
 def test_prepare_example_runs_under_tessel_run(tmp_path):
     """examples/prepare_loop.py (the README's snippet) on 2 workers started by `tessel run`."""
     import re

@@ -385,7 +385,8 @@ def load(dir: str | Path, model, optimizer, loader: PreparedLoader) -> int | Non
     """Restore the newest intact checkpoint in ``dir`` (or ``dir`` itself, one checkpoint) into what
     ``prepare`` returned, checksums checked before anything is read; returns its step, or None if ``dir``
     holds none. The next ``iter(loader)`` continues where the saved pass stopped; bit-identical with
-    the same ranks and plan (``prepare(..., resume=dir)`` keeps the saved one). An LR scheduler's state
+    the same ranks and plan (``prepare(..., resume=dir)`` keeps the saved one). A data-parallel loop may resume on
+    another rank count (every rank then takes rank 0's RNG state). An LR scheduler's state
     is the caller's to save and restore."""
     from .train import checkpoint
 
@@ -393,14 +394,18 @@ def load(dir: str | Path, model, optimizer, loader: PreparedLoader) -> int | Non
     if path is None:
         return None
     parts = model.checkpoint_parts(optimizer)
-    saved = checkpoint_plan(path)
-    if saved is not None and saved != parts["plan"]:
+    plan, saved = parts["plan"], checkpoint_plan(path)
+    # A data-parallel loop resumes on any rank count: the tables are saved whole, DCP reshards the dense weights,
+    # and the loader's position counts global batches. Anything else of the plan must be as saved.
+    axes = saved is not None and max(plan.pp, plan.tp, saved.pp, saved.tp) > 1
+    if saved is not None and saved != (plan if axes else dataclasses.replace(plan, dp=saved.dp,
+                                                                              dp_shard=saved.dp_shard)):
         raise TesselError(f"checkpoint '{path}' was saved under {saved.describe()} and this run is "
-                          f"{parts['plan'].describe()}; prepare with resume='{dir}' (and as many ranks) to keep it")
+                          f"{plan.describe()}; prepare with resume='{dir}'" + (" and as many ranks" if axes else "")
+                          + " to keep it")
+    # on another rank count every rank takes rank 0's RNG state: its own has no counterpart in the checkpoint
+    other = saved is not None and saved.dp != plan.dp
     step, data = checkpoint.load(path, parts["module"], parts["optimizer"], parts["identity"],
-                                 tables=parts["tables"], tp=parts["tp"])
-    if data["dp_size"] != loader.size:
-        raise TesselError(f"checkpoint '{path}' was saved on {data['dp_size']} ranks and this run has "
-                          f"{loader.size}; a prepared loop resumes on as many ranks as it saved with")
+                                 tables=parts["tables"], tp=parts["tp"], source_rank=0 if other else None)
     loader.load_state_dict({"position": data["position"], "steps": step})
     return step
