@@ -398,8 +398,10 @@ def load(dir: str | Path, model, optimizer, loader: PreparedLoader) -> int | Non
     # A data-parallel loop resumes on any rank count: the tables are saved whole, DCP reshards the dense weights,
     # and the loader's position counts global batches. Anything else of the plan must be as saved.
     axes = saved is not None and max(plan.pp, plan.tp, saved.pp, saved.tp) > 1
-    if saved is not None and saved != (plan if axes else dataclasses.replace(plan, dp=saved.dp,
-                                                                              dp_shard=saved.dp_shard)):
+    # saved and resumed both under DDP or both under FSDP (a checkpoint of one resumed under the other is not tested)
+    alike = saved is not None and not axes and (saved.dp_shard > 1) == (plan.dp_shard > 1)
+    if saved is not None and saved != (dataclasses.replace(plan, dp=saved.dp, dp_shard=saved.dp_shard) if alike
+                                       else plan):
         raise TesselError(f"checkpoint '{path}' was saved under {saved.describe()} and this run is "
                           f"{plan.describe()}; prepare with resume='{dir}'" + (" and as many ranks" if axes else "")
                           + " to keep it")
