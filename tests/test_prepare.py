@@ -147,9 +147,8 @@ def _accumulating(model, opt, sched, loader, clip, pattern, k=2):
     """Gradient accumulation as users write it: ``chunks`` splits each batch into k forwards, ``batches`` takes k
     of the loader's batches per optimizer step (the scheduled tables fetch the next one during each), ``no_sync``
     as ``batches`` with all but a step's last forward and backward under ``model.no_sync()`` (DDP's idiom; a plain
-    module has none). Returns each
-    optimizer step's loss, the sum of its forwards' (a rank's chunk is not the global batch's: only sums compare),
-    and the unique ids its forwards looked up in both tables."""
+    module has none). Returns each optimizer step's loss, the sum of its forwards' (a rank's chunk is not the global
+    batch's: only sums compare), and the unique ids its forwards looked up in both tables."""
     losses, total, looked_up = [], 0.0, 0
     for i, (words, tags, y) in enumerate(loader):
         h = words.shape[0] // k
@@ -331,23 +330,33 @@ def check_resume_elsewhere(tmp, plan, stop):
     return {n: t.tolist() for n, t in _full(model).items()}
 
 
+def check_resume_refused(tmp, plan) -> str:
+    model, opt, _ = _setup("adagrad")
+    model, opt, loader = tessel.prepare(model, opt, _batches(), plan=plan, link_mbit=0.1, verbose=False, resume=tmp)
+    with pytest.raises(TesselError) as e:
+        tessel.load(tmp, model, opt, loader)
+    return str(e.value)
+
+
 def test_prepared_loop_resumes_on_another_rank_count(world2, world4, tmp_path):
     """Saved on 2 ranks, resumed on 4 (and the other way round): the tables come back whole and are cut anew, the
     dense weights and their optimizer state are DCP's to reshard, each rank takes its new slice of the global batches
-    from the saved position; the end equals one process trained straight through."""
+    from the saved position; the end equals one process trained straight through. A DDP checkpoint resumed under
+    FSDP is refused in one line."""
     ref, ref_opt, ref_sched = _setup("adagrad")
     _loop(ref, ref_opt, ref_sched, _batches(), _torch_clip)
-    for plan, first, then in [("alltoall", world2, world4), ("ps", world4, world2),
-                              (_sharded(2, 2, "alltoall"), world2, None)]:
+    for (plan, first), (again, then) in [(("alltoall", world2), ("alltoall", world4)),
+                                         (("ps", world4), ("ps", world2)),
+                                         ((_sharded(2, 2, "alltoall"), world2), (_sharded(4, 4, "alltoall"), world4))]:
         tmp = str(tmp_path / f"{first.size}-{plan if isinstance(plan, str) else 'fsdp'}")
         assert first.run(check_resume_elsewhere, tmp, plan, 3) == [None] * first.size
-        if then is None:  # FSDP over 2, resumed under FSDP over 4
-            plan, then = _sharded(4, 4, "alltoall"), world4
-        got = then.run(check_resume_elsewhere, tmp, plan, 0)
+        got = then.run(check_resume_elsewhere, tmp, again, 0)
         for n, w in ref.named_parameters():
             for r in range(then.size):
                 assert torch.allclose(torch.tensor(got[r][n], dtype=torch.float64), w.detach(), atol=1e-10,
                                       rtol=0), (plan, n, r)
+    said = world4.run(check_resume_refused, str(tmp_path / "2-alltoall"), _sharded(4, 4, "alltoall"))
+    assert all("was saved under plan: dp=2" in m and "\n" not in m for m in said), said
 
 
 def test_prepare_example_runs_under_tessel_run(tmp_path):
