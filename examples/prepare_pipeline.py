@@ -46,10 +46,10 @@ tessel.register_model(Topic, chain=lambda m: tessel.Chain([
 ], F.cross_entropy))
 
 
-def batches():
-    """The topic is which fifth of the vocabulary most words come from."""
-    g = torch.Generator().manual_seed(0)
-    for _ in range(STEPS):
+def batches(seed=0, n=STEPS):
+    """The topic is which tenth of the vocabulary most words come from."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
         y = torch.randint(0, CLASSES, (BATCH,), generator=g)
         x = (y[:, None] * (WORDS // CLASSES) + torch.randint(0, WORDS // CLASSES, (BATCH, 12), generator=g))
         noise = torch.rand(BATCH, 12, generator=g) < 0.3
@@ -72,9 +72,11 @@ def main() -> None:
     for x, y in loader:
         losses.append(float(model.step(x, y)))  # forwards, backwards, clipping and update: the global batch's loss
         moved = comm.counter.end_step()  # this step's bytes per channel
+    # held-out batches, sliced over the ranks as the training ones: forwards alone, the global batch's loss
+    held = [float(model.evaluate(x, y)) for x, y in loader.sliced(batches(seed=1, n=4))]
     if dist.get_rank() == 0:
-        print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; bytes rank 0 sent in the last step: "
-              f"{ {c: v['sent'] for c, v in moved.items() if v['sent']} }")
+        print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, held-out {sum(held) / len(held):.3f}; bytes rank 0 sent "
+              f"in the last step: { {c: v['sent'] for c, v in moved.items() if v['sent']} }")
 
 
 if __name__ == "__main__":

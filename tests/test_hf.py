@@ -124,9 +124,14 @@ def run(name, opt_name, plan, save_to=None, stock=False):
             loss = mean / dist.get_world_size()
         sched.step()
         losses.append(float(loss))
-    plain = tessel.unwrap(model)
     held = batches(STEPS + 1)[-1]
-    out = {"losses": losses, "state": plain.state_dict(), "held": float(plain(**held).loss)}
+    # through the stages and blocks: the dict batch's forwards alone, its mean loss on every rank
+    evaluated = [float(model.evaluate(b)) for b in loader.sliced([held])] if axes else None
+    plain = tessel.unwrap(model)
+    # transformers' own loss upcasts the logits to fp32; the stock cases' loop loss is fp64 on them (as reference's)
+    loss = (causal_lm_loss_fp64(plain(input_ids=held["input_ids"]).logits, held["labels"], VOCAB) if stock
+            else plain(**held).loss)
+    out = {"losses": losses, "state": plain.state_dict(), "held": float(loss), "evaluated": evaluated}
     if save_to is not None and dist.get_rank() == 0:
         plain.save_pretrained(save_to)
         out["loaded"] = float(_fp64(type(plain).from_pretrained(save_to, dtype=torch.float64))(**held).loss)
@@ -163,6 +168,8 @@ def test_hf_model_under_prepare_equals_its_own_loop(world2, case):
     want = reference(name, opt_name, *stock)
     for got in world2.run(run, name, opt_name, plan, None, *stock):
         _compare(got, want)
+        if got["evaluated"] is not None:  # model.evaluate equals the unwrapped model's own loss on the batch
+            assert abs(got["evaluated"][0] - got["held"]) < ATOL, (got["evaluated"], got["held"])
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -198,6 +205,7 @@ def test_llama_on_dp2_pp2_tp2_equals_its_own_loop_and_saves_as_a_hf_model(world8
     got = world8.run(run, name, opt_name, plan, str(tmp_path / "saved"))
     for g in got:
         _compare(g, want)
+        assert abs(g["evaluated"][0] - g["held"]) < ATOL, (g["evaluated"], g["held"])  # dp2 x pp2 x tp2's forwards
     # save_pretrained -> from_pretrained gives the model that was trained: the same held-out loss
     assert abs(got[0]["loaded"] - got[0]["held"]) < ATOL and (tmp_path / "saved" / "config.json").is_file()
 

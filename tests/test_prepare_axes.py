@@ -20,6 +20,7 @@ from tessel.models import DenseClassifier, TransformerLM
 from tessel.prepare_axes import checkpoint_plan
 
 STEPS, BATCH, CLIP = 5, 8, 0.05
+MID = 2  # the step after which a loop evaluates
 
 
 class Tower(nn.Module):
@@ -71,11 +72,16 @@ def _batches(name, n=STEPS):
     return [MODELS[name][1](g) for _ in range(n)]
 
 
+def _held_out(name):
+    """A global batch no step trains on."""
+    return MODELS[name][1](torch.Generator().manual_seed(11))
+
+
 def _reference(name, opt_name):
-    """The single-process loop: parameters after STEPS steps, and the losses."""
+    """The single-process loop: parameters after STEPS steps, the losses, and the held-out batch's loss after."""
     model, opt, sched = _setup(name, opt_name)
-    losses = []
-    for x, y in _batches(name):
+    losses, held = [], []
+    for i, (x, y) in enumerate(_batches(name)):
         loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
@@ -83,16 +89,31 @@ def _reference(name, opt_name):
         opt.zero_grad()
         sched.step()
         losses.append(loss.detach())
-    return dict(model.named_parameters()), torch.stack(losses)
+        if i + 1 in (MID, STEPS):
+            model.eval()
+            with torch.no_grad():
+                held.append(model(*_held_out(name)))
+            model.train()
+    return dict(model.named_parameters()), torch.stack(losses), torch.stack(held)
 
 
-def _stepped(name, opt_name, plan, **kw):
+def _evaluated(model, loader, name):
+    """model.evaluate on this rank's slice of the held-out batch (sliced as the training batches are)."""
+    (x, y), = loader.sliced([_held_out(name)])
+    return model.evaluate(x, y)
+
+
+def _stepped(name, opt_name, plan, held=None, **kw):
+    """The prepared loop; with a list ``held``, the held-out loss after step MID appended to it (an evaluation
+    between steps: scheduled tables have the next batch's rows on their way)."""
     model, opt, sched = _setup(name, opt_name)
     model, opt, loader = tessel.prepare(model, opt, _batches(name), plan=plan, max_norm=CLIP, verbose=False, **kw)
     losses = []
     for x, y in loader:
         losses.append(model.step(x, y))
         sched.step()  # on the user's optimizer, made before prepare
+        if held is not None and len(losses) == MID:
+            held.append(_evaluated(model, loader, name))
     return model, opt, loader, torch.stack(losses)
 
 
@@ -108,9 +129,26 @@ def _held(model) -> dict[str, torch.Tensor]:
 
 def check_parity(cases):
     for name, opt_name, plan in cases:
-        want, ref_losses = _reference(name, opt_name)
-        model, _, loader, losses = _stepped(name, opt_name, plan)
+        want, ref_losses, ref_held = _reference(name, opt_name)
+        held = []
+        model, _, loader, losses = _stepped(name, opt_name, plan, held)
         assert torch.allclose(losses, ref_losses, atol=1e-10, rtol=0), (name, plan, losses, ref_losses)
+        cut = plan.bounds == ((0, 2), (2, 4)) and plan.dp == 1  # the cut after l1: (B/m, 16) fp64 per micro-batch
+        m = plan.micro_batches
+        block = (BATCH // m) * 16 * 8
+        if cut:  # forward activations one way, their gradients back: each stage sends one block per micro-batch;
+            # the evaluation after step MID: the first stage's activations only
+            sent = STEPS * m * block + (m * block if model.par.engine.stage.first else 0)
+            assert comm.counter.total()["pp"]["sent"] == sent, comm.counter.total()
+        comm.counter.reset()
+        # an evaluation forward: the held-out loss of the trained weights on every rank, and nothing updated (the
+        # weights are compared after it and after the one mid-loop); on the cut after l1 only the first stage
+        # sends, an activation a micro-batch, and no gradient comes back
+        held.append(_evaluated(model, loader, name))
+        assert torch.allclose(torch.stack(held), ref_held, atol=1e-10, rtol=0), (name, plan, held, ref_held)
+        if cut:
+            sent = m * block if model.par.engine.stage.first else 0
+            assert comm.counter.total().get("pp", {"sent": 0})["sent"] == sent, comm.counter.total()
         got, params = _held(model), dict(model.module.named_parameters())
         assert got, (name, plan)
         for n, t in got.items():
@@ -123,10 +161,6 @@ def check_parity(cases):
         if plan.tables:
             assert served == {t.strategy for t in plan.tables}, model.par.plan.tables
         assert loader.state_dict() == {"position": 0, "steps": STEPS}
-        if plan.bounds == ((0, 2), (2, 4)) and plan.dp == 1:  # the cut after l1: (B/m, 16) fp64 per micro-batch
-            m = plan.micro_batches
-            # forward activations one way, their gradients back: each stage sends one block per micro-batch
-            assert comm.counter.total()["pp"]["sent"] == STEPS * m * (BATCH // m) * 16 * 8, comm.counter.total()
         comm.counter.reset()
     return dist.get_rank()
 
@@ -155,9 +189,13 @@ def check_sharded(cases):
     """Parity of sharded stages and blocks through model.step, the trained weights from tessel.unwrap (every rank
     holds a shard of each: unwrap gathers them whole)."""
     for name, opt_name, plan in cases:
-        want, ref_losses = _reference(name, opt_name)
-        model, _, _, losses = _stepped(name, opt_name, plan)
+        want, ref_losses, ref_held = _reference(name, opt_name)
+        held = []
+        model, _, loader, losses = _stepped(name, opt_name, plan, held)
         assert torch.allclose(losses, ref_losses, atol=1e-10, rtol=0), (name, plan.describe(), losses, ref_losses)
+        # FSDP gathers each unit for the evaluation's forwards too
+        held.append(_evaluated(model, loader, name))
+        assert torch.allclose(torch.stack(held), ref_held, atol=1e-10, rtol=0), plan.describe()
         assert model.par.plan.dp_shard == plan.dp_shard
         got = dict(tessel.unwrap(model).named_parameters())
         assert got.keys() == want.keys()
@@ -256,11 +294,32 @@ def check_async(tmp):
     return in_flight, engine.fed, moved, bool(torch.isfinite(losses).all())
 
 
+def check_async_evaluate():
+    """model.evaluate under an asynchronous schedule applies the updates in flight first (as save does): its loss
+    is the drained weights' (those tessel.unwrap gathers), and the next step fills the pipeline again."""
+    model, _, loader, _ = _stepped("tower", "sgd", PP.with_(schedule="async-predict"))
+    engine = model.par.engine
+    in_flight = engine.fed
+    held = _evaluated(model, loader, "tower")
+    drained = engine.fed
+    plain = tessel.unwrap(model)
+    plain.eval()
+    with torch.no_grad():
+        want = plain(*_held_out("tower"))
+    x, y = _batches("tower", 1)[0]
+    loss = model.step(x, y)
+    fed = engine.fed
+    model.drain()  # nothing left in flight on the world's groups for the next test
+    return in_flight, drained, float((held - want).abs()), bool(torch.isfinite(loss)), fed
+
+
 def test_async_schedule_through_model_step_drains_on_save(world2, tmp_path):
     first, last = world2.run(check_async, str(tmp_path))
     assert first[:2] == last[:2] == (10, 0) and first[3] and last[3]  # 5 steps x 2 micro-batches fed, then none
     # the first stage still owes the last micro-batch's backward (the last stage owes none): its update lands
     assert first[2] and not last[2]
+    for in_flight, drained, err, finite, fed in world2.run(check_async_evaluate):
+        assert (in_flight, drained, fed) == (10, 0, 2) and err < 1e-10 and finite
 
 
 def test_pipeline_example_runs(world2):
@@ -271,8 +330,8 @@ def test_pipeline_example_runs(world2):
     import trained
 
     printed = world2.run(trained.run_example, "prepare_pipeline")[0]
-    first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", printed).groups())
-    assert last < first - 0.2, printed
+    first, last, held = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+), held-out ([\d.]+)", printed).groups())
+    assert last < first - 0.2 and held < first - 0.2, printed
     # the first stage sends 4 micro-batches of (16, width) fp32 activations per step; the profile picks the cut
     # (sub-millisecond timings): after the word table the activation is 32 wide, after a hidden layer 128
     end = int(re.search(r"stages 0-(\d+) \|", printed).group(1))

@@ -64,13 +64,14 @@ class SteppedModel(nn.Module):
 
     def forward(self, *args, **kwargs):
         raise TesselError("under pipeline or tensor parallelism the step is one call: loss = model.step(x, y) "
-                          "runs the forwards, backwards and update (no model(...), backward or optimizer.step)")
+                          "runs the forwards, backwards and update (no model(...), backward or optimizer.step); "
+                          "loss = model.evaluate(x, y) runs the forwards alone")
 
     def step(self, x, y: torch.Tensor | None = None) -> torch.Tensor:
         """One training step on this rank's slice, ``step(x, y)`` or ``step(batch)`` with a dict batch (its
         ``input_ids`` and ``labels``); returns the global batch's mean loss on every rank."""
         x, y = pair(x if y is None else (x, y))
-        engine, plan = self.par.engine, self.par.plan
+        engine = self.par.engine
         self.lrs[self.steps] = float(self.lr_groups[0]["lr"])
         self.lrs.pop(self.steps - KEEP_LRS, None)
         # scheduled tables fetch the next batch's rows for its inputs (a user's batch need not pair up ahead of time)
@@ -78,13 +79,26 @@ class SteppedModel(nn.Module):
         result = engine.step(x, y, self.steps, ahead if self.tables and self.tables.choices else None).read()
         self.steps += 1
         release_free(self.steps)  # malloc's free holes back to the system (train/memory.py)
-        loss = torch.tensor([result.loss], dtype=torch.float64, device=comm.device())
+        return self._global(result.loss)
+
+    def evaluate(self, x, y: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean loss of a batch's slice (as ``step`` takes it; ``loader.sliced(...)`` slices a held-out
+        loader) under the weights as they are: forwards only, in eval mode, no gradient, nothing updated. Returns
+        the global batch's mean on every rank. An asynchronous schedule first applies the updates still in flight
+        (as ``tessel.save`` does; the next step fills the pipeline again)."""
+        x, y = pair(x if y is None else (x, y))
+        self.drain()
+        return self._global(float(self.par.engine.evaluate(x, y)))
+
+    def _global(self, mine: float) -> torch.Tensor:
+        """The global batch's mean loss on every rank from this rank's slice mean (0 off the last stage)."""
+        loss = torch.tensor([mine], dtype=torch.float64, device=comm.device())
         comm.all_reduce(loss, "meta", group=self.mesh.get_group("dp"))  # each dp rank's slice mean -> their sum
-        if plan.pp > 1:  # only the last stage has a loss (the others' is 0)
+        if self.par.plan.pp > 1:  # only the last stage has a loss (the others' is 0)
             # under an asynchronous schedule this re-aligns the stages once a step, which tessel train avoids by
             # logging on the last stage only; a loop that wants every rank to get its loss pays for it here
             comm.all_reduce(loss, "meta", group=self.mesh.get_group("pp"))
-        return loss[0] / plan.dp
+        return loss[0] / self.par.plan.dp
 
     def drain(self) -> None:
         """Apply every mini-batch still in flight (asynchronous schedules); ``tessel.save`` calls it."""

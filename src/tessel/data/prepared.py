@@ -110,6 +110,15 @@ class PreparedLoader:
             yield batch
         self.position = 0  # the pass is over: a checkpoint taken now resumes at the next pass's start
 
+    def sliced(self, loader) -> PreparedLoader:
+        """Another loader of the user's (held-out batches), sliced over the ranks as this one is.
+
+        >>> held = PreparedLoader([], rank=1, size=2).sliced([torch.arange(4)])
+        >>> [t.tolist() for t in held]
+        [[2, 3]]
+        """
+        return PreparedLoader(loader, self.rank, self.size)
+
     def samples(self, k: int) -> list:
         """This rank's slices of the first ``k`` batches, as the loader yields them (see :func:`call`; the global
         RNG is kept: a shuffling DataLoader draws its order from it)."""

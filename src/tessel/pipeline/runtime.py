@@ -39,6 +39,7 @@ from torch.func import functional_call
 from .. import comm
 from ..chain import Chain, Runner
 from ..choices import Prediction, Schedule
+from ..errors import TesselError
 from ..train.draws import SameDraws
 from ..train.engine import StepResult
 from ..train.tail import StepTail
@@ -299,6 +300,33 @@ class PipelineEngine(_StageEngine):
             self.fed += m
         return StepResult(loss=sum(losses) if self.stage.last else 0.0, grad_norm=norm, lr=lr)
 
+    def evaluate(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> float | torch.Tensor:
+        """The mean loss of a batch under the stage's live weights, forwards only: eval mode, no gradient, no
+        update, ``micro_batches`` micro-batches as a step (the last stage's; 0 elsewhere). Between steps, with
+        nothing in flight: an asynchronous pipeline is drained first (its caller does)."""
+        st, m = self.stage, self.micro_batches
+        inputs, targets = _on(inputs, st.device), _on(targets, st.device)
+        xs = inputs.chunk(m) if inputs is not None else [None] * m
+        ys = targets.chunk(m) if targets is not None else [None] * m
+        total = torch.zeros((), dtype=torch.float64, device=st.device)
+        was = st.runner.training
+        st.runner.eval()
+        try:
+            with torch.no_grad(), comm.guard(f"pipeline evaluation (stage {st.index})", "pp"):
+                for x, y in zip(xs, ys):
+                    if not st.first:
+                        x = st.take(st.post_recv(activation=True))
+                    with self.autocast():  # the activation computed on in the parameters' dtype, as in a step
+                        out = st.runner(x.to(st.compute_in) if x.is_floating_point() else x)
+                        if st.last:
+                            total += self.chain.loss(out, y).to(torch.float64) / m
+                    if not st.last:
+                        st.send_activation(out.to(st.dtype))
+                st.flush_sends()  # the next stage took every activation before its loss was summed
+        finally:
+            st.runner.train(was)
+        return total if st.last else 0.0
+
     def drain(self, step: int) -> None:
         """Finish every mini-batch still in flight and apply its update (asynchronous schedules only)."""
         if self.schedule.flushed:
@@ -319,6 +347,10 @@ class TorchPipelineEngine(_StageEngine):
         super().__init__(stage, chain, tail, schedule, micro_batches, lr_of, autocast=autocast)
         self.times_work = False  # torch runs the forwards and backwards where this engine cannot time them
         self._torch = _torch_schedule(stage, chain, schedule, micro_batches, plan, autocast)
+
+    def evaluate(self, inputs, targets):
+        raise TesselError("an evaluation forward runs on tessel's own schedules (1f1b, gpipe, async, async-predict), "
+                          f"not torch's {self.schedule.name}")
 
     def _step(self, inputs, targets, step: int, next_inputs) -> StepResult:
         st, lr, losses = self.stage, self.lr_of(step), []

@@ -49,6 +49,8 @@ class StepEngine(Protocol):
 
     def step(self, inputs, targets, step: int, upcoming=None) -> StepResult: ...
 
+    def evaluate(self, inputs, targets) -> float | torch.Tensor: ...  # a batch's mean loss, forwards only
+
     def drain(self, step: int) -> None: ...  # finish whatever mini-batch is in flight (before a checkpoint)
 
     def stats(self) -> dict | None: ...  # this rank's figures for the run summary
@@ -125,6 +127,25 @@ class Engine:
         lr = self.lr_of(step)
         norm = self.tail(lr)
         return StepResult(loss=total, grad_norm=norm, lr=lr)
+
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean loss of this rank's batch under the weights as they are: forwards only, in eval mode, no
+        gradient, no update, in ``micro_batches`` micro-batches as a step."""
+        m = self.micro_batches
+        inputs, targets = self.to_device(inputs), self.to_device(targets)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        was = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), comm.guard("evaluation forward", "tp"), self.loss_context():
+                for x, y in zip(inputs.chunk(m), targets.chunk(m)):
+                    with self.autocast():
+                        loss = self.model(x, y)
+                    loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss  # torch's TP: a DTensor
+                    total += loss.to(torch.float64) / m
+        finally:
+            self.model.train(was)
+        return total
 
     def drain(self, step: int) -> None:
         """Nothing is in flight between steps of an unpipelined model."""
