@@ -71,9 +71,12 @@ def main(argv: list[str]) -> None:
         if dist.get_rank() == 0 and (step % 10 == 0 or step + 1 == args.steps):
             print(f"step {step:>3}  loss {float(loss):.4f}  lr {schedule.get_last_lr()[0]:.2e}", flush=True)
 
+    held = batches(corpus, 10**6, 1)[0]  # a batch no step trained on
+    # every rank its slice, forwards only (through the stages under pp): the batch's mean loss on every rank
+    evaluated = [float(model.evaluate(b)) for b in loader.sliced([held])][0]
     trained = tessel.unwrap(model)  # every rank: the whole LlamaForCausalLM, every stage and table put back
     if dist.get_rank() == 0:
-        held = batches(corpus, 10**6, 1)[0]  # batches no step trained on
+        print(f"held-out loss {evaluated:.4f} by model.evaluate", flush=True)
         trained.save_pretrained(args.out)
         loaded = LlamaForCausalLM.from_pretrained(args.out)
         with torch.no_grad():

@@ -125,8 +125,8 @@ def run(name, opt_name, plan, save_to=None, stock=False):
         sched.step()
         losses.append(float(loss))
     held = batches(STEPS + 1)[-1]
-    # through the stages and blocks: the dict batch's forwards alone, its mean loss on every rank
-    evaluated = [float(model.evaluate(b)) for b in loader.sliced([held])] if axes else None
+    # the dict batch's forwards alone (through the stages and blocks under pp/tp), its mean loss on every rank
+    evaluated = [float(model.evaluate(b)) for b in loader.sliced([held])]
     plain = tessel.unwrap(model)
     # transformers' own loss upcasts the logits to fp32; the stock cases' loop loss is fp64 on them (as reference's)
     loss = (causal_lm_loss_fp64(plain(input_ids=held["input_ids"]).logits, held["labels"], VOCAB) if stock
@@ -168,8 +168,8 @@ def test_hf_model_under_prepare_equals_its_own_loop(world2, case):
     want = reference(name, opt_name, *stock)
     for got in world2.run(run, name, opt_name, plan, None, *stock):
         _compare(got, want)
-        if got["evaluated"] is not None:  # model.evaluate equals the unwrapped model's own loss on the batch
-            assert abs(got["evaluated"][0] - got["held"]) < ATOL, (got["evaluated"], got["held"])
+        # model.evaluate equals the unwrapped model's own loss on the batch
+        assert abs(got["evaluated"][0] - got["held"]) < ATOL, (got["evaluated"], got["held"])
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -288,4 +288,6 @@ def test_hf_llama_example_runs_and_its_folder_loads(tmp_path, plan, size, reques
     printed = world.run(trained.run_example, "hf_llama", argv, timeout=300)[0]
     found = re.search(r"held-out loss ([0-9.]+) trained, ([0-9.]+) loaded with from_pretrained", printed)
     assert found and found.group(1) == found.group(2), printed
+    evaluated = re.search(r"held-out loss ([0-9.]+) by model.evaluate", printed)
+    assert evaluated and abs(float(evaluated.group(1)) - float(found.group(1))) < 2e-4, printed  # fp32, 4 places
     assert (tmp_path / "out" / "config.json").is_file()

@@ -113,6 +113,11 @@ def check_parity(cases):
         with torch.no_grad():  # an evaluation forward between steps: this rank's slice, the trained weights
             mine = slice_batch(_batches()[0], r, p)
             assert torch.allclose(model(*mine), ref(*mine), atol=1e-10, rtol=0), (plan, opt_name)
+            held = ref(*_batches(STEPS + 1)[-1])  # a batch no step trained on, whole
+        # the same call as under pp/tp: a held-out batch's slices, each rank's loss averaged, on every rank
+        (words, tags, y), = loader.sliced([_batches(STEPS + 1)[-1]])
+        assert torch.allclose(model.evaluate(words, tags, y), held, atol=1e-10, rtol=0), (plan, opt_name)
+        assert model.training  # evaluate's eval mode ends with it
         assert [len(g["params"]) for g in opt.param_groups] == [6 - len(model.tables.tables)]  # served: gone
     return r
 
@@ -223,6 +228,17 @@ def test_one_process_without_launch_runs_the_loop_unchanged():
     model, opt, loader = tessel.prepare(model, opt, _batches())
     got = _loop(model, opt, sched, loader, tessel.clip_grad_norm_)
     assert torch.allclose(torch.stack(got), torch.stack(want), atol=1e-12, rtol=0)  # norms summed in another order
+
+
+def test_evaluate_wants_a_loss_in_one_line():
+    class Logits(Plain):
+        def forward(self, words, tags, y):
+            return self.mlp(torch.cat([self.words(words).mean(1), self.tags(tags)], 1))
+
+    model = Logits().double()
+    model, _, loader = tessel.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches(1), verbose=False)
+    with pytest.raises(TesselError, match=r"evaluate needs the model to return its loss .*; it returned Tensor$"):
+        model.evaluate(*_batches(1)[0])
 
 
 def test_loader_slices_and_resumes_its_position():

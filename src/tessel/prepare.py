@@ -45,7 +45,7 @@ from torch import nn
 from . import choices, comm, sparse
 from .chain import chain_of
 from .choices import TableStrategy
-from .data.prepared import PreparedLoader, batch_tensors, first_tensor
+from .data.prepared import PreparedLoader, batch_tensors, call, first_tensor
 from .errors import ConfigError, PlanError, TesselError
 from .mesh import ParallelDims, build_mesh, init_distributed
 from .parallelize import apply_ddp, shard_model
@@ -139,6 +139,27 @@ class PreparedModel(nn.Module):
             # reduces every forward's)
             self.tables.final_backward(True)
         return out
+
+    def evaluate(self, *batch) -> torch.Tensor:
+        """The global batch's mean loss from this rank's slice, forwards only (eval mode, no gradient): the model's
+        own output on ``evaluate(x, y)`` or ``evaluate(batch)`` (a dict as ``model(**batch)``), a scalar loss or an
+        output with ``.loss`` (Hugging Face's), averaged over the ranks; the same call as under pp/tp."""
+        was = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                out = call(self, batch[0]) if len(batch) == 1 else self(*batch)
+        finally:
+            self.train(was)
+        loss = getattr(out, "loss", out)
+        if not (torch.is_tensor(loss) and loss.numel() == 1):
+            raise TesselError("evaluate needs the model to return its loss (a scalar tensor, or an output with "
+                              f".loss); it returned {type(out).__name__}")
+        mean = loss.detach().to(torch.float64).reshape(1)
+        if dist.is_initialized():
+            comm.all_reduce(mean, "meta")  # each rank's slice mean -> their sum
+            mean /= dist.get_world_size()
+        return mean[0]
 
     @contextlib.contextmanager
     def no_sync(self):
