@@ -230,6 +230,48 @@ def test_one_process_without_launch_runs_the_loop_unchanged():
     assert torch.allclose(torch.stack(got), torch.stack(want), atol=1e-12, rtol=0)  # norms summed in another order
 
 
+def check_sampled_evaluate(strategies):
+    """A sampled softmax trained with its tables served, then evaluated: in eval mode it runs the full softmax,
+    which reads the whole output table (gathered for the evaluation from its owners, dropped after)."""
+    from tessel.models import LSTMLM
+
+    def setup():
+        torch.manual_seed(3)
+        m = LSTMLM(vocab_size=300, dim=8, hidden=16, softmax="sampled", num_sampled=10).double()
+        return m, torch.optim.SGD(m.parameters(), lr=0.5)
+
+    g = torch.Generator().manual_seed(5)
+    data = [(torch.randint(0, 300, (4, 6), generator=g), torch.randint(0, 300, (4, 6), generator=g)) for _ in range(4)]
+    held = data.pop()
+    for strategy in strategies:
+        ref, ref_opt = setup()
+        for x, y in data:
+            ref(x, y).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+        ref.eval()
+        with torch.no_grad():
+            want = ref(*held)
+        model, opt = setup()
+        model, opt, loader = tessel.prepare(model, opt, data, plan=strategy, link_mbit=0.1, verbose=False)
+        for x, y in loader:
+            model(x, y).backward()
+            opt.step()
+            opt.zero_grad()
+        assert set(model.tables.strategies().values()) == {strategy}, model.tables.strategies()
+        (x, y), = loader.sliced([held])
+        assert torch.allclose(model.evaluate(x, y), want, atol=1e-10, rtol=0), strategy
+        head = model.tables.tables["head.weight"]
+        assert head.gathered is None and not head.evaluating  # whole only during the evaluation
+        with pytest.raises(AttributeError):
+            head.weight  # noqa: B018 - the property is what is tested
+    return True
+
+
+def test_sampled_softmax_with_served_tables_evaluates_on_the_whole_table(world2):
+    assert world2.run(check_sampled_evaluate, ["alltoall", "ps"]) == [True, True]
+
+
 def test_evaluate_wants_a_loss_in_one_line():
     class Logits(Plain):
         def forward(self, words, tags, y):

@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 
 import tessel
 from tessel import Chain, Layer, ParallelPlan, TableChoice, TesselError, comm
-from tessel.models import DenseClassifier, TransformerLM
+from tessel.models import LSTMLM, DenseClassifier, TransformerLM
 from tessel.prepare_axes import checkpoint_plan
 
 STEPS, BATCH, CLIP = 5, 8, 0.05
@@ -49,6 +49,9 @@ MODELS = {  # name -> (model, one global batch from a generator)
     "classifier": (lambda: DenseClassifier(in_features=8, hidden=16, layers=2, classes=4),
                    lambda g: (torch.randn(BATCH, 8, generator=g, dtype=torch.float64),
                               torch.randint(0, 4, (BATCH,), generator=g))),
+    # a sampled softmax: trained on drawn candidates, evaluated by the full softmax over its whole table
+    "lstm": (lambda: LSTMLM(vocab_size=60, dim=8, hidden=16, softmax="sampled", num_sampled=6),
+             lambda g: (torch.randint(0, 60, (BATCH, 4), generator=g), torch.randint(0, 60, (BATCH, 4), generator=g))),
     "lm": (lambda: TransformerLM(vocab_size=32, seq_len=4, dim=8, layers=2, heads=2),
            lambda g: (torch.randint(0, 32, (BATCH, 4), generator=g), torch.randint(0, 32, (BATCH, 4), generator=g))),
 }
@@ -181,7 +184,9 @@ def test_tables_served_inside_pipeline_stages_and_pp_x_tp_at_4_ranks(world4):
     cases = [("tower", "adagrad", ParallelPlan(dp=2, pp=2, micro_batches=2, tables=ps)),
              ("tower", "plain-sgd", ParallelPlan(dp=2, pp=2, micro_batches=2,
                                                  tables=(TableChoice("words", "alltoall", "column"),))),
-             ("lm", "sgd", ParallelPlan(dp=1, pp=2, tp=2, tp_grid=(2,), micro_batches=2))]
+             ("lm", "sgd", ParallelPlan(dp=1, pp=2, tp=2, tp_grid=(2,), micro_batches=2)),
+             ("lstm", "plain-sgd", ParallelPlan(dp=2, pp=2, micro_batches=2, tables=tuple(
+                 TableChoice(n, "ps") for n in ("embedding", "head.weight", "head.bias"))))]
     assert world4.run(check_parity, cases) == [0, 1, 2, 3]
 
 

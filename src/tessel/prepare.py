@@ -147,7 +147,8 @@ class PreparedModel(nn.Module):
         was = self.training
         self.eval()
         try:
-            with torch.no_grad():
+            # a full softmax over a served table reads it whole (SparseTables.whole)
+            with torch.no_grad(), self.tables.whole() if self.tables else contextlib.nullcontext():
                 out = call(self, batch[0]) if len(batch) == 1 else self(*batch)
         finally:
             self.train(was)

@@ -312,7 +312,8 @@ class PipelineEngine(_StageEngine):
         was = st.runner.training
         st.runner.eval()
         try:
-            with torch.no_grad(), comm.guard(f"pipeline evaluation (stage {st.index})", "pp"):
+            whole = self.tables.whole() if self.tables else contextlib.nullcontext()  # a full softmax reads it all
+            with torch.no_grad(), comm.guard(f"pipeline evaluation (stage {st.index})", "pp"), whole:
                 for x, y in zip(xs, ys):
                     if not st.first:
                         x = st.take(st.post_recv(activation=True))

@@ -138,8 +138,7 @@ class AllToAllTable(RowTable):
 
     @property
     def weight(self) -> torch.Tensor:
-        raise AttributeError(f"table '{self.name}' is split over {self.world} ranks (strategy alltoall); "
-                             "tessel.sparse.full_table(module) gathers it")
+        return self.whole("split")
 
     def own(self, full: torch.Tensor) -> torch.Tensor:
         if self.split == "column":

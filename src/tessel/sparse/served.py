@@ -8,6 +8,7 @@ whole tables for checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -44,6 +45,18 @@ class SparseTables:
         for t in self.tables.values():
             if isinstance(t, AllToAllTable):
                 t.prefetch(_at(now, t.feed), _at(nxt, t.feed))
+
+    @contextlib.contextmanager
+    def whole(self):
+        """An evaluation forward's context: a sharded table's ``weight`` is the whole table, as a full softmax
+        reads it (gathered at its first read, a collective, and dropped at the end; lookups by id stay as they are)."""
+        for t in self.tables.values():
+            t.evaluating = True
+        try:
+            yield
+        finally:
+            for t in self.tables.values():
+                t.evaluating, t.gathered = False, None
 
     def lookahead(self, on: bool) -> None:
         """Allow or stop fetching the next step's rows ahead (an asynchronous pipeline cannot wait for them)."""

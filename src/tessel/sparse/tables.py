@@ -55,6 +55,22 @@ class RowTable(nn.Module, metaclass=ABCMeta):
         # gradient is widened before any sum, so only each contribution is rounded (docs/usage.md measures that
         # rounding at a sixth to a third of bf16 compute's own error)
         self.wire: torch.dtype | None = None
+        # inside SparseTables.whole (an evaluation forward): the whole table, gathered at the first read of
+        # ``weight`` (a full softmax's), dropped at the context's end
+        self.evaluating = False
+        self.gathered: torch.Tensor | None = None
+
+    def whole(self, how: str) -> torch.Tensor:
+        """A sharded table's ``weight``: the whole table inside :meth:`SparseTables.whole` (gathered from its
+        owners at the first read, a collective every rank's evaluation forward reaches alike), else an error."""
+        if not self.evaluating:
+            raise AttributeError(f"table '{self.name}' is {how} over {self.world} ranks (strategy {self.strategy}); "
+                                 "tessel.sparse.full_table(module) gathers it (an evaluation forward by "
+                                 "model.evaluate reads it whole)")
+        if self.gathered is None:
+            with torch.no_grad():
+                self.gathered = full_table(self)
+        return self.gathered
 
     @abstractmethod
     def _lookup(self, uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -212,8 +228,7 @@ class PSTable(RowTable):
 
     @property
     def weight(self) -> torch.Tensor:
-        raise AttributeError(f"table '{self.name}' is sharded over {self.world} ranks (strategy ps); "
-                             "tessel.sparse.full_table(module) gathers it")
+        return self.whole("sharded")
 
     def own(self, full: torch.Tensor) -> torch.Tensor:
         return full[self.plan.rows_of(self.me)]

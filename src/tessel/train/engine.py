@@ -137,7 +137,8 @@ class Engine:
         was = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), comm.guard("evaluation forward", "tp"), self.loss_context():
+            whole = self.tables.whole() if self.tables else contextlib.nullcontext()  # a full softmax reads it all
+            with torch.no_grad(), comm.guard("evaluation forward", "tp"), self.loss_context(), whole:
                 for x, y in zip(inputs.chunk(m), targets.chunk(m)):
                     with self.autocast():
                         loss = self.model(x, y)
