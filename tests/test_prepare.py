@@ -260,7 +260,19 @@ def check_sampled_evaluate(strategies):
             opt.zero_grad()
         assert set(model.tables.strategies().values()) == {strategy}, model.tables.strategies()
         (x, y), = loader.sliced([held])
+        comm.counter.reset()
         assert torch.allclose(model.evaluate(x, y), want, atol=1e-10, rtol=0), strategy
+        # the output table and its bias cross once, each rank's part (padded to the largest) to the other rank:
+        # rows for a row split (ps, or alltoall by rows), columns for a column split; fp64
+        p, gathered = dist.get_world_size(), 0
+        for name, d in (("head.weight", 8), ("head.bias", 1)):
+            t = model.tables.tables[name]
+            if getattr(t, "split", "row") == "row":
+                gathered += (p - 1) * max(t.plan.counts) * d * 8
+            else:
+                gathered += (p - 1) * 300 * max(t.widths) * 8
+        moved = comm.counter.total()
+        assert sum(moved.get(c, {"sent": 0})["sent"] for c in ("ps.gather", "a2a.gather")) == gathered, moved
         head = model.tables.tables["head.weight"]
         assert head.gathered is None and not head.evaluating  # whole only during the evaluation
         with pytest.raises(AttributeError):
