@@ -263,6 +263,9 @@ def check_errors():
     x, y = next(iter(loader))
     cases = [
         (lambda: model(x, y), "loss = model.step(x, y)"),
+        # a short batch: every rank refuses it, before any stage sends (BATCH rows, dp 1: the slice is the batch)
+        (lambda: model.evaluate(x[:6], y[:6]), f"inputs of shape (6, 4); under a pipeline every batch has the "
+                                                f"training slice's shape ({BATCH}, 4)"),
         (lambda: opt.step(), "drop optimizer.step()"),
         (lambda: tessel.prepare(*_setup("tower", "sgd")[:2], _batches("tower"), plan=ParallelPlan(dp=1, pp=4)),
          "the plan needs dp x pp x tp = 1 x 4 x 1 = 4 ranks and the script runs on 2"),
@@ -286,7 +289,7 @@ def check_errors():
 
 
 def test_pipelined_loop_errors_are_one_line_each(world2):
-    assert world2.run(check_errors) == [7, 7]
+    assert world2.run(check_errors) == [8, 8]
 
 
 def check_async(tmp):
