@@ -275,7 +275,7 @@ def check_sampled_evaluate(strategies):
         assert sum(moved.get(c, {"sent": 0})["sent"] for c in ("ps.gather", "a2a.gather")) == gathered, moved
         head = model.tables.tables["head.weight"]
         assert head.gathered is None and not head.evaluating  # whole only during the evaluation
-        with pytest.raises(AttributeError):
+        with pytest.raises(AttributeError, match=rf"'head.weight' is spread over 2 ranks \(strategy {strategy}\)"):
             head.weight  # noqa: B018 - the property is what is tested
     return True
 

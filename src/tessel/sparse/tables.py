@@ -60,17 +60,24 @@ class RowTable(nn.Module, metaclass=ABCMeta):
         self.evaluating = False
         self.gathered: torch.Tensor | None = None
 
-    def whole(self, how: str) -> torch.Tensor:
+    def whole(self) -> torch.Tensor:
         """A sharded table's ``weight``: the whole table inside :meth:`SparseTables.whole` (gathered from its
         owners at the first read, a collective every rank's evaluation forward reaches alike), else an error."""
         if not self.evaluating:
-            raise AttributeError(f"table '{self.name}' is {how} over {self.world} ranks (strategy {self.strategy}); "
-                                 "tessel.sparse.full_table(module) gathers it (an evaluation forward by "
-                                 "model.evaluate reads it whole)")
+            raise AttributeError(self._not_whole())
         if self.gathered is None:
             with torch.no_grad():
                 self.gathered = full_table(self)
         return self.gathered
+
+    def _not_whole(self) -> str:
+        return (f"table '{self.name}' is spread over {self.world} ranks (strategy {self.strategy}); "
+                "tessel.sparse.full_table(module) gathers it (inside model.evaluate a read of weight gathers it)")
+
+    def __getattr__(self, name: str):
+        if name == "weight":  # the property refused: nn.Module's own lookup would only say there is no weight
+            raise AttributeError(self._not_whole())
+        return super().__getattr__(name)
 
     @abstractmethod
     def _lookup(self, uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -228,7 +235,7 @@ class PSTable(RowTable):
 
     @property
     def weight(self) -> torch.Tensor:
-        return self.whole("sharded")
+        return self.whole()
 
     def own(self, full: torch.Tensor) -> torch.Tensor:
         return full[self.plan.rows_of(self.me)]
