@@ -230,9 +230,23 @@ def test_one_process_without_launch_runs_the_loop_unchanged():
     assert torch.allclose(torch.stack(got), torch.stack(want), atol=1e-12, rtol=0)  # norms summed in another order
 
 
-def check_sampled_evaluate(strategies):
-    """A sampled softmax trained with its tables served, then evaluated: in eval mode it runs the full softmax,
-    which reads the whole output table (gathered for the evaluation from its owners, dropped after)."""
+def _chunked(model, opt, data, k, p=1):
+    """k forwards and backwards a step (gradient accumulation), each drawing its own candidates. Forward c takes
+    part c of each of the batch's p rank slices (one process, ``p`` the ranks: the rows the ranks' forward c take,
+    with the draw they share; prepared, p=1: the loader's slice is this rank's)."""
+    for x, y in data:
+        xs, ys = x.chunk(p * k), y.chunk(p * k)  # (rank slice r, part c) is chunk r * k + c
+        for c in range(k):
+            part = [r * k + c for r in range(p)]
+            (model(torch.cat([xs[i] for i in part]), torch.cat([ys[i] for i in part])) / k).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def check_sampled_evaluate(cases):
+    """A sampled softmax trained with its tables served (one forward a step, or two accumulated), then evaluated:
+    in eval mode it runs the full softmax, which reads the whole output table (gathered for the evaluation from
+    its owners, dropped after)."""
     from tessel.models import LSTMLM
 
     def setup():
@@ -243,22 +257,18 @@ def check_sampled_evaluate(strategies):
     g = torch.Generator().manual_seed(5)
     data = [(torch.randint(0, 300, (4, 6), generator=g), torch.randint(0, 300, (4, 6), generator=g)) for _ in range(4)]
     held = data.pop()
-    for strategy in strategies:
+    for strategy, k in cases:
         ref, ref_opt = setup()
-        for x, y in data:
-            ref(x, y).backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
+        _chunked(ref, ref_opt, data, k, dist.get_world_size())
         ref.eval()
         with torch.no_grad():
             want = ref(*held)
         model, opt = setup()
         model, opt, loader = tessel.prepare(model, opt, data, plan=strategy, link_mbit=0.1, verbose=False)
-        for x, y in loader:
-            model(x, y).backward()
-            opt.step()
-            opt.zero_grad()
+        _chunked(model, opt, loader, k)
         assert set(model.tables.strategies().values()) == {strategy}, model.tables.strategies()
+        for n, w in ref.named_parameters():  # the candidates each forward drew were the same on every rank
+            assert torch.allclose(_full(model)[n], w.detach(), atol=1e-10, rtol=0), (strategy, k, n)
         (x, y), = loader.sliced([held])
         comm.counter.reset()
         assert torch.allclose(model.evaluate(x, y), want, atol=1e-10, rtol=0), strategy
@@ -280,8 +290,8 @@ def check_sampled_evaluate(strategies):
     return True
 
 
-def test_sampled_softmax_with_served_tables_evaluates_on_the_whole_table(world2):
-    assert world2.run(check_sampled_evaluate, ["alltoall", "ps"]) == [True, True]
+def test_sampled_softmax_with_served_tables_trains_accumulates_and_evaluates_on_the_whole_table(world2):
+    assert world2.run(check_sampled_evaluate, [("alltoall", 1), ("ps", 1), ("alltoall", 2), ("ps", 2)]) == [True] * 2
 
 
 def test_evaluate_wants_a_loss_in_one_line():
