@@ -53,6 +53,7 @@ from .plan import ParallelPlan, TableChoice, TablePolicy
 from .prepare_axes import checkpoint_plan, identity_of, prepare_axes
 from .settings import Settings
 from .sparse.rowopt import auto_mirror
+from .train.engine import evaluation
 from .train.memory import release_free
 from .train.optim import without_fused_on_shards
 from .train.tail import clip_coef, local_sq
@@ -144,14 +145,8 @@ class PreparedModel(nn.Module):
         """The global batch's mean loss from this rank's slice, forwards only (eval mode, no gradient): the model's
         own output on ``evaluate(x, y)`` or ``evaluate(batch)`` (a dict as ``model(**batch)``), a scalar loss or an
         output with ``.loss`` (Hugging Face's), averaged over the ranks; the same call as under pp/tp."""
-        was = self.training
-        self.eval()
-        try:
-            # a full softmax over a served table reads it whole (SparseTables.whole)
-            with torch.no_grad(), self.tables.whole() if self.tables else contextlib.nullcontext():
-                out = call(self, batch[0]) if len(batch) == 1 else self(*batch)
-        finally:
-            self.train(was)
+        with evaluation(self, self.tables):
+            out = call(self, batch[0]) if len(batch) == 1 else self(*batch)
         loss = getattr(out, "loss", out)
         if not (torch.is_tensor(loss) and loss.numel() == 1):
             raise TesselError("evaluate needs the model to return its loss (a scalar tensor, or an output with "

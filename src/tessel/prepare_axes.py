@@ -50,13 +50,14 @@ KEEP_LRS = 64
 class SteppedModel(nn.Module):
     """This rank's share of the model under pp/tp; ``step(x, y)`` trains one global batch's slice."""
 
-    def __init__(self, par, mesh, loader: PreparedLoader, lr_groups: list[dict], identity: dict) -> None:
+    def __init__(self, par, mesh, loader: PreparedLoader, lr_groups: list[dict], identity: dict,
+                 inputs_shape: tuple[int, ...]) -> None:
         super().__init__()
         self.par, self.mesh, self.loader, self.lr_groups, self.identity = par, mesh, loader, lr_groups, identity
+        self.inputs_shape = inputs_shape  # a rank's slice of the inputs, as profiled
         self.module = par.module  # registered, so .parameters() and .state_dict() are this rank's share
         self.tables = par.tables
         self.steps = 0  # steps taken by this object (the engine's step index)
-        self.inputs_shape: tuple[int, ...] | None = None  # a rank's slice of the inputs, as profiled
         # the optimizer's LR at each step's call (a scheduler's): that mini-batch's, also when an asynchronous
         # pipeline applies its update a step later or predicts across it; only the last KEEP_LRS steps are
         # kept (an update lags at most pp steps), so a long run does not grow it
@@ -88,7 +89,7 @@ class SteppedModel(nn.Module):
         the global batch's mean on every rank. An asynchronous schedule first applies the updates still in flight
         (as ``tessel.save`` does; the next step fills the pipeline again)."""
         x, y = pair(x if y is None else (x, y))
-        if self.par.plan.pp > 1 and self.inputs_shape is not None and tuple(x.shape) != self.inputs_shape:
+        if self.par.plan.pp > 1 and tuple(x.shape) != self.inputs_shape:
             # every rank is handed the batch, so all refuse it together (a stage's sends and receives are sized
             # by the profiled shape: a first stage alone refusing would leave the next one waiting)
             raise TesselError(f"model.evaluate got inputs of shape {tuple(x.shape)}; under a pipeline every batch has "
@@ -311,7 +312,7 @@ def prepare_axes(model: nn.Module, optimizer: torch.optim.Optimizer, loader, pla
     optimizer._opt_called = True  # torch's LR schedulers warn unless it stepped: model.step steps for it
     if verbose and dist.get_rank() == 0:
         print(par.describe(), flush=True)
-    stepped = SteppedModel(par, mesh, prepared, optimizer.param_groups, identity)
-    stepped.inputs_shape = (probe[0].shape[0] // plan.dp, *probe[0].shape[1:])
+    stepped = SteppedModel(par, mesh, prepared, optimizer.param_groups, identity,
+                           (probe[0].shape[0] // plan.dp, *probe[0].shape[1:]))
     stepped.__dict__["skeleton"] = plain  # what tessel.unwrap fills (not a submodule: its tensors are on meta)
     return stepped, SteppedOptimizer(optimizer, par.optimizer), prepared

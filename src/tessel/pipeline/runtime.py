@@ -41,7 +41,7 @@ from ..chain import Chain, Runner
 from ..choices import Prediction, Schedule
 from ..errors import TesselError
 from ..train.draws import SameDraws
-from ..train.engine import StepResult
+from ..train.engine import StepResult, evaluation
 from ..train.tail import StepTail
 from .layers import prune
 from .predict import StageWeights
@@ -309,23 +309,17 @@ class PipelineEngine(_StageEngine):
         xs = inputs.chunk(m) if inputs is not None else [None] * m
         ys = targets.chunk(m) if targets is not None else [None] * m
         total = torch.zeros((), dtype=torch.float64, device=st.device)
-        was = st.runner.training
-        st.runner.eval()
-        try:
-            whole = self.tables.whole() if self.tables else contextlib.nullcontext()  # a full softmax reads it all
-            with torch.no_grad(), comm.guard(f"pipeline evaluation (stage {st.index})", "pp"), whole:
-                for x, y in zip(xs, ys):
-                    if not st.first:
-                        x = st.take(st.post_recv(activation=True))
-                    with self.autocast():  # the activation computed on in the parameters' dtype, as in a step
-                        out = st.runner(x.to(st.compute_in) if x.is_floating_point() else x)
-                        if st.last:
-                            total += self.chain.loss(out, y).to(torch.float64) / m
-                    if not st.last:
-                        st.send_activation(out.to(st.dtype))
-                st.flush_sends()  # the next stage took every activation before its loss was summed
-        finally:
-            st.runner.train(was)
+        with evaluation(st.runner, self.tables), comm.guard(f"pipeline evaluation (stage {st.index})", "pp"):
+            for x, y in zip(xs, ys):
+                if not st.first:
+                    x = st.take(st.post_recv(activation=True))
+                with self.autocast():  # the activation computed on in the parameters' dtype, as in a step
+                    out = st.runner(x.to(st.compute_in) if x.is_floating_point() else x)
+                    if st.last:
+                        total += self.chain.loss(out, y).to(torch.float64) / m
+                if not st.last:
+                    st.send_activation(out.to(st.dtype))
+            st.flush_sends()  # the next stage took every activation before its loss was summed
         return total if st.last else 0.0
 
     def drain(self, step: int) -> None:

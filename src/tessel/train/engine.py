@@ -24,6 +24,19 @@ from .memory import SavedBytes
 from .tail import StepTail
 
 
+@contextlib.contextmanager
+def evaluation(module: torch.nn.Module, tables=None):
+    """An evaluation forward's context: ``module`` in eval mode (its mode restored after), no gradient, and the
+    served ``tables`` readable whole (a full softmax reads its table's every row: SparseTables.whole)."""
+    was = module.training
+    module.eval()
+    try:
+        with torch.no_grad(), tables.whole() if tables else contextlib.nullcontext():
+            yield
+    finally:
+        module.train(was)
+
+
 @dataclass
 class StepResult:
     """A step's figures. ``loss`` and ``grad_norm`` may be 0-dim tensors the device is still computing (the
@@ -134,18 +147,12 @@ class Engine:
         m = self.micro_batches
         inputs, targets = self.to_device(inputs), self.to_device(targets)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
-        was = self.model.training
-        self.model.eval()
-        try:
-            whole = self.tables.whole() if self.tables else contextlib.nullcontext()  # a full softmax reads it all
-            with torch.no_grad(), comm.guard("evaluation forward", "tp"), self.loss_context(), whole:
-                for x, y in zip(inputs.chunk(m), targets.chunk(m)):
-                    with self.autocast():
-                        loss = self.model(x, y)
-                    loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss  # torch's TP: a DTensor
-                    total += loss.to(torch.float64) / m
-        finally:
-            self.model.train(was)
+        with evaluation(self.model, self.tables), comm.guard("evaluation forward", "tp"), self.loss_context():
+            for x, y in zip(inputs.chunk(m), targets.chunk(m)):
+                with self.autocast():
+                    loss = self.model(x, y)
+                loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss  # torch's TP: a DTensor
+                total += loss.to(torch.float64) / m
         return total
 
     def drain(self, step: int) -> None:
