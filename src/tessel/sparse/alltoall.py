@@ -138,7 +138,7 @@ class AllToAllTable(RowTable):
 
     @property
     def weight(self) -> torch.Tensor:
-        return self.whole()
+        return self.whole_weight()
 
     def own(self, full: torch.Tensor) -> torch.Tensor:
         if self.split == "column":

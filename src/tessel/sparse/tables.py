@@ -60,7 +60,7 @@ class RowTable(nn.Module, metaclass=ABCMeta):
         self.evaluating = False
         self.gathered: torch.Tensor | None = None
 
-    def whole(self) -> torch.Tensor:
+    def whole_weight(self) -> torch.Tensor:
         """A sharded table's ``weight``: the whole table inside :meth:`SparseTables.whole` (gathered from its
         owners at the first read, a collective every rank's evaluation forward reaches alike), else an error."""
         if not self.evaluating:
@@ -235,7 +235,7 @@ class PSTable(RowTable):
 
     @property
     def weight(self) -> torch.Tensor:
-        return self.whole()
+        return self.whole_weight()
 
     def own(self, full: torch.Tensor) -> torch.Tensor:
         return full[self.plan.rows_of(self.me)]
