@@ -155,6 +155,20 @@ def test_one_line_and_exit_2(argv, needle, place, capsys, monkeypatch):
     assert needle.format(**place) in err, err
 
 
+@pytest.mark.parametrize("backend,said", [("nccl", "'nccl'"), ("auto", "'auto' (nccl on this CUDA machine)")])
+def test_nccl_with_more_local_workers_than_gpus_is_one_line(backend, said, place, capsys, monkeypatch):
+    """A host with one GPU (as the machine reports it): 2 nccl workers would both take device 0, which NCCL refuses
+    only after both started; the launcher says so first. gloo may share the GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    assert main(["train", "--parallel.backend", backend, "--nproc", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"tessel: error: parallel.backend {said} gives each local worker a GPU of its own, and 2 workers "
+                   "were asked for on a host with 1; valid: parallel.nproc <= 1, or parallel.backend gloo with "
+                   "parallel.device cuda (workers share the GPUs)"), err
+
+
 def test_a_refused_job_leaves_no_folders(place, capsys):
     # preflight makes the output folders to prove they can be written; a refusal must not leave them behind
     assert main(["train", "--sparse.tables", "nosuch=ps"]) == 2

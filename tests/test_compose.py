@@ -272,8 +272,9 @@ def test_composed_bytes_exact(world8):
         assert got["tp.grads"]["sent"] == ring(1)  # the squared norm over the grid; 1-D has no partial grads
         if stage == 0:  # Megatron's embedding: the output all-reduced
             assert got["tp.embed"]["sent"] == micro * ring(m * H) and "tp.head" not in got
-        else:  # head: the input gradient all-reduced; the loss: max and (sum, picked) per row
-            assert got["tp.head"]["sent"] == micro * (ring(m * H) + ring(m) + ring(2 * m)), got
+        else:  # head: the input gradient all-reduced; the loss: max and (sum, picked) per row, on its own channel
+            assert got["tp.head"]["sent"] == micro * ring(m * H) and got["tp.loss"]["sent"] == micro * (
+                ring(m) + ring(2 * m)), got
             assert "tp.embed" not in got
 
 

@@ -52,9 +52,9 @@ def _step_bytes(base, plan_json):
     mesh = build_mesh(plan.dims, 20, plan.mesh_axes)
     data = build_data(cfg)
     torch.manual_seed(0)
-    model = build(cfg, getattr(data, "vocab_size", 0)).double()
+    model = build(cfg, getattr(data, "vocab_size", 0)).to(settings.torch_dtype)
     x, y = ShardedLoader(data, cfg.train.global_batch, mesh.get_local_rank("dp"), plan.dp).next_batch()
-    x = x.double() if x.is_floating_point() else x
+    x = x.to(settings.torch_dtype) if x.is_floating_point() else x
     par = parallelize(model, plan, mesh, [(x, y)], settings)
     comm.counter.end_step()
     par.engine.step(x, y, 0)
@@ -100,6 +100,27 @@ def test_predicted_bytes_equal_measured(world4, model):
         for channel in _channels(est.bytes, got):
             measured = max(r.get(channel, 0) for r in got)
             assert est.bytes.get(channel, 0) == measured, (plan.describe(), channel, est.bytes, got)
+
+
+BF16 = ["train.dtype=float32", "train.precision=bf16-mixed"]
+PLANS_BF16 = [ParallelPlan(dp=2, pp=2, micro_batches=2), ParallelPlan(dp=2, tp=2, tp_grid=(2,)),
+              ParallelPlan(dp=1, tp=4, tp_mode="3d", tp_grid=(2, 2, 1)), ParallelPlan(dp=4, dp_shard=4),
+              ParallelPlan(dp=1, pp=2, tp=2, tp_mode="2d", tp_grid=(2, 1), micro_batches=1)]
+
+
+def test_predicted_bytes_equal_measured_in_bf16_mixed(world4):
+    """The planner prices each channel at the width it crosses in under bf16-mixed (activations, gathered weights
+    and partial sums at 2 bytes; gradients reduced in fp32): its bytes equal a bf16-mixed step's, channel by
+    channel, as in fp64 above."""
+    base = [*TINY["transformer_lm"], *BF16]
+    cfg = load_config(None, base)
+    profile = measure(job_of(cfg), dps=(1, 2, 4))
+    for plan in PLANS_BF16:
+        est = estimate(plan.with_(sparse=policy_of(cfg)), settings_of(cfg), profile, TOPO)
+        got = world4.run(_step_bytes, base, est.plan.to_json())
+        for channel in _channels(est.bytes, got):
+            assert est.bytes.get(channel, 0) == max(r.get(channel, 0) for r in got), (plan.describe(), channel,
+                                                                                      est.bytes, got)
 
 
 def test_candidates_and_feasibility():

@@ -205,6 +205,22 @@ def test_bf16_mixed_bytes_per_channel_are_the_formulas_at_their_widths(world2):
     assert step_formula(cfg, plan, 4)["tp_bytes_per_step"] * STEPS == fp32[0][2]["tp"]
 
 
+def test_bf16_mixed_3d_blocks_cross_at_half_width(world4):
+    """3-D tensor parallelism (2x2x1) in bf16-mixed: every collective of the blocks' linears on channel ``tp`` moves
+    a GEMM's bf16 operand or its bf16 partial sums (gathers of x and w, reduce-scatters of y, dx and dw, the sums
+    accumulating in fp32 on arrival), so the channel carries exactly half the bytes of the fp32 run, step for step,
+    and the count the run's summary prints beside it (``step_formula`` at 2 bytes) is the same."""
+    from tessel.tensor.cost import step_formula
+
+    half = world4.run(run, LAYOUTS["tp4-3d"], "bf16-mixed")
+    full = world4.run(run, LAYOUTS["tp4-3d"], "fp32")
+    cfg = load_config(None, [*MODEL, *LAYOUTS["tp4-3d"]])
+    plan, _ = planned(cfg, cfg.nproc)
+    for h, f in zip(half, full):
+        assert 2 * h[2]["tp"] == f[2]["tp"] > 0, (h[2], f[2])
+    assert step_formula(cfg, plan, 2)["tp_bytes_per_step"] * STEPS == half[0][2]["tp"]
+
+
 def test_bf16_gradient_reduce_halves_the_dp_bytes(world2, world4):
     """Asked for, DDP's gradients (and a pipeline stage's, averaged in the step tail) cross in bf16: an all-reduce
     over P ranks sends 2(P-1)/P of the model's N parameters, 2 bytes each, every step (fp32: 4)."""
@@ -274,7 +290,8 @@ def prepared(precision: str):
         opt.zero_grad()
         losses.append(float(loss))
     sent = comm.counter.end_step()
-    return losses, sent["ps.pull"]["sent"], sent["ps.push"]["sent"]
+    return losses, sent["ps.pull"]["sent"], sent["ps.push"]["sent"], {p.dtype for g in opt.param_groups
+                                                                       for p in g["params"]}
 
 
 def test_prepare_takes_a_precision(world2):
@@ -282,6 +299,7 @@ def test_prepare_takes_a_precision(world2):
     for a, b in zip(bf16, fp32):
         assert a[0] != b[0] and max(abs(x - y) for x, y in zip(a[0], b[0])) < 0.05  # rounded, not another run
         assert a[1] < b[1]  # the pulled rows crossed at half width (the ids did not)
+        assert a[3] == {torch.float32}  # the returned optimizer steps the fp32 masters
     for got in (bf16, fp32):
         # a pull moves each asked id out and its row back, a push the same ids with the rows' gradients: over the
         # world the two carry the same bytes when rows and gradients cross at one width
@@ -315,7 +333,9 @@ def test_prepare_reduces_gradients_in_bf16_when_asked(world2):
 def test_a_checkpoint_resumes_in_the_other_precision(world1, tmp_path):
     """Checkpoints hold the fp32 masters whatever the precision: an fp32 run's step-3 checkpoint resumed in
     bf16-mixed (and a bf16-mixed one's in fp32) goes on from the saved weights, saves fp32 again, and ends within
-    bf16's own effect (the same 3x slack as above) of the uninterrupted run in the precision it resumed in."""
+    bf16's own effect (the same 3x slack as above) of the uninterrupted run in the precision it resumed in. The
+    summary and the checkpoint's tessel.json record the precision, and a resume in the other one says so."""
+    import json
     import shutil
 
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -327,7 +347,7 @@ def test_a_checkpoint_resumes_in_the_other_precision(world1, tmp_path):
             "--metrics.progress", "log"]
 
     def train(out, *extra):
-        trained(world1, tmp_path, *args, *extra, "--out", str(out))
+        return trained(world1, tmp_path, *args, *extra, "--out", str(out))
 
     def weights(out, step):
         dst = tmp_path / f"{out.name}-{step}.pt"
@@ -336,11 +356,15 @@ def test_a_checkpoint_resumes_in_the_other_precision(world1, tmp_path):
 
     runs = {p: tmp_path / p for p in ("fp32", "bf16-mixed")}
     for p, out in runs.items():
-        train(out, "--train.precision", p)
+        summary, _ = train(out, "--train.precision", p)
+        assert summary["precision"] == p  # the run's record says what it computed in
+        assert json.loads((out / "checkpoints" / "step-00000003" / "tessel.json").read_text())["precision"] == p
     for saved, resumed in (("fp32", "bf16-mixed"), ("bf16-mixed", "fp32")):
         out = tmp_path / f"{saved}-then-{resumed}"
         shutil.copytree(runs[saved] / "checkpoints" / "step-00000003", out / "checkpoints" / "step-00000003")
-        train(out, "--train.precision", resumed, "--resume")
+        _, printed = train(out, "--train.precision", resumed, "--resume")
+        assert (f"tessel: the checkpoint was trained in {saved}; this run continues in {resumed} from its fp32 "
+                "masters") in printed
         start, end = weights(runs[saved], 3), weights(out, 6)
         same, other = weights(runs[resumed], 6), weights(runs[saved], 6)
         for name, w in end.items():
@@ -428,3 +452,66 @@ def test_attention_widens_to_fp32_under_cpu_autocast_and_recomputes_alike():
         attn.zero_grad()
     assert torch.equal(outs[0], outs[1])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def _classifier_loop(precision: str, plan=None):
+    """The classifier (2 hidden layers, no attention: every product rounds in bf16 on both sides) for STEPS steps
+    of SGD: a plain torch loop with CPU autocast in one process (``plan`` None), or tessel.prepare(..., plan,
+    precision) through model.step on this world. (losses, this rank's weights, the pp bytes, the optimizer's
+    parameters' dtypes)."""
+    import tessel
+    from tessel.models import DenseClassifier
+
+    g = torch.Generator().manual_seed(7)
+    batches = [(torch.randn(B, 8, generator=g), torch.randint(0, 4, (B,), generator=g)) for _ in range(STEPS)]
+    torch.manual_seed(3)
+    model = DenseClassifier(in_features=8, hidden=16, layers=2, classes=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    if plan is None:
+        losses = []
+        for x, y in batches:
+            with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16-mixed"):
+                loss = model(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.detach()))
+        return losses, {n: p.detach().clone() for n, p in model.named_parameters()}, 0, set()
+    model, opt, loader = tessel.prepare(model, opt, batches, plan=plan, precision=precision, verbose=False)
+    comm.counter.end_step()
+    losses = [float(model.step(x, y)) for x, y in loader]
+    pp = comm.counter.end_step().get("pp", {"sent": 0})["sent"]
+    held = {n.removeprefix("root."): p.detach() for n, p in model.module.named_parameters()}
+    return losses, held, pp, {p.dtype for g in opt.optimizer.param_groups for p in g["params"]}  # the rank's own
+
+
+def prepared_axes_bf16():
+    """tessel.prepare under pp2 (1f1b, 2 micro-batches) and tp2 (1-D) in bf16-mixed and fp32."""
+    from tessel import ParallelPlan
+
+    plans = {"pp2": ParallelPlan(dp=1, pp=2, micro_batches=2), "tp2": ParallelPlan(dp=1, tp=2, tp_grid=(2,))}
+    return {name: {p: _classifier_loop(p, plan) for p in ("bf16-mixed", "fp32")} for name, plan in plans.items()}
+
+
+def test_prepare_under_pp_and_tp_takes_a_precision(world2):
+    """A user's loop under a pipeline and under tensor parallelism in bf16-mixed: its losses and fp32 masters within
+    the module's 3x bound of one process in bf16-mixed (a plain autocast loop), its optimizer stepping fp32 weights,
+    and the activations crossing the stage cut at half width."""
+    bf16, fp32 = _classifier_loop("bf16-mixed"), _classifier_loop("fp32")
+    loss_gap = max(abs(a - b) for a, b in zip(bf16[0], fp32[0]))
+    weight_gap = {n: float((bf16[1][n] - fp32[1][n]).abs().max()) for n in bf16[1]}
+    assert loss_gap > 0  # bf16 rounded something: the yardstick is not zero
+    got = world2.run(prepared_axes_bf16)
+    for rank, cases in enumerate(got):
+        for name, runs in cases.items():
+            losses, held, pp, dtypes = runs["bf16-mixed"]
+            assert dtypes == {torch.float32}, (name, dtypes)  # the masters the optimizer steps
+            assert losses != runs["fp32"][0], name  # it computed in bf16 (fp32's run would be the same run)
+            assert max(abs(a - b) for a, b in zip(losses, bf16[0])) <= SLACK * loss_gap + 1e-7, (name, losses)
+            for n, w in held.items():
+                assert w.dtype == torch.float32, n
+                if name == "pp2":  # a stage holds its layers whole (tp2's blocks are cut: their losses judge them)
+                    assert (w - bf16[1][n]).abs().max() <= SLACK * weight_gap[n] + 1e-7, (name, n)
+            if name == "pp2" and rank == 0:
+                # the first stage sends each micro-batch's (B/2, 16) activation: 2 bytes an element, not fp32's 4
+                assert pp == STEPS * 2 * (B // 2) * 16 * 2 and runs["fp32"][2] == 2 * pp, (pp, runs["fp32"][2])

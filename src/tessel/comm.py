@@ -1,6 +1,6 @@
 """The only module of tessel that calls torch.distributed collectives; it counts every byte.
 
-Each call names a *channel* (``dp.dense``, ``pp``, ``tp``, ``tp.head``, ``ps.*``, ``a2a.*``, ``meta``,
+Each call names a *channel* (``dp.dense``, ``pp``, ``tp``, ``tp.head``, ``tp.loss``, ``ps.*``, ``a2a.*``, ``meta``,
 ...). The counter of this rank adds the bytes the rank sends and receives under the algorithm that
 moves the fewest bytes:
 

@@ -19,6 +19,7 @@ from . import tensor
 from .chain import chain_of
 from .config import Config
 from .errors import ConfigError, PlanError
+from .mesh import default_backend
 from .meta import on_meta
 from .parallelize import check_model
 from .plan import ParallelPlan, TableChoice, saved_plan
@@ -51,6 +52,13 @@ def _check_machine(cfg: Config) -> None:
     if cfg.parallel.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("parallel.device 'cuda' needs a CUDA GPU and a CUDA build of torch; this one has none; "
                           "valid here: auto, cpu")
+    backend = default_backend() if cfg.parallel.backend == "auto" else cfg.parallel.backend
+    gpus = torch.cuda.device_count() if backend == "nccl" else 0
+    if backend == "nccl" and cfg.nproc > gpus:  # NCCL refuses two ranks on one device, and only once all started
+        said = "'nccl'" if cfg.parallel.backend == "nccl" else "'auto' (nccl on this CUDA machine)"
+        raise ConfigError(f"parallel.backend {said} gives each local worker a GPU of its own, and {cfg.nproc} workers "
+                          f"were asked for on a host with {gpus}; valid: parallel.nproc <= {gpus}, or parallel.backend "
+                          "gloo with parallel.device cuda (workers share the GPUs)")
     env_link_mbit()
     _check_writable(Path(cfg.metrics.out), "metrics.out")
     if cfg.checkpoint.enabled:

@@ -100,6 +100,10 @@ def _resume_point(cfg: Config, plan: ParallelPlan, settings: Settings) -> tuple[
     if resumed.micro_batches != plan.micro_batches and dist.get_rank() == 0:
         print(f"tessel: dp {saved.dp} -> {plan.dp} with the global batch kept: {resumed.micro_batches} micro-batches "
               "per rank keep each micro-batch no larger than the checkpoint's", flush=True)
+    trained_in = meta.get("precision", "fp32")  # checkpoints from before it was recorded were all fp32
+    if trained_in != settings.precision.name and dist.get_rank() == 0:
+        print(f"tessel: the checkpoint was trained in {trained_in}; this run continues in {settings.precision.name} "
+              "from its fp32 masters", flush=True)
     return start, resumed.check(settings)
 
 
@@ -225,6 +229,7 @@ def _summary(cfg: Config, par: Parallelized, logger: MetricsLogger, run_bytes: d
         [r["bytes"] for r in per_rank],
         {"model": cfg.model.name, "dims": f"dp={par.plan.dp} pp={par.plan.pp} tp={par.plan.tp} "
                                           f"(world {par.plan.world})",
+         "precision": par.settings.precision.name,
          "unit": unit, "out": cfg.metrics.out, "plot": cfg.metrics.plot, "tokens_per_step": per_step,
          "peak_mem_per_rank": [r["peak_mem"] for r in per_rank],
          "activation_mem_per_rank": [r["act_mem"] for r in per_rank],
@@ -298,7 +303,9 @@ def run(cfg: Config) -> dict[str, Any]:
         if predicted:
             print(f"memory per rank predicted: {', '.join(human_bytes(b) for b in predicted)}"
                   f"{' (stage by stage)' if len(predicted) > 1 else ''}; measured in the run's second step", flush=True)
-    meta = {**identity, "plan": par.plan.to_dict(), "run": begin.run, "optimizer": settings.optimizer.name}
+    # the precision is recorded, not matched: the masters are fp32 in both, so a run resumes in either
+    meta = {**identity, "plan": par.plan.to_dict(), "run": begin.run, "optimizer": settings.optimizer.name,
+            "precision": settings.precision.name}
 
     start = 0
     if begin.path is not None:

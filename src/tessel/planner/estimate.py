@@ -8,7 +8,8 @@ send its size):
     dp.dense  2(dp-1)/dp · (parameters of the stage's tp shard, tables served by rows excluded) · elem (2: bf16, asked)
     pp        micro-batches · (boundary activations out + gradients back, this rank's tp block) · elem
     tp        micro-batches · Σ linears of the stage (tessel.tensor.cost.linear_traffic) · elem
-    tp.head   the head's linear (1-D/2-D/3-D) and the vocabulary-parallel loss, per micro-batch (last stage)
+    tp.head   the head's linear (1-D/2-D/3-D), per micro-batch (last stage)
+    tp.loss   the vocabulary-parallel loss's per-row max, sum and target logit (fp32), per micro-batch (last stage)
     tp.embed  the token table's gathers, reduce-scatters or all-reduce, per micro-batch (first stage)
     tp.norm   LayerNorms over features cut by the grid, per micro-batch
     tp.grads  once per step: row-replicated pieces' gradients summed, and the fp64 squared norm
@@ -98,20 +99,22 @@ def _out_share(profile: Profile, plan: ParallelPlan) -> list[float]:
     return profile.shard_out(plan.tp_mode, plan.tp_grid)
 
 
-# channels that carry fp32 whatever the compute dtype: norm statistics (and gradient sums, priced on their own)
-FULL_WIDTH = ("tp.norm",)
+# channels that carry fp32 whatever the compute dtype: norm and loss statistics (and gradient sums, priced on
+# their own)
+FULL_WIDTH = ("tp.norm", "tp.loss")
 
 
 def _width(channel: str, profile: Profile, wire: int) -> int:
     """Bytes per element a tensor-parallel channel carries: activations and GEMM partial sums at the wire width
-    (bf16 under mixed precision), norm statistics at the parameters' (tessel.tensor.ops, on widths)."""
+    (bf16 under mixed precision), norm and loss statistics at the parameters' (tessel.tensor.ops, on widths)."""
     return profile.elem if channel in FULL_WIDTH else wire
 
 
 def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float, topo: Topology, wire: int
                 ) -> tuple[dict[str, float], float]:
     """(channel -> elements this rank sends, seconds) for one micro-batch of ``rows`` tokens through ``layers``:
-    the linears (``tp``, the head's on ``tp.head``), the norms over split features, the token table, the loss."""
+    the linears (``tp``, the head's on ``tp.head``), the norms over split features, the token table, the loss
+    (``tp.loss``)."""
     if plan.tp == 1:
         return {}, 0.0
     shards = profile.tp_layers(plan.tp_mode, plan.tp_grid)

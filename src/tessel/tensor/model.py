@@ -108,7 +108,7 @@ class ShardedLoss:
         self.grid, self.layout = grid, layout
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        with ops.channel("tp.head"):
+        with ops.channel("tp.loss"):  # per-row statistics in fp32: a channel apart from the head's bf16 linear
             total = targets.numel()
             mine = rows_of(self.grid, targets, self.layout.rows, "targets").reshape(-1)
             return vocab_cross_entropy(logits.reshape(-1, logits.shape[-1]), mine, self.layout, self.grid, total)
@@ -116,7 +116,7 @@ class ShardedLoss:
     def traffic(self, rows: int, recompute: bool = False) -> list[tuple[str, str, float, int]]:
         """(channel, grid axis, elements sent, ring steps) per micro-batch of ``rows`` targets (tensor.cost); the
         loss is never recomputed."""
-        return [("tp.head", *t) for t in cost.loss_traffic(self.layout, self.grid.sizes, rows)]
+        return [("tp.loss", *t) for t in cost.loss_traffic(self.layout, self.grid.sizes, rows)]
 
 
 def tp_chain(chain: Chain, grid: Grid, layouts: list[Layout], first: Layout | None = None,
