@@ -515,3 +515,29 @@ def test_prepare_under_pp_and_tp_takes_a_precision(world2):
             if name == "pp2" and rank == 0:
                 # the first stage sends each micro-batch's (B/2, 16) activation: 2 bytes an element, not fp32's 4
                 assert pp == STEPS * 2 * (B // 2) * 16 * 2 and runs["fp32"][2] == 2 * pp, (pp, runs["fp32"][2])
+
+
+def test_the_issues_two_commands_run_as_written_and_print_their_bytes(world8, world4, tmp_path):
+    """``tessel train --train.precision bf16-mixed --dp 2 --pp 2 --tp 2`` and the same with ``--model lstm_lm
+    --model.softmax sampled --sparse ps --pp 2 --dp 2``, on tiny shapes: each runs, its summary says bf16-mixed
+    and prints its bytes per channel, and the stage cut's activations cross at 2 bytes an element."""
+    from tessel.train.metrics import format_summary
+    from trained import train as trained
+
+    steps = ["--steps", "2", "--metrics.progress", "log"]
+    tf = ["--model.dim", "16", "--model.layers", "2", "--model.heads", "2", "--vocab", "64", "--seq-len", "8",
+          "--batch", "8", *steps]
+    summary, _ = trained(world8, tmp_path, "--train.precision", "bf16-mixed", "--dp", "2", "--pp", "2", "--tp", "2",
+                         *tf, "--out", str(tmp_path / "tf"))
+    printed = format_summary(summary)  # what the rank logging the loss prints at the end
+    assert "dp=2 pp=2 tp=2 (world 8), bf16-mixed, 2 steps" in printed and "bytes per channel" in printed
+    # one micro-batch of (8/2 sequences x 8 tokens, 16 wide) a step, the 1-D residual whole on each tp rank: the
+    # first stage's ranks send it forward and the last's its gradient back, 2 bytes an element (fp32: 4)
+    assert summary["bytes"]["pp"]["sent_per_step_per_rank"] == (8 // 2) * 8 * 16 * 2, summary["bytes"]
+    lstm = ["--model", "lstm_lm", "--model.softmax", "sampled", "--model.num_sampled", "16", "--model.dim", "8",
+            "--model.hidden", "16", "--vocab", "200", "--seq-len", "4", "--batch", "8", *steps]
+    summary, _ = trained(world4, tmp_path, "--train.precision", "bf16-mixed", *lstm, "--sparse", "ps", "--pp", "2",
+                         "--dp", "2", "--out", str(tmp_path / "lstm"))
+    printed = format_summary(summary)
+    assert "dp=2 pp=2 tp=1 (world 4), bf16-mixed, 2 steps" in printed and "ps.pull" in printed
+    assert summary["precision"] == "bf16-mixed" and summary["bytes"]["ps.pull"]["sent_per_step_per_rank"] > 0

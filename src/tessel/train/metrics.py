@@ -214,7 +214,8 @@ def format_summary(s: dict[str, Any]) -> str:
     unit = s.get("unit", "tokens")
     lines = [
         "",
-        f"tessel run summary  ({s.get('model')}, {s.get('dims')}, {s['steps_run']} steps in {s['wall_time']:.1f} s)",
+        f"tessel run summary  ({s.get('model')}, {s.get('dims')}, {s.get('precision', 'fp32')}, {s['steps_run']} steps "
+        f"in {s['wall_time']:.1f} s)",
         f"  loss            {s['first_loss']:.4f} -> {s['final_loss']:.4f}" if s["first_loss"] is not None else "",
         f"  {unit}/s        {s['median_tokens_per_s']:.0f} (median over steps)",
         f"  step time       {s['median_step_time'] * 1000:.1f} ms (median)",
