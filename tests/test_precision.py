@@ -50,6 +50,9 @@ LAYOUTS = {
                     "train.micro_batches=2"],
     "dp2-pp2-ps": ["parallel.dp=2", "parallel.pp=2", "pipeline.split=2,2", "train.micro_batches=2",
                    "sparse.strategy=ps", "train.momentum=0"],
+    "dp2-tp2-ps": ["parallel.dp=2", "parallel.tp=2", "tensor.mode=1d", "sparse.strategy=ps", "train.momentum=0"],
+    "dp2-pp2-alltoall": ["parallel.dp=2", "parallel.pp=2", "pipeline.split=2,2", "train.micro_batches=2",
+                         "sparse.strategy=alltoall", "train.momentum=0"],
     # dp gradients reduced in bf16 (asked for): tessel's DDP hook, FSDP's reduce-scatter, a pipeline's step tail
     # (torch's own bf16 hook runs on NCCL only)
     "dp2-bf16-reduce": ["parallel.dp=2", "sparse.strategy=dense", "parallel.grad_reduce=bf16"],
@@ -115,8 +118,12 @@ def run(overrides: list[str], precision: str):
     if par.tables:
         from tessel import sparse
 
+        # under tp a served token table is this tp rank's vocabulary rows (from lo), served over the dp group
+        from tessel.tensor.layers import TPEmbedding
+
+        first = {id(m.table): m.lo for m in par.module.modules() if isinstance(m, TPEmbedding) and m.table is not None}
         for n, t in par.tables.tables.items():
-            local[f"{n}.weight"] = (sparse.full_table(t), None)
+            local[f"{n}.weight"] = (sparse.full_table(t), ("rows", first[id(t)]) if id(t) in first else None)
     last = par.engine.computes_loss
     return (losses if last else None), local, sent, par.shards.grid.coords if par.shards else None, plan.tp_mode
 
@@ -127,6 +134,8 @@ def _blocks(full: torch.Tensor, split, coords, mode, shape):
 
     if split is None:
         return full
+    if isinstance(split, tuple):  # ("rows", lo): a served table's vocabulary rows from lo, as many as shape says
+        return full[split[1]:split[1] + shape[0]]
     grid = Grid(GridSpec(mode, shape))
     grid.coords = coords
     return grid.local(full, split)
@@ -147,7 +156,8 @@ def test_bf16_mixed_equals_one_process_in_bf16_mixed_within_bf16s_rounding(world
     _check(world2, layout)
 
 
-@pytest.mark.parametrize("layout", ["tp4-3d", "dp2-pp2-ps", "dp2-pp2-bf16-reduce"])
+@pytest.mark.parametrize("layout", ["tp4-3d", "dp2-pp2-ps", "dp2-pp2-alltoall", "dp2-tp2-ps",
+                                    "dp2-pp2-bf16-reduce"])
 def test_bf16_mixed_on_4_ranks(world4, layout):
     _check(world4, layout)
 
@@ -166,7 +176,7 @@ def _check(world, layout):
             worst = max(abs(a - b) for a, b in zip(losses, ref_losses))
             assert worst <= tol_loss, (layout, losses, ref_losses, tol_loss)
         for n, (t, split) in local.items():
-            mine = _blocks(ref_weights[n], split, coords, mode, shape)
+            mine = _blocks(ref_weights[n], split, coords, mode, t.shape if isinstance(split, tuple) else shape)
             assert float((t - mine).abs().max()) <= tol_w, (layout, n, float((t - mine).abs().max()), tol_w)
 
 
