@@ -574,6 +574,19 @@ def test_every_scenario_cell_is_a_valid_train_command_line():
                 assert cfg.model.name, (scn.name, model, strategy)
 
 
+def _judged_rows() -> list[dict]:
+    """Two cells of a plan check, 3 rounds each: cell a's pick 1.104x its best in every round (a miss), b's the
+    best."""
+    def row(model, rank, predicted, times):
+        return {"model": model, "hosts": 4, "rate": "1gbit", "rank": rank, "plan": f"plan{rank}",
+                "predicted": predicted, "compute": predicted, "comm": 0.0, "bubble": 0.0,
+                "measured": statistics.median(times), "runs": times, "rounds": dict(enumerate(times)),
+                "planning_s": 1.0, "bytes_predicted": {}, "bytes_measured": {}}
+
+    return [row("a", 1, 0.10, [0.1104, 0.1126, 0.1082]), row("a", 2, 0.11, [0.100, 0.102, 0.098]),
+            row("b", 1, 0.10, [0.100, 0.102, 0.098]), row("b", 2, 0.11, [0.120, 0.121, 0.119])]
+
+
 def test_the_pick_is_judged_against_ten_percent_by_its_paired_interval():
     """1.104x slower in every round: a miss (the interval excludes 1.10), though it prints as 1.10x; rounds that
     straddle 1.10 are not distinguishable; one round is judged on its point and says so. The headline counts
@@ -585,20 +598,32 @@ def test_the_pick_is_judged_against_ten_percent_by_its_paired_interval():
     assert plan_check.judge_pick({0: 0.101, 1: 0.104, 2: 0.099}, best)[1] == "within"
     assert plan_check.judge_pick({0: 0.1104}, {0: 0.1})[1] == "miss (1 round)"
 
-    def row(model, rank, predicted, times):
-        return {"model": model, "hosts": 4, "rate": "1gbit", "rank": rank, "plan": f"plan{rank}",
-                "predicted": predicted, "compute": predicted, "comm": 0.0, "bubble": 0.0,
-                "measured": statistics.median(times), "runs": times, "rounds": dict(enumerate(times)),
-                "planning_s": 1.0, "bytes_predicted": {}, "bytes_measured": {}}
-
-    rows = [row("a", 1, 0.10, [0.1104, 0.1126, 0.1082]), row("a", 2, 0.11, [0.100, 0.102, 0.098]),
-            row("b", 1, 0.10, [0.100, 0.102, 0.098]), row("b", 2, 0.11, [0.120, 0.121, 0.119])]
+    rows = _judged_rows()
     text = plan_check.markdown(rows, "tessel bench plan")
     assert "1 within, 1 miss, of 2 cells" in text
     assert "| a, 4 hosts, 1gbit | 2 of 2 |" in text and "1.10x (1.10–1.10): miss |" in text
     before = plan_check.markdown(rows, "tessel bench plan", ("tessel bench plan --repeats 3", rows[2:]))
     assert "The previous run (`tessel bench plan --repeats 3`): median absolute error" in before
     assert "1 within, of 1 cells." in before
+
+
+def test_bench_plan_keeps_the_previous_run_beside_the_new_one(tmp_path, monkeypatch, capsys):
+    """A second `tessel bench plan` into the same folder moves the first's results.json to results-previous.json
+    (not overwritten, not deleted) and prints the first's headline under the new one's."""
+    rows = _judged_rows()
+    runs = iter([rows[2:], rows])  # the first invocation measured one cell, the second both
+    monkeypatch.setattr(plan_check, "run", lambda *a, **kw: next(runs))
+    monkeypatch.setattr(plan_check, "scatter", lambda rows, path: path)
+    argv = ["bench", "plan", "--models", "classifier", "--repeats", "3", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    first = json.loads((tmp_path / "results.json").read_text())
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert json.loads((tmp_path / plan_check.PREVIOUS).read_text()) == first
+    assert json.loads((tmp_path / "results.json").read_text())["rows"] == json.loads(json.dumps(rows))
+    printed = capsys.readouterr().out
+    assert "1 within, 1 miss, of 2 cells" in printed and "The previous run (`tessel bench plan" in printed
+    assert "1 within, of 1 cells." in printed
 
 
 def test_memory_search_brackets_the_largest_depth_from_the_hosts_peaks(monkeypatch, tmp_path):
