@@ -44,8 +44,8 @@ MEANS_PEAK_BYTES = 40
 
 
 def _check_machine(cfg: Config) -> None:
-    """What the config cannot know alone: the backend this torch build has, the link rate the emulated cluster
-    passes in the environment, output folders it may write."""
+    """What the config cannot know alone: the backend this torch build has and the GPUs its local workers need, the
+    link rate the emulated cluster passes in the environment, output folders it may write."""
     if cfg.parallel.backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
         raise ConfigError("parallel.backend 'nccl' needs CUDA GPUs and a CUDA build of torch; this one has none; "
                           "valid here: auto, gloo")
@@ -53,8 +53,8 @@ def _check_machine(cfg: Config) -> None:
         raise ConfigError("parallel.device 'cuda' needs a CUDA GPU and a CUDA build of torch; this one has none; "
                           "valid here: auto, cpu")
     backend = default_backend() if cfg.parallel.backend == "auto" else cfg.parallel.backend
-    gpus = torch.cuda.device_count() if backend == "nccl" else 0
-    if backend == "nccl" and cfg.nproc > gpus:  # NCCL refuses two ranks on one device, and only once all started
+    # NCCL refuses two ranks on one device, and only once every worker has started
+    if backend == "nccl" and cfg.nproc > (gpus := torch.cuda.device_count()):
         said = "'nccl'" if cfg.parallel.backend == "nccl" else "'auto' (nccl on this CUDA machine)"
         raise ConfigError(f"parallel.backend {said} gives each local worker a GPU of its own, and {cfg.nproc} workers "
                           f"were asked for on a host with {gpus}; valid: parallel.nproc <= {gpus}, or parallel.backend "
