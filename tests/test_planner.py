@@ -386,7 +386,8 @@ def test_calibration_trial_on_a_world_gives_a_topology(world4):
     assert out[0] == out[3] and len(out[0]["ranks"]) == 4
     # each rank times its share of the batch (as 4 data-parallel ranks hold it), in as many micro-batches as divide it
     assert out[0]["samples"] * 4 == out[0]["batch"] and out[0]["samples"] % out[0]["micro"] == 0
-    assert {k for k, _ in out[0]["collectives"]} == {"all_reduce", "all_gather", "all_to_all"}
+    assert {k for k, _ in out[0]["collectives"]} == {"all_reduce", "all_gather", "all_to_all", "reduce_scatter", "p2p"}
+    assert {n for _, n in out[0]["collectives"]} == {16 << 10, 4 << 20}  # two sizes of every kind
     profile = measure(job_of(load_config(None, TINY["classifier"])), dps=(1,))
     cal = calibrate.fit(out[0], profile)
     topo = cal.apply(planner.Topology(ranks=4, hosts=2, link_mbit=1000))
@@ -397,17 +398,19 @@ def test_calibration_trial_on_a_world_gives_a_topology(world4):
 def _made_up_trial(profile, speeds, per_micro, latency, mbit, samples=8):
     """A trial record as ranks with these speeds, this per-micro-batch cost and this link would time it: steps
     from the planner's price, collectives from the ring formulas written out here (all-reduce: 2(n-1) steps
-    sending 2(n-1)/n of the tensor; all-gather and all-to-all: n-1 steps sending (n-1)/n of it)."""
+    sending 2(n-1)/n of the tensor; all-gather, all-to-all and reduce-scatter: n-1 steps sending (n-1)/n of it; a
+    pipeline's exchange: 1 step sending the whole message)."""
     from tessel.planner import calibrate
 
     n, ranks = len(speeds), []
     for i, speed in enumerate(speeds):
         coll = {}
-        for kind, factor in (("all_reduce", 2), ("all_gather", 1), ("all_to_all", 1)):
+        for kind, steps, share in (("all_reduce", 2 * (n - 1), 2 * (n - 1) / n), ("all_gather", n - 1, (n - 1) / n),
+                                   ("all_to_all", n - 1, (n - 1) / n), ("reduce_scatter", n - 1, (n - 1) / n),
+                                   ("p2p", 1, 1.0)):
             for nbytes in (16 << 10, 4 << 20):
                 slow = 1.0 if i == 0 else 0.5  # rank 0 is the slowest; the fit takes each collective's worst
-                coll[f"{kind}:{nbytes}"] = slow * (factor * (n - 1) * latency
-                                                    + factor * (n - 1) / n * nbytes * 8 / (mbit * 1e6))
+                coll[f"{kind}:{nbytes}"] = slow * (steps * latency + share * nbytes * 8 / (mbit * 1e6))
         ranks.append({"whole": calibrate.predicted_step(profile, samples, 1) / speed,
                       "many": calibrate.predicted_step(profile, samples // 4, 4) / speed + 3 * per_micro,
                       "collectives": coll, "overlap": 0.25 + 0.1 * i, "seconds": 1.0 + i, "setup": 0.5})

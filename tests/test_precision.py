@@ -20,8 +20,9 @@ A dropped gradient, a wrong scale or a stale weight moves a run by a share of th
 SGD, whose update is linear in the gradient, a learning rate 10% off moves the one-process weights 23-27x and its
 losses 35-200x further than bf16 does (measured on these cases), and the distributed run with it lands at 5.3-9.7x
 the bound in weights and 9.1-23x in loss, where the runs as they are stay at 0.17-0.40 of it (dp2, dp2-ps, pp2,
-tp2 1-D, 3-D, dp2 x tp2 with ps; 2026-12-06, on the AVX2 machine above). An optimizer that normalizes (Adam, Adagrad) turns
-the rounding of a tiny gradient into a sign flip of a whole step, which would hide a bug of that size: SGD here.
+tp2 1-D, 3-D, dp2 x tp2 with ps; 2026-12-06, on the AVX2 machine above). An optimizer that normalizes (Adam,
+Adagrad) turns the rounding of a tiny gradient into a sign flip of a whole step, which would hide a bug of that size:
+SGD here.
 """
 
 from unittest import mock

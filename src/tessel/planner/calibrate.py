@@ -14,7 +14,11 @@ estimate reads:
   fraction of the share, per extra micro-batch (autograd set-up, the loss, the runtime's bookkeeping), at the
   fitted speed;
 - ``latency`` and ``rate_mbit``: ``seconds = steps · latency + bytes sent · 8 / rate`` fitted by least squares
-  over an all-reduce, an all-gather and an all-to-all at two sizes each (the slowest rank's seconds);
+  over every kind the candidates use, at two sizes each (the slowest rank's seconds): an all-reduce (DDP, the tail's
+  sums, 1-D tp), an all-gather (FSDP's gathers, 2-D/3-D tp), an all-to-all (the tables), a reduce-scatter (FSDP's
+  and 3-D tp's, which :func:`tessel.comm.reduce_scatter` runs as an all-to-all and a local sum) and a pipeline's
+  point-to-point exchange (each rank sends to the next and receives from the one before, as stages do in 1F1B's
+  steady state);
 - ``overlap`` as the probe measures it.
 
 Run on every rank (``tessel train --plan auto --plan.trial true``, ``tessel plan --trial`` on local workers,
@@ -75,7 +79,10 @@ class Calibration:
 
 def _ring(kind: str, n: int, nbytes: int) -> tuple[int, float]:
     """(latency steps, bytes one rank sends) of one collective over ``n`` ranks on a tensor of ``nbytes``
-    (the all-gather's output, the all-to-all's whole send buffer), as :mod:`tessel.comm` counts them."""
+    (the all-gather's output, the all-to-all's whole send buffer, the reduce-scatter's input, the p2p message),
+    as :mod:`tessel.comm` counts them."""
+    if kind == "p2p":
+        return 1, float(nbytes)
     steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
     sent = (2 if kind == "all_reduce" else 1) * (n - 1) / n * nbytes
     return steps, sent
@@ -174,7 +181,19 @@ def _collectives(repeats: int) -> dict:
                                              repeats, a, w)
         out[f"all_gather:{nbytes}"] = _timed(partial(comm.all_gather_into, whole, part, "probe"), repeats, a, w)
         out[f"all_to_all:{nbytes}"] = _timed(partial(comm.all_to_all, whole.clone(), whole, "probe"), repeats, a, w)
+        out[f"reduce_scatter:{nbytes}"] = _timed(partial(comm.reduce_scatter, part.clone(), whole, "probe"),
+                                                 repeats, a, w)
+        out[f"p2p:{nbytes}"] = _timed(partial(_exchange, torch.zeros(nbytes // 4)), repeats, a, w)
     return out
+
+
+def _exchange(tensor: torch.Tensor) -> None:
+    """Send ``tensor`` to the next rank and receive one from the one before, together (a pipeline's boundary)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    works = comm.batch_isend_irecv([("send", tensor, (rank + 1) % n), ("recv", torch.empty_like(tensor),
+                                                                       (rank - 1) % n)], "probe")
+    for work in works:
+        work.wait()
 
 
 def run_trial(job: Job, repeats: int = 2) -> dict:
