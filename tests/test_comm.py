@@ -200,6 +200,25 @@ def test_stuck_peer_gives_comm_error_not_hang(world2):
     assert "rank 0" in msg and "all_reduce" in msg and "dp.dense" in msg and "timed out" in msg
 
 
+def check_patience():
+    dims = ParallelDims(dp=2, pp=1, tp=1, world_size=2)
+    group = build_mesh(dims, timeout=2).get_group("dp")
+    if dist.get_rank() == 0:
+        time.sleep(4)  # long work of one rank (the planner's profile): twice the group's timeout
+    with comm.patience(30, group):
+        got = comm.all_gather_object(dist.get_rank(), "meta", group)
+    after = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    with comm.patience(1, group):  # shorter than the group's own: left as it is
+        kept = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    return got, after, kept
+
+
+def test_patience_lets_a_collective_wait_out_one_ranks_long_work(world2):
+    """The wait for rank 0's plan outlasts the group's collective timeout, which is its own again afterwards."""
+    res = world2.run(check_patience)
+    assert res[0] == res[1] == ([0, 1], 2.0, 2.0)
+
+
 def test_parallel_dims_errors():
     with pytest.raises(PlanError, match=r"dp=2 x pp=1 x tp=1 = 2 do not match the world size 3"):
         ParallelDims(dp=2, pp=1, tp=1, world_size=3)

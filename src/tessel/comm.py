@@ -30,11 +30,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import traceback
 from collections import defaultdict
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -358,6 +360,31 @@ def batch_isend_irecv(ops: Sequence[tuple[str, torch.Tensor, int]], channel: str
     with guard("batch_isend_irecv", channel):
         works = dist.batch_isend_irecv(p2p) if p2p else []
     return [_Work(w, "batch_isend_irecv", channel, then) for w, then in zip(works, backs)]
+
+
+# seconds the other ranks wait out work one rank does for all (rank 0's planner profile, stage cut, memory
+# prediction, checkpoint hashes): on 4 hosts of half a core the planner's profile of the default model took 33.4 s,
+# past the collectives' own 30 s timeout
+ONE_RANKS_WORK = 900.0
+
+
+@contextlib.contextmanager
+def patience(seconds: float = ONE_RANKS_WORK, group=None):
+    """Collectives on ``group`` (the world by default) inside the block wait up to ``seconds`` (never less than the
+    group's own timeout), then the group's own timeout again. For a wait on one rank's long work: the group's
+    timeout is sized for a step's collectives, and a peer that dies still ends the wait at once (its connection
+    closes); only a stuck one takes the whole ``seconds``."""
+    pg = group or dist.group.WORLD
+    backend = pg._get_backend(device(group))
+    before = getattr(getattr(backend, "options", None), "_timeout", None)
+    if before is None or before.total_seconds() >= seconds:  # a backend without a settable timeout, or long enough
+        yield
+        return
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), pg)
+    try:
+        yield
+    finally:
+        dist.distributed_c10d._set_pg_timeout(before, pg)
 
 
 def barrier(channel: str = "meta", group=None) -> None:
