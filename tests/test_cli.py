@@ -427,7 +427,8 @@ _SUMMARY = {
     ("transformer_text", "1"): {**{v: "text-m1-grid-pipemare" for v in ("v1", "opt:1200", "v1:1200")},
                                 "opt": "text-m1-opt", "nag": "text-m1-nag"},
     ("transformer_text", "4"): {v: "text-m4-grid" for v in ("v1", "opt", "opt:1200", "nag")},
-    ("transformer_lm", "1"): {**{v: "zipf-m1-opt" for v in ("v1", "opt", "opt:1200", "v1:1200")}, "nag": "lm-m1-nag"},
+    ("transformer_lm", "1"): {"v1": "zipf-m1-v1-grid", **{v: "zipf-m1-opt" for v in ("opt", "opt:1200", "v1:1200")},
+                              "nag": "lm-m1-nag"},
     ("transformer_lm", "4"): {v: "zipf-m4-grid" for v in ("v1", "opt", "opt:1200", "v1:1200", "nag")},
 }
 
