@@ -387,6 +387,13 @@ def patience(seconds: float = ONE_RANKS_WORK, group=None):
         dist.distributed_c10d._set_pg_timeout(before, pg)
 
 
+def from_rank_0(obj, channel: str = "meta", group=None):
+    """Rank 0's JSON-serialisable ``obj`` on every rank of ``group``, where rank 0 made it alone (a plan, a stage
+    cut, a checkpoint search) and the others wait out that work (:func:`patience`)."""
+    with patience(group=group):
+        return all_gather_object(obj, channel, group)[0]
+
+
 def barrier(channel: str = "meta", group=None) -> None:
     """Wait for every rank of ``group``; moves no counted payload."""
     _run("barrier", channel, lambda: dist.barrier(group=group), False)

@@ -79,8 +79,7 @@ def _find_start(cfg: Config) -> Start:
                 answer = vars(Start(None, ""))
         except CheckpointError as e:
             answer = {"error": str(e)}
-    with comm.patience():  # the others wait out rank 0's reading and hashing
-        answer = comm.all_gather_object(answer, "meta")[0]
+    answer = comm.from_rank_0(answer)
     if "error" in answer:
         raise CheckpointError(answer["error"])
     return Start(**answer)
@@ -121,8 +120,7 @@ def _auto_plan(cfg: Config, world: int) -> ParallelPlan:
                                               cfg.plan.allow_async)
         print(planned.table(), flush=True)
         chosen = planned.best.plan.to_json()
-    with comm.patience():  # the others wait out rank 0's profile
-        return ParallelPlan.from_json(comm.all_gather_object(chosen, "meta")[0])
+    return ParallelPlan.from_json(comm.from_rank_0(chosen))
 
 
 def _plan_for_world(cfg: Config, world: int, settings: Settings) -> ParallelPlan:
@@ -178,8 +176,7 @@ def _predicted(cfg: Config, par: Parallelized, dataset) -> list[float] | None:
     wanted = cfg.metrics.memory or cfg.plan.memory_gib
     use = table_use(par.tables if wanted else None)
     mine = predicted_memory(cfg, par.plan, dataset, use) if dist.get_rank() == 0 and wanted else None
-    with comm.patience():  # the others wait out rank 0's profile
-        predicted = comm.all_gather_object(mine, "meta")[0]
+    predicted = comm.from_rank_0(mine)
     if cfg.plan.memory_gib:
         check_fits(par.plan, predicted, cfg.plan.memory_gib, held_beside(cfg, par.plan, dataset))
     return predicted

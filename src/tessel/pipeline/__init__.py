@@ -48,8 +48,7 @@ def cut(model: torch.nn.Module, chain: Chain, stages: int, sample: tuple[torch.T
     if dist.get_rank() == 0:
         with torch.random.fork_rng(devices=[]):  # the profile's draws (dropout, sampled candidates) leave no trace
             plan = plan_stages(model, chain, *sample, stages, given).to_dict()
-    with comm.patience():  # the others wait out rank 0's profile
-        return StagePlan.from_dict(comm.all_gather_object(plan, "meta")[0])
+    return StagePlan.from_dict(comm.from_rank_0(plan))
 
 
 __all__ = ["PipelineEngine", "Stage", "StagePlan", "TorchPipelineEngine", "check_model", "check_ties", "chunks",
