@@ -424,10 +424,10 @@ _SUMMARY = {
     ("classifier", "1"): {"v1": "classifier-opt-grid", "opt": "classifier-opt-grid",
                           "opt:1200": "classifier-opt-grid", "v1:1200": "classifier-m1-pipemare"},
     ("classifier", "4"): {"v1": "classifier-opt-grid", "opt": "classifier-opt-grid", "opt:1200": "classifier-opt-grid"},
-    ("transformer_text", "1"): {"v1": "text-m1-v1-grid", "opt:1200": "text-m1-grid-pipemare",
+    ("transformer_text", "1"): {"v1": "text-m1-grid", "opt:1200": "text-m1-grid-pipemare",
                                 "v1:1200": "text-m1-grid-pipemare", "opt": "text-m1-opt", "nag": "text-m1-nag"},
     ("transformer_text", "4"): {v: "text-m4-grid" for v in ("v1", "opt", "opt:1200", "nag")},
-    ("transformer_lm", "1"): {"v1": "zipf-m1-v1-grid", **{v: "zipf-m1-opt" for v in ("opt", "opt:1200", "v1:1200")},
+    ("transformer_lm", "1"): {"v1": "zipf-m1-grid", **{v: "zipf-m1-opt" for v in ("opt", "opt:1200", "v1:1200")},
                               "nag": "lm-m1-nag"},
     ("transformer_lm", "4"): {v: "zipf-m4-grid" for v in ("v1", "opt", "opt:1200", "v1:1200", "nag")},
 }
