@@ -355,17 +355,20 @@ def _selective(model, chain, x, y) -> list[int]:
                                     memory=True)]
 
 
-def _recompute_shares(model, chain, x, y, rounds: int = 3) -> list[dict]:
+def _recompute_shares(model, chain, x, y, rounds: int = 5) -> list[dict]:
     """Per chain layer, recompute kind -> the share of the layer's time at this micro-batch that running it
-    recomputed adds: the layers timed plain and under each kind in turn, ``rounds`` times, the fastest of each
-    kept (single timings here varied 2x between equal blocks), and equal layers (same modules, shapes, input)
-    timed as one."""
+    recomputed adds: the layers timed plain and under each kind in turn (the order reversed every other round),
+    ``rounds`` times, the fastest of each kept (single timings here varied 2x between equal blocks), and equal
+    layers (same modules, shapes, input) timed as one. One run a round (a fast layer still gets 20 ms of them),
+    warmed in the first round only: the fastest over runs seconds apart is what guards against this machine's
+    slow spells, and three back-to-back runs a round, each call warmed, cost 1.7-2.0x as much on the Transformers
+    and the LSTM, for shares no narrower (docs/benchmarks.md, "The profile's recompute shares")."""
     kinds = {"none": chain, "layers": recomputed(chain, model),
              "selective": recomputed(chain, model, keep_matmuls=True)}
     best: dict[str, list[float]] = {}
-    for _ in range(rounds):
-        for kind, c in kinds.items():
-            secs = [cost.seconds for cost in profile(model, c, x, y, repeats=3, reuse=True)]
+    for r in range(rounds):
+        for kind in kinds if r % 2 == 0 else list(kinds)[::-1]:
+            secs = [cost.seconds for cost in profile(model, kinds[kind], x, y, repeats=1, reuse=True, warm=r == 0)]
             best[kind] = [min(a, b) for a, b in zip(best[kind], secs)] if kind in best else secs
     # never cheaper for recomputing
     return [{k: max(best[k][i] / base - 1, 0.0) if base > 0 else 0.0 for k in ("layers", "selective")}
