@@ -1,5 +1,6 @@
-"""The profile's recompute shares, before (3 rounds x 3 runs, each call warmed) and after (5 rounds x 1 run, warmed
-once, order reversed every other round), alternating, N times each per model: seconds and the shares' spread.
+"""The profile's recompute shares, before (each kind's fastest of 3 rounds x 3 runs, each call warmed) and after (the
+installed tessel's: the median of 5 rounds' ratios to the round's plain run, one run each, warmed once, the order
+reversed every other round), alternating, N times each per model: seconds and the shares' spread.
 
     python bench/plan-profile-cost/shares.py 6 shares.json
 """

@@ -357,22 +357,27 @@ def _selective(model, chain, x, y) -> list[int]:
 
 def _recompute_shares(model, chain, x, y, rounds: int = 5) -> list[dict]:
     """Per chain layer, recompute kind -> the share of the layer's time at this micro-batch that running it
-    recomputed adds: the layers timed plain and under each kind in turn (the order reversed every other round),
-    ``rounds`` times, the fastest of each kept (single timings here varied 2x between equal blocks), and equal
-    layers (same modules, shapes, input) timed as one. One run a round (a fast layer still gets 20 ms of them),
-    warmed in the first round only: the fastest over runs seconds apart is what guards against this machine's
-    slow spells, and three back-to-back runs a round, each call warmed, cost 1.7-2.0x as much on the Transformers
-    and the LSTM, for shares no narrower (docs/benchmarks.md, "The profile's recompute shares")."""
+    recomputed adds. Each round times the layers plain and under each kind in turn (the order reversed every other
+    round), one run each (a fast layer still gets 20 ms of them; warmed in the first round only), and takes each
+    kind's ratio to the plain run of the same round: runs a fraction of a second apart share this machine's
+    spells (seconds long, up to 1.9x slower), so a round's ratio holds where single timings varied 2x between
+    equal blocks. A layer's share is the median of the rounds' ratios, and equal layers (same modules, shapes,
+    input) are timed as one. Each kind's fastest run over the rounds instead let a slow spell through into the
+    share: 0.04 and 0.54 for a Transformer block of about 0.3 over these rounds, 0.20 for an LSTM block of about 0.9
+    over 3 rounds of 3 runs with each call warmed, which also cost 1.7-2.0x as much (docs/benchmarks.md, "The
+    profile's recompute shares")."""
     kinds = {"none": chain, "layers": recomputed(chain, model),
              "selective": recomputed(chain, model, keep_matmuls=True)}
-    best: dict[str, list[float]] = {}
+    ratios: dict[str, list[list[float]]] = {"layers": [], "selective": []}
     for r in range(rounds):
+        secs = {}
         for kind in kinds if r % 2 == 0 else list(kinds)[::-1]:
-            secs = [cost.seconds for cost in profile(model, kinds[kind], x, y, repeats=1, reuse=True, warm=r == 0)]
-            best[kind] = [min(a, b) for a, b in zip(best[kind], secs)] if kind in best else secs
+            secs[kind] = [c.seconds for c in profile(model, kinds[kind], x, y, repeats=1, reuse=True, warm=r == 0)]
+        for kind, per_round in ratios.items():
+            per_round.append([t / base - 1 if base > 0 else 0.0 for t, base in zip(secs[kind], secs["none"])])
     # never cheaper for recomputing
-    return [{k: max(best[k][i] / base - 1, 0.0) if base > 0 else 0.0 for k in ("layers", "selective")}
-            for i, base in enumerate(best["none"])]
+    return [{k: max(statistics.median(rnd[i] for rnd in ratios[k]), 0.0) for k in ratios}
+            for i in range(len(chain.layers))]
 
 
 def _steady(points: dict[int, float]) -> dict[int, float]:
