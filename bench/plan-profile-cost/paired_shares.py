@@ -106,7 +106,7 @@ def report(priced: dict, profiles: dict) -> None:
     cells = len(priced)
     for label, met in goals.items():
         print(f"{label} shares: cells meeting median <= 10%: {met[0]}, worst <= 30%: {met[1]}, Spearman >= 0.8: "
-              f"{met[2]}, pick within 10% (1 round's means): {met[3]}, of {cells}")
+              f"{met[2]}, pick within 10% (the rounds' medians): {met[3]}, of {cells}")
     print(f"candidates whose price moved: {moved} of {sum(len(g) for g in priced.values())}")
 
 
