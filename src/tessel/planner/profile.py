@@ -357,15 +357,11 @@ def _selective(model, chain, x, y) -> list[int]:
 
 def _recompute_shares(model, chain, x, y, rounds: int = 5) -> list[dict]:
     """Per chain layer, recompute kind -> the share of the layer's time at this micro-batch that running it
-    recomputed adds. Each round times the layers plain and under each kind in turn (the order reversed every other
-    round), one run each (a fast layer still gets 20 ms of them; warmed in the first round only), and takes each
-    kind's ratio to the plain run of the same round: runs a fraction of a second apart share this machine's
-    spells (seconds long, up to 1.9x slower), so a round's ratio holds where single timings varied 2x between
-    equal blocks. A layer's share is the median of the rounds' ratios, and equal layers (same modules, shapes,
-    input) are timed as one. Each kind's fastest run over the rounds instead let a slow spell through into the
-    share: 0.04 and 0.54 for a Transformer block of about 0.3 over these rounds, 0.20 for an LSTM block of about 0.9
-    over 3 rounds of 3 runs with each call warmed, which also cost 1.7-2.0x as much (docs/benchmarks.md, "The
-    profile's recompute shares")."""
+    recomputed adds: the median over ``rounds`` of each round's ratio to that round's plain run. A round times the
+    layers plain and under each kind in turn, one run each (the order reversed every other round; warmed in the
+    first round only), so a ratio is taken within one of this machine's slow spells (seconds long, up to 1.9x)
+    rather than across them, as each kind's fastest run was (docs/benchmarks.md, "The profile's recompute
+    shares"). Equal layers (same modules, shapes, input) are timed as one."""
     kinds = {"none": chain, "layers": recomputed(chain, model),
              "selective": recomputed(chain, model, keep_matmuls=True)}
     ratios: dict[str, list[list[float]]] = {"layers": [], "selective": []}
