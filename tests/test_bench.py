@@ -607,6 +607,23 @@ def test_the_pick_is_judged_against_ten_percent_by_its_paired_interval():
     assert "1 within, of 1 cells." in before
 
 
+def test_plan_report_gives_the_cells_own_floor_from_half_its_rounds_against_the_other_half():
+    """With 4 rounds or more a cell's report adds what a perfect predictor scores there: each candidate's median
+    over rounds 0, 2, ... as the prediction of its median over rounds 1, 3, ...; with 3 rounds (cells a and b of
+    the fixture) it cannot, and says nothing."""
+    assert "own floor" not in plan_check.markdown(_judged_rows(), "tessel bench plan")
+    rows = [*_judged_rows()[:2], {**_judged_rows()[3], "model": "a", "rank": 3}]
+    rows[0]["rounds"] = {0: 0.110, 1: 0.121, 2: 0.112, 3: 0.121, 4: 0.114, 5: 0.121}  # halves 0.112 and 0.121
+    rows[1]["rounds"] = {0: 0.100, 1: 0.090, 2: 0.100, 3: 0.095, 4: 0.101, 5: 0.090}  # halves 0.100 and 0.090
+    rows[2]["rounds"] = {k: 0.200 for k in range(6)}  # halves 0.200 and 0.200; the order kept in both halves
+    errors = sorted([abs(0.112 - 0.121) / 0.121, abs(0.100 - 0.090) / 0.090, 0.0])
+    text = plan_check.markdown(rows, "tessel bench plan --repeats 6")
+    row = f"| a, 4 hosts, 1gbit | {errors[1]:.0%} | {errors[2]:.0%} | 1.00 |"
+    assert "own floor" in text and row in text, text
+    rows[1]["rounds"] = {0: 0.100, 1: 0.090, 2: 0.100}  # one candidate with 3 rounds: no floor for the cell
+    assert "own floor" not in plan_check.markdown(rows, "tessel bench plan")
+
+
 def test_bench_plan_keeps_the_previous_run_beside_the_new_one(tmp_path, monkeypatch, capsys):
     """A second `tessel bench plan` into the same folder moves the first's results.json to results-previous.json
     (not overwritten, not deleted) and prints the first's headline under the new one's."""

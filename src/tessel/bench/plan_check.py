@@ -272,6 +272,26 @@ def _pick(rs: list[dict]) -> tuple[Ratio | None, str]:
     return judge_pick(_rounds(pick), _rounds(min(ok, key=lambda r: r["measured"])))
 
 
+def floor(rs: list[dict]) -> tuple[float, float, float] | None:
+    """What a perfect predictor scores on a cell: each candidate's median over its even rounds taken as the
+    prediction of its median over its odd rounds, judged as the planner is (median and worst absolute error,
+    Spearman). The two halves interleave, so the machine's drift over the invocation falls in both; a goal this
+    misses cannot be told from noise at half the cell's rounds. None with fewer than 4 rounds on some candidate.
+
+    >>> rows = [{"measured": 1.1, "rounds": {0: 1.0, 1: 1.2, 2: 1.0, 3: 1.2}},   # even 1.0 against odd 1.2: 1/6
+    ...         {"measured": 2.0, "rounds": {0: 2.0, 1: 2.0, 2: 2.0, 3: 2.0}},   # 0
+    ...         {"measured": 3.1, "rounds": {0: 3.3, 1: 3.0, 2: 3.3, 3: 3.0}}]   # 0.3 over 3.0: 0.1
+    >>> [round(v, 3) for v in floor(rows)]
+    [0.1, 0.167, 1.0]
+    """
+    ok = [r for r in rs if r["measured"]]
+    if not ok or min(len(_rounds(r)) for r in ok) < 4:
+        return None
+    halves = [[statistics.median(t for k, t in sorted(_rounds(r).items())[h::2]) for r in ok] for h in (0, 1)]
+    errs = [abs(p - m) / m for p, m in zip(*halves)]
+    return statistics.median(errs), max(errs), _spearman(*halves)
+
+
 def headline(rows: list[dict], who: str = "Over all cells") -> str:
     """Median and worst absolute error over every candidate, and the picks counted by verdict."""
     errors = [abs(r["predicted"] - r["measured"]) / r["measured"] for r in rows if r["measured"]]
@@ -317,6 +337,7 @@ def markdown(rows: list[dict], command: str, previous: tuple[str, list[dict]] | 
                "bytes exact | planning s |", "|---|---|---|---|---|---|---|---|"]
     detail = ["| cell | rank | plan | predicted ms (compute / comm / bubble) | measured ms (runs) | error | bytes |",
               "|---|---|---|---|---|---|---|"]
+    floors: list[str] = []
     for name, rs in _cells(rows):
         ok = [r for r in rs if r["measured"]]
         errs = [abs(r["predicted"] - r["measured"]) / r["measured"] for r in ok]
@@ -328,6 +349,13 @@ def markdown(rows: list[dict], command: str, previous: tuple[str, list[dict]] | 
         summary.append(f"| {name} | {len(ok)} of {len(rs)} | {med} | {worst} | {rho:.2f} | {vs} | "
                        f"{sum(exact)} of {len(exact)} | {rs[0]['planning_s']:.1f} |")
         detail += [_detail(name, r) for r in rs]
+        if (f := floor(rs)) is not None:
+            floors.append(f"| {name} | {f[0]:.0%} | {f[1]:.0%} | {f[2]:.2f} |")
+    if floors:
+        summary += ["", "The measurement's own floor: each candidate's median over its even rounds taken as a perfect "
+                    "prediction of its median over its odd rounds (a goal this misses cannot be told from noise at "
+                    "half the rounds).", "", "| cell | median abs error | worst abs error | Spearman |",
+                    "|---|---|---|---|", *floors]
     return "\n".join(lines + summary + ["", *detail]) + "\n"
 
 
