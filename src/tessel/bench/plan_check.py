@@ -276,7 +276,8 @@ def floor(rs: list[dict]) -> tuple[float, float, float] | None:
     """What a perfect predictor scores on a cell: each candidate's median over its even rounds taken as the
     prediction of its median over its odd rounds, judged as the planner is (median and worst absolute error,
     Spearman). The two halves interleave, so the machine's drift over the invocation falls in both; a goal this
-    misses cannot be told from noise at half the cell's rounds. None with fewer than 4 rounds on some candidate.
+    misses cannot be told from noise at half the cell's rounds. None where some candidate has fewer than 2 rounds of
+    either parity.
 
     >>> rows = [{"measured": 1.1, "rounds": {0: 1.0, 1: 1.2, 2: 1.0, 3: 1.2}},   # even 1.0 against odd 1.2: 1/6
     ...         {"measured": 2.0, "rounds": {0: 2.0, 1: 2.0, 2: 2.0, 3: 2.0}},   # 0
@@ -284,10 +285,10 @@ def floor(rs: list[dict]) -> tuple[float, float, float] | None:
     >>> [round(v, 3) for v in floor(rows)]
     [0.1, 0.167, 1.0]
     """
-    ok = [r for r in rs if r["measured"]]
-    if not ok or min(len(_rounds(r)) for r in ok) < 4:
+    parts = [[[t for k, t in _rounds(r).items() if k % 2 == h] for h in (0, 1)] for r in rs if r["measured"]]
+    if not parts or min(len(half) for p in parts for half in p) < 2:
         return None
-    halves = [[statistics.median(t for k, t in sorted(_rounds(r).items())[h::2]) for r in ok] for h in (0, 1)]
+    halves = [[statistics.median(p[h]) for p in parts] for h in (0, 1)]
     errs = [abs(p - m) / m for p, m in zip(*halves)]
     return statistics.median(errs), max(errs), _spearman(*halves)
 
