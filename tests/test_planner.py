@@ -467,6 +467,35 @@ def test_per_micro_batch_cost_is_priced_per_stage_slot():
         assert math.isclose(got[1] - got[0], slots * 0.01, rel_tol=1e-6), (plan.describe(), got)
 
 
+def test_a_ddp_step_pays_the_ring_latency_once_per_bucket_ddp_makes():
+    """DDP all-reduces a whole model's gradients bucket by bucket and each all-reduce pays the ring's 2(dp - 1)
+    latency steps, so the estimate's latency is that per bucket, with the count torch's own bucket assignment
+    (the function DDP calls when it rebuilds its buckets) makes of the parameters in reverse. With full overlap
+    only the last bucket's stays exposed; a pipeline's stage sums its gradients as one flat buffer, one latency."""
+    import torch.distributed as dist
+
+    cfg = load_config(None, TINY["transformer_lm"])
+    job, settings = job_of(cfg), settings_of(cfg)
+    profile = measure(job, dps=(1,))
+    params = [p for p in job.build().parameters() if p.requires_grad]
+    counts = []
+    for mb in (0.01, 0.04, 25.0):
+        cap = int(mb * 2**20)
+        buckets = len(dist._compute_bucket_assignment_by_size(list(reversed(params)), [cap], [False] * len(params))[0])
+        counts.append(buckets)
+        plan = ParallelPlan(dp=4, bucket_mb=mb)
+        for overlap, lat, exposed in ((0.0, 1e-3, buckets), (1.0, 1e-7, 1)):
+            slow, fast = (estimate(plan, settings, profile, planner.Topology(
+                ranks=4, hosts=4, link_mbit=1e9, latency=latency, overlap=overlap)).step for latency in (lat, 0.0))
+            tail = 2 * 2 * 3  # the step's last world collectives (the gradient norm, the loss), 3 ring steps each way
+            assert math.isclose(slow - fast, (exposed * 2 * 3 + tail) * lat, rel_tol=1e-6, abs_tol=1e-12)
+    assert counts[0] > counts[1] > counts[2] == 1, counts
+    topo = planner.Topology(ranks=4, hosts=4, link_mbit=1e9, latency=1e-3, overlap=0.0)
+    pipes = [estimate(ParallelPlan(dp=2, pp=2, micro_batches=2, bucket_mb=mb), settings, profile, topo) for mb in
+             (0.01, 25.0)]
+    assert pipes[0].step == pipes[1].step  # no buckets there: one flat buffer per stage, whatever DDP's size
+
+
 def test_sharded_gathers_lengthen_every_stage_slot():
     """FSDP gathers a unit's weights before each micro-batch's forward and backward and gloo runs them one at a time,
     so they lengthen that stage's slot: in a flushed pipeline every stage's gathers delay the first micro-batch's

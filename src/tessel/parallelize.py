@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from . import buckets as bucket_rule
 from . import comm, pipeline, sparse, tensor
 from .chain import Chain, Runner, chain_of, recomputed
 from .errors import PlanError
@@ -51,21 +52,15 @@ def replicate_from_first(module: torch.nn.Module, group) -> None:
             comm.broadcast(t.data, src, "dp.init", group=group)
 
 
-TORCH_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
-
-
 def auto_bucket_mb(model: torch.nn.Module, buckets: int = 8) -> float:
-    """A bucket size that cuts the model's gradients into about ``buckets`` all-reduces.
-
-    DDP's 25 MB default puts a model of a few tens of MB into one or two buckets, and a bucket is only sent
-    when its last gradient exists, so nearly all traffic waits for the end of the backward pass. Smaller
-    buckets start sending while the backward pass goes on; below ~1 MB per-collective latency dominates.
+    """The bucket size tessel's DDP asks for: ``model``'s gradients cut into about ``buckets`` all-reduces
+    (:func:`tessel.buckets.auto_mb`).
 
     >>> auto_bucket_mb(torch.nn.Linear(1024, 4096))  # 16 MiB of fp32 weights
     2.0
     """
-    total = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
-    return float(min(TORCH_BUCKET_MB, max(1.0, round(total / buckets))))
+    return bucket_rule.auto_mb(sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
+                               buckets)
 
 
 # buffers are not broadcast before each forward (replicate_from_first made them equal; the models keep none that
@@ -86,7 +81,7 @@ def apply_ddp(model: torch.nn.Module, dp_group, bucket_mb: float = 0.0, *, hook:
     """
     device_ids = [torch.cuda.current_device()] if next(model.parameters()).is_cuda else None
     if not hook:
-        ddp = DDP(model, device_ids=device_ids, process_group=dp_group, bucket_cap_mb=bucket_mb or TORCH_BUCKET_MB)
+        ddp = DDP(model, device_ids=device_ids, process_group=dp_group, bucket_cap_mb=bucket_mb or bucket_rule.TORCH_MB)
         if reduce_dtype is not None:
             if dist.get_backend(dp_group) != "nccl":
                 raise PlanError(f"parallel.grad_reduce bf16 with parallel.ddp_comm torch: torch's own bf16 hook needs "

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .. import choices
+from .. import buckets, choices
 from ..pipeline.partition import balance
 from ..plan import ParallelPlan
 from ..settings import Settings
@@ -48,7 +48,6 @@ from .topology import Topology
 if TYPE_CHECKING:
     from ..sparse.served import TableUse
 
-DDP_BUCKETS = 8  # tessel's DDP cuts the gradients into about this many all-reduces (parallelize.auto_bucket_mb)
 
 
 @dataclass
@@ -255,10 +254,13 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     else:
         dp_bytes = [_ring(dp_size, p) * reduced for p in dense]
         dp_channels = {"dp.dense": max(dp_bytes)}
-        dp_s = max(dp_bytes) / topo.group_rate(dp_size, dp_stride) + (dp_size > 1) * 2 * (dp_size - 1) * topo.latency
+        # DDP (pp 1) all-reduces bucket by bucket, each paying the ring's latency; a stage's tail, one flat buffer
+        calls = _ddp_buckets(profile, plan, served) if plan.pp == 1 else 1
+        dp_s = (max(dp_bytes) / topo.group_rate(dp_size, dp_stride)
+                + (dp_size > 1) * calls * 2 * (dp_size - 1) * topo.latency)
         if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
             backward = 2 / 3 * compute
-            dp_s -= topo.overlap * min(dp_s * (1 - 1 / DDP_BUCKETS), backward)
+            dp_s -= topo.overlap * min(dp_s * (1 - 1 / calls), backward)
     comm_pipe, bubble = pipeline(plan, stage_compute, stage_forward, [w + g for w, g in zip(stage_work, gathers)],
                                  stage_send, hops)
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
@@ -328,6 +330,16 @@ def _stage_params(profile: Profile, plan: ParallelPlan, lo: int, hi: int, served
         out += n - sum(t.rows * t.dim / _table_parts(profile, plan, t.name) for t in profile.tables
                        if t.name in served and t.name in layer.tables)
     return out
+
+
+def _ddp_buckets(profile: Profile, plan: ParallelPlan, served: set[str]) -> int:
+    """All-reduces DDP makes of a whole model's gradients on one rank: its parameters (less the tables served by
+    rows) in reverse, cut at the bucket size the run asks for (tessel's rule, or torch's 25 MB as shipped)."""
+    layers = profile.param_sizes(plan.tp_mode, plan.tp_grid)
+    sizes = [n * profile.elem for layer, sizes in zip(profile.layers, layers)
+             for name, n in sizes if not any(name.startswith(f"{t}.") for t in served if t in layer.tables)]
+    cap = plan.bucket_mb or (buckets.auto_mb(sum(sizes)) if plan.ddp_hook else buckets.TORCH_MB)
+    return max(1, buckets.count(reversed(sizes), cap))
 
 
 def _table_parts(profile: Profile, plan: ParallelPlan, name: str) -> int:

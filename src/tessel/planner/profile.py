@@ -117,6 +117,28 @@ class Profile:
         tensor-parallel layers applied to a meta-device model, so replicated norms and biases count whole."""
         return self._shard(mode, grid).params
 
+    def param_sizes(self, mode: str, grid: tuple[int, ...]) -> list[list[tuple[str, int]]]:
+        """Per chain layer, (name, elements) of each parameter one rank holds under tensor parallelism (mode, grid;
+        a grid of 1: the plain model), in the model's order, a tied one under the first layer that uses it: what
+        DDP cuts into buckets. Without a job, each layer as one parameter."""
+        if self.job is None:
+            return [[("", layer.params)] for layer in self.layers]
+        key = ("sizes", mode, tuple(grid))
+        if key not in self._shards:
+            with on_meta():
+                model = self.job.build()
+            chain = chain_of(model)
+            if math.prod(grid) > 1:
+                tensor.apply(model, chain, tensor.GridSpec(mode, tuple(grid)))
+            seen: set[int] = set()
+            out = []
+            for i in range(len(self.layers)):
+                params = [(n, p) for n, p in stage_params(model, chain, i, i + 1).items() if id(p) not in seen]
+                seen.update(id(p) for _, p in params)
+                out.append([(n, p.numel()) for n, p in params])
+            self._shards[key] = out
+        return self._shards[key]
+
     def shard_out(self, mode: str, grid: tuple[int, ...]) -> list[float]:
         """Per chain layer, the share of its output one rank holds (its block in the layer's output layout):
         what crosses a stage boundary from that layer under tensor parallelism."""
