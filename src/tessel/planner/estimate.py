@@ -22,8 +22,8 @@ longer: sends are asynchronous and travel while the stage computes. A flushed sc
 stage (the first micro-batch's way through) and m - 1 slowest-stage slots, plus one activation's and
 gradient's trip over every boundary (GPipe: each of its two phases so, a forward slot and a backward one, since
 it runs every forward before any backward); an asynchronous one m slowest slots (no flush: the bubble is only the
-imbalance); DDP hides the gradient all-reduce behind backward up
-to the last bucket, as far as the topology's measured overlap lets it; a pipeline's gradient sync, the
+imbalance); DDP all-reduces the gradients bucket by bucket, each paying the ring's latency, and hides them behind
+backward up to the last bucket, as far as the topology's measured overlap lets it; a pipeline's gradient sync, the
 tp gradient sums and the optimizer step follow the micro-batches. Tables served by rows are priced by the
 sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added as exposed time.
 """
@@ -334,11 +334,13 @@ def _stage_params(profile: Profile, plan: ParallelPlan, lo: int, hi: int, served
 
 def _ddp_buckets(profile: Profile, plan: ParallelPlan, served: set[str]) -> int:
     """All-reduces DDP makes of a whole model's gradients on one rank: its parameters (less the tables served by
-    rows) in reverse, cut at the bucket size the run asks for (tessel's rule, or torch's 25 MB as shipped)."""
+    rows) in reverse, cut at the bucket size the run asks for (tessel's rule, or torch's 25 MB where DDP runs as
+    shipped: no tessel hook, or torch's sparse gradients, whose own buckets are not counted)."""
     layers = profile.param_sizes(plan.tp_mode, plan.tp_grid)
     sizes = [n * profile.elem for layer, sizes in zip(profile.layers, layers)
              for name, n in sizes if not any(name.startswith(f"{t}.") for t in served if t in layer.tables)]
-    cap = plan.bucket_mb or (buckets.auto_mb(sum(sizes)) if plan.ddp_hook else buckets.TORCH_MB)
+    as_shipped = not plan.ddp_hook or any(s.ddp_sparse for s in plan.sparse.given())
+    cap = plan.bucket_mb or (buckets.TORCH_MB if as_shipped else buckets.auto_mb(sum(sizes)))
     return max(1, buckets.count(reversed(sizes), cap))
 
 
