@@ -479,8 +479,9 @@ def test_a_ddp_step_pays_the_ring_latency_once_per_bucket_ddp_makes():
     profile = measure(job, dps=(1,))
     params = [p for p in job.build().parameters() if p.requires_grad]
     counts = []
-    for mb in (0.01, 0.04, 25.0):
-        cap = int(mb * 2**20)
+    total = sum(p.numel() * p.element_size() for p in params)
+    for mb in (0.01, 0.04, 25.0, 0.0):  # 0: tessel's own size, about 8 buckets' worth, 1 to 25 MB (rule written here)
+        cap = int((mb or min(25.0, max(1.0, round(total / 2**20 / 8)))) * 2**20)
         buckets = len(dist._compute_bucket_assignment_by_size(list(reversed(params)), [cap], [False] * len(params))[0])
         counts.append(buckets)
         plan = ParallelPlan(dp=4, bucket_mb=mb)
@@ -489,7 +490,7 @@ def test_a_ddp_step_pays_the_ring_latency_once_per_bucket_ddp_makes():
                 ranks=4, hosts=4, link_mbit=1e9, latency=latency, overlap=overlap)).step for latency in (lat, 0.0))
             tail = 2 * 2 * 3  # the step's last world collectives (the gradient norm, the loss), 3 ring steps each way
             assert math.isclose(slow - fast, (exposed * 2 * 3 + tail) * lat, rel_tol=1e-6, abs_tol=1e-12)
-    assert counts[0] > counts[1] > counts[2] == 1, counts
+    assert counts[0] > counts[1] > counts[2] == 1 and counts[3] >= 1, counts
     topo = planner.Topology(ranks=4, hosts=4, link_mbit=1e9, latency=1e-3, overlap=0.0)
     pipes = [estimate(ParallelPlan(dp=2, pp=2, micro_batches=2, bucket_mb=mb), settings, profile, topo) for mb in
              (0.01, 25.0)]
