@@ -41,6 +41,7 @@ from ..train.engine import Engine
 from ..train.optim import build_optimizer
 from ..train.tail import StepTail
 from .job import Job
+from .shards import TensorLayer, TensorShards, each_param
 
 FORWARD_SHARE = 1 / 3  # where untimed: a linear's one matrix product forward against its two backward
 
@@ -119,25 +120,17 @@ class Profile:
 
     def param_sizes(self, mode: str, grid: tuple[int, ...]) -> list[list[tuple[str, int]]]:
         """Per chain layer, (name, elements) of each parameter one rank holds under tensor parallelism (mode, grid;
-        a grid of 1: the plain model), in the model's order, a tied one under the first layer that uses it: what
-        DDP cuts into buckets. Without a job, each layer as one parameter."""
+        a grid of 1: the plain model), a tied one under the first layer that uses it: what DDP cuts into buckets.
+        Without a job, each layer as one parameter."""
         if self.job is None:
             return [[("", layer.params)] for layer in self.layers]
-        key = ("sizes", mode, tuple(grid))
-        if key not in self._shards:
+        if math.prod(grid) > 1:
+            return self._shard(mode, grid).each
+        if "plain sizes" not in self._shards:  # (tensor.apply refuses a model without a tensor-parallel form)
             with on_meta():
                 model = self.job.build()
-            chain = chain_of(model)
-            if math.prod(grid) > 1:
-                tensor.apply(model, chain, tensor.GridSpec(mode, tuple(grid)))
-            seen: set[int] = set()
-            out = []
-            for i in range(len(self.layers)):
-                params = [(n, p) for n, p in stage_params(model, chain, i, i + 1).items() if id(p) not in seen]
-                seen.update(id(p) for _, p in params)
-                out.append([(n, p.numel()) for n, p in params])
-            self._shards[key] = out
-        return self._shards[key]
+            self._shards["plain sizes"] = each_param(model, chain_of(model), len(self.layers))
+        return self._shards["plain sizes"]
 
     def shard_out(self, mode: str, grid: tuple[int, ...]) -> list[float]:
         """Per chain layer, the share of its output one rank holds (its block in the layer's output layout):
@@ -182,6 +175,7 @@ class Profile:
             tp_chain, handle = tensor.apply(model, chain, tensor.GridSpec(mode, tuple(grid)))
             rows = math.prod(grid)  # a sample count every row split divides
             out = TensorShards(handle.grid.sizes)
+            out.each = each_param(model, chain, len(self.layers))
             for i, layer in enumerate(self.layers):
                 params = stage_params(model, chain, i, i + 1)
                 out.params.append(sum(p.numel() for p in params.values()))
@@ -204,25 +198,6 @@ class Profile:
                 out.table_parts[t.name] = math.prod(handle.grid.size(a) for a in axes)
             self._shards[key] = out
         return self._shards[key]
-
-
-@dataclass
-class TensorLayer:
-    """One rank's chain layer under tensor parallelism, measured on stand-in groups: its activation memory and,
-    where timed, its forward and backward seconds, each as a line in the micro-batch's samples (gathered weight
-    blocks a layer keeps do not grow with the micro-batch, nor does a small GEMM's set-up)."""
-
-    saved: tuple[float, float]  # (bytes fixed, per sample) its forward keeps for its backward
-    work: tuple[float, float]  # (bytes fixed, per sample) its backward holds at once beyond those
-    ahead: tuple[float, float] = (0.0, 0.0)  # (bytes fixed, per sample) its forward holds at once beyond them
-    time: tuple[float, float] = (0.0, 0.0)  # (seconds fixed, per sample) of its forward and backward (0: untimed)
-
-    def at(self, samples: float) -> tuple[float, float, float]:
-        """(Saved, the backward's transients, the forward's) at ``samples`` a micro-batch."""
-        return tuple(a + b * samples for a, b in (self.saved, self.work, self.ahead))
-
-    def seconds(self, samples: float) -> float:
-        return max(self.time[0] + self.time[1] * samples, 0.0)
 
 
 def _dry_run(job: Job, mode: str, grid: tuple[int, ...], regather: bool, samples: int, repeats: int
@@ -258,19 +233,6 @@ def _dry_run(job: Job, mode: str, grid: tuple[int, ...], regather: bool, samples
 
     return [TensorLayer(line(a.saved, b.saved), line(a.work, b.work), line(a.ahead, b.ahead),
                         timed(a.seconds, b.seconds)) for a, b in zip(*runs)]
-
-
-@dataclass
-class TensorShards:
-    """One rank's view of the model under one tensor-parallel grid, per chain layer."""
-
-    sizes: dict[str, int]  # grid axis -> ranks
-    params: list[int] = field(default_factory=list)  # parameter elements held
-    share: list[float] = field(default_factory=list)  # share of the layer's output held
-    partial: list[dict] = field(default_factory=list)  # row-cut axes -> elements whose gradients are summed there
-    traffic: list[list] = field(default_factory=list)  # (tokens) -> [(channel, axis, elements, steps)]: norms,
-    #                                                    token table, loss (tensor.cost)
-    table_parts: dict[str, int] = field(default_factory=dict)  # table -> blocks its rows are cut into (1: whole)
 
 
 def _optimizer_step(model: torch.nn.Module, settings: Settings):
