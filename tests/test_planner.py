@@ -102,6 +102,23 @@ def test_predicted_bytes_equal_measured(world4, model):
             assert est.bytes.get(channel, 0) == measured, (plan.describe(), channel, est.bytes, got)
 
 
+def test_a_tied_weight_is_priced_once_where_one_rank_holds_it_once(world4):
+    """The token table tied to the head is one weight on a stage that holds both (DDP all-reduces it once, FSDP
+    gathers and scatters it once) and a copy on each stage that holds one of them: the predicted bytes equal a
+    step's, channel by channel, and the optimizer's elements count it once."""
+    base = [*TINY["transformer_lm"], "model.tie_embeddings=true"]
+    cfg = load_config(None, base)
+    profile = measure(job_of(cfg), dps=(1, 2, 4))
+    untied = measure(job_of(load_config(None, TINY["transformer_lm"])), dps=(1,))
+    assert profile.params == untied.params - 64 * 16  # (vocab x dim: the head's own weight gone)
+    for plan in (ParallelPlan(dp=4), ParallelPlan(dp=4, dp_shard=4), ParallelPlan(dp=2, pp=2, micro_batches=2)):
+        est = estimate(plan.with_(sparse=policy_of(cfg)), settings_of(cfg), profile, TOPO)
+        got = world4.run(_step_bytes, base, est.plan.to_json())
+        for channel in _channels(est.bytes, got):
+            assert est.bytes.get(channel, 0) == max(r.get(channel, 0) for r in got), (plan.describe(), channel,
+                                                                                      est.bytes, got)
+
+
 BF16 = ["train.dtype=float32", "train.precision=bf16-mixed"]
 PLANS_BF16 = [ParallelPlan(dp=2, pp=2, micro_batches=2), ParallelPlan(dp=2, tp=2, tp_grid=(2,)),
               ParallelPlan(dp=1, tp=4, tp_mode="3d", tp_grid=(2, 2, 1)), ParallelPlan(dp=4, dp_shard=4),

@@ -23,8 +23,8 @@ from .mesh import default_backend
 from .meta import on_meta
 from .parallelize import check_model
 from .plan import ParallelPlan, TableChoice, saved_plan
-from .planner.estimate import fsdp_units, stage_memory
 from .planner.job import Job
+from .planner.memory import fsdp_units, stage_memory
 from .planner.profile import Profile, TableProfile, measure_memory
 from .planner.topology import CPU_UNIT_MEMORY
 from .resolve import job_of, on_cpu, plan_of, settings_of

@@ -159,9 +159,9 @@ def search(name: str, emu, out: Path, budget: int | None, log, evidence: list[di
 
 def units_of(run: dict) -> int:
     """FSDP units the fullest stage of a run's plan ran (0 unsharded): its chain layers (the embedding, the
-    blocks, the head) and its root, as the planner counts them (``planner.estimate.fsdp_units``)."""
+    blocks, the head) and its root, as the planner counts them (``planner.memory.fsdp_units``)."""
     from ..plan import ParallelPlan
-    from ..planner.estimate import fsdp_units
+    from ..planner.memory import fsdp_units
 
     plan = run.get("plan") or run.get("pick")
     if not isinstance(plan, dict):

@@ -111,19 +111,16 @@ class Profile:
 
     @property
     def params(self) -> int:
-        return sum(layer.params for layer in self.layers)
-
-    def shard_params(self, mode: str, grid: tuple[int, ...]) -> list[int]:
-        """Parameter elements per chain layer that one rank holds under tensor parallelism (mode, grid): the
-        tensor-parallel layers applied to a meta-device model, so replicated norms and biases count whole."""
-        return self._shard(mode, grid).params
+        """Parameter elements of the model, a tied weight once."""
+        return sum(dict(n for layer in self.param_sizes("1d", (1,)) for n in layer).values())
 
     def param_sizes(self, mode: str, grid: tuple[int, ...]) -> list[list[tuple[str, int]]]:
-        """Per chain layer, (name, elements) of each parameter one rank holds under tensor parallelism (mode, grid;
-        a grid of 1: the plain model), a tied one under the first layer that uses it: what DDP cuts into buckets.
-        Without a job, each layer as one parameter."""
+        """Per chain layer, (name, elements) of each parameter it uses that one rank holds under tensor parallelism
+        (mode, grid; a grid of 1: the plain model; the tensor-parallel layers applied to a meta-device model, so
+        replicated norms and biases count whole), a tied weight under the name of the first layer that uses it:
+        what DDP cuts into buckets, and what a stage holds. Without a job, each layer as one parameter."""
         if self.job is None:
-            return [[("", layer.params)] for layer in self.layers]
+            return [[(f"#{i}", layer.params)] for i, layer in enumerate(self.layers)]
         if math.prod(grid) > 1:
             return self._shard(mode, grid).each
         if "plain sizes" not in self._shards:  # (tensor.apply refuses a model without a tensor-parallel form)
@@ -178,7 +175,6 @@ class Profile:
             out.each = each_param(model, chain, len(self.layers))
             for i, layer in enumerate(self.layers):
                 params = stage_params(model, chain, i, i + 1)
-                out.params.append(sum(p.numel() for p in params.values()))
                 full = (rows, layer.out_per_sample)
                 out.share.append(math.prod(tp_chain.local(i, full)) / math.prod(full))
                 partial: dict[tuple[str, ...], int] = {}
@@ -308,7 +304,7 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
 
 def measure_memory(job: Job, samples: int) -> Profile:
     """Per chain layer, its parameters, output, and the bytes its forward saves and its backward holds at a
-    micro-batch of ``samples`` (no timing): what :func:`tessel.planner.estimate.stage_memory` needs, cheap
+    micro-batch of ``samples`` (no timing): what :func:`tessel.planner.memory.stage_memory` needs, cheap
     enough for every run to predict its own peak."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(job.settings.seed)

@@ -32,8 +32,7 @@ class TensorShards:
     """One rank's view of the model under one tensor-parallel grid, per chain layer."""
 
     sizes: dict[str, int]  # grid axis -> ranks
-    params: list[int] = field(default_factory=list)  # parameter elements held
-    each: list[list] = field(default_factory=list)  # [(name, elements)] of those, a tied one under its first layer
+    each: list[list] = field(default_factory=list)  # [(name, elements)] of the parameters held (profile.param_sizes)
     share: list[float] = field(default_factory=list)  # share of the layer's output held
     partial: list[dict] = field(default_factory=list)  # row-cut axes -> elements whose gradients are summed there
     traffic: list[list] = field(default_factory=list)  # (tokens) -> [(channel, axis, elements, steps)]: norms,
@@ -42,11 +41,8 @@ class TensorShards:
 
 
 def each_param(model, chain, layers: int) -> list[list[tuple[str, int]]]:
-    """Per chain layer, (name, elements) of each parameter it uses, a tied one under its first layer only."""
-    seen: set[int] = set()
-    out = []
-    for i in range(layers):
-        params = stage_params(model, chain, i, i + 1)
-        out.append([(n, p.numel()) for n, p in params.items() if id(p) not in seen])
-        seen.update(id(p) for p in params.values())
-    return out
+    """Per chain layer, (name, elements) of each parameter it uses, a tied one under the name its first layer
+    gives it, so a stage or the whole model can count it once."""
+    first: dict[int, str] = {}
+    return [[(first.setdefault(id(p), n), p.numel()) for n, p in stage_params(model, chain, i, i + 1).items()]
+            for i in range(layers)]
