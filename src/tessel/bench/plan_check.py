@@ -318,10 +318,13 @@ def _detail(name: str, r: dict) -> str:
 
 
 def markdown(rows: list[dict], command: str, previous: tuple[str, list[dict]] | None = None) -> str:
+    # (runs before 2026-11-26 counted dp.dense, pp and tp only; later ones every tp.* channel too)
+    tp_all = any(k.startswith("tp.") for r in rows for k in (*(r.get("bytes_predicted") or {}),
+                                                             *(r.get("bytes_measured") or {})))
+    channels = "dp.dense, pp, tp and every tp.* channel" if tp_all else "dp.dense, pp and tp"
     lines = ["Predicted against measured step time of the planner's top 3 and 5 other candidates per cell "
-             f"(`{command}`). Error: (predicted − measured) / measured. Bytes: the predicted dp.dense, pp, tp (and, "
-             "in runs after 2026-11-25, every tp.* channel) bytes of the busiest rank against tessel.comm's count.",
-             ""]
+             f"(`{command}`). Error: (predicted − measured) / measured. Bytes: the predicted {channels} bytes of "
+             "the busiest rank against tessel.comm's count.", ""]
     if any("predicted_at_run" in r for r in rows):
         lines += ["Re-priced: the predictions are today's planner's on the run's plans and probed topology (one fresh "
                   "profile per model), against the run's measurements; rank is the candidate's rank at the run, "
