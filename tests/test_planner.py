@@ -58,7 +58,21 @@ def _step_bytes(base, plan_json):
     par = parallelize(model, plan, mesh, [(x, y)], settings)
     comm.counter.end_step()
     par.engine.step(x, y, 0)
-    return {c: v["sent"] for c, v in comm.counter.end_step().items()}
+    calls = comm.counter.calls()
+    return {c: v["sent"] for c, v in comm.counter.end_step().items()}, calls
+
+
+def _same_counts(est, got, plan) -> None:
+    """A step's bytes sent and collectives called, the busiest rank's per channel, are the estimate's: the bytes
+    on every channel it prices (and any tp.* one the step used), the calls where it counts them (each pays a
+    collective's wait: Topology.call)."""
+    sent, calls = [b for b, _ in got], [c for _, c in got]
+    for channel in _channels(est.bytes, sent):
+        assert est.bytes.get(channel, 0) == max(r.get(channel, 0) for r in sent), (plan.describe(), channel,
+                                                                                   est.bytes, sent)
+    for channel in set(est.calls) | {c for r in calls for c in r if c.startswith("tp")}:
+        assert est.calls.get(channel, 0) == max(r.get(channel, 0) for r in calls), (plan.describe(), channel,
+                                                                                    est.calls, calls)
 
 
 PLANS = {  # model -> synchronous candidates of every shape on 4 ranks
@@ -96,10 +110,7 @@ def test_predicted_bytes_equal_measured(world4, model):
     for plan in PLANS[model]:
         # fills in the stage cut the run is given
         est = estimate(plan.with_(sparse=policy_of(cfg)), settings_of(cfg), profile, TOPO)
-        got = world4.run(_step_bytes, base, est.plan.to_json())
-        for channel in _channels(est.bytes, got):
-            measured = max(r.get(channel, 0) for r in got)
-            assert est.bytes.get(channel, 0) == measured, (plan.describe(), channel, est.bytes, got)
+        _same_counts(est, world4.run(_step_bytes, base, est.plan.to_json()), plan)
 
 
 def test_a_tied_weight_is_priced_once_where_one_rank_holds_it_once(world4):
@@ -111,12 +122,10 @@ def test_a_tied_weight_is_priced_once_where_one_rank_holds_it_once(world4):
     profile = measure(job_of(cfg), dps=(1, 2, 4))
     untied = measure(job_of(load_config(None, TINY["transformer_lm"])), dps=(1,))
     assert profile.params == untied.params - 64 * 16  # (vocab x dim: the head's own weight gone)
+    assert "tok_emb" not in {t.name for t in profile.tables}  # (dense at run time: never priced as served by rows)
     for plan in (ParallelPlan(dp=4), ParallelPlan(dp=4, dp_shard=4), ParallelPlan(dp=2, pp=2, micro_batches=2)):
         est = estimate(plan.with_(sparse=policy_of(cfg)), settings_of(cfg), profile, TOPO)
-        got = world4.run(_step_bytes, base, est.plan.to_json())
-        for channel in _channels(est.bytes, got):
-            assert est.bytes.get(channel, 0) == max(r.get(channel, 0) for r in got), (plan.describe(), channel,
-                                                                                      est.bytes, got)
+        _same_counts(est, world4.run(_step_bytes, base, est.plan.to_json()), plan)
 
 
 BF16 = ["train.dtype=float32", "train.precision=bf16-mixed"]
@@ -134,10 +143,7 @@ def test_predicted_bytes_equal_measured_in_bf16_mixed(world4):
     profile = measure(job_of(cfg), dps=(1, 2, 4))
     for plan in PLANS_BF16:
         est = estimate(plan.with_(sparse=policy_of(cfg)), settings_of(cfg), profile, TOPO)
-        got = world4.run(_step_bytes, base, est.plan.to_json())
-        for channel in _channels(est.bytes, got):
-            assert est.bytes.get(channel, 0) == max(r.get(channel, 0) for r in got), (plan.describe(), channel,
-                                                                                      est.bytes, got)
+        _same_counts(est, world4.run(_step_bytes, base, est.plan.to_json()), plan)
 
 
 def test_candidates_and_feasibility():
@@ -627,10 +633,7 @@ def test_predicted_bytes_equal_measured_on_8_ranks(world8, model):
     topo = planner.Topology(ranks=8, hosts=8, link_mbit=1000)
     for plan in PLANS8[model]:
         est = estimate(plan.with_(sparse=policy_of(cfg)), settings_of(cfg), profile, topo)
-        got = world8.run(_step_bytes, base, est.plan.to_json())
-        for channel in _channels(est.bytes, got):
-            assert est.bytes.get(channel, 0) == max(r.get(channel, 0) for r in got), (plan.describe(), channel,
-                                                                                      est.bytes, got)
+        _same_counts(est, world8.run(_step_bytes, base, est.plan.to_json()), plan)
 
 
 def test_bench_plan_skips_a_cell_no_plan_fits_with_one_line(tmp_path, monkeypatch, capsys):

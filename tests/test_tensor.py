@@ -205,7 +205,7 @@ def test_live_weights_gathered_again_in_backward(world8):
     assert got[0][0] == want
     assert all(err < ATOL for _, err in got)
     # the planner prices it the same way
-    assert sum(e for _, e, _ in linear_traffic("3d", (2, 2, 2), m, h, h2, True, live=True)) * 8 == want
+    assert sum(e for _, e, _, _ in linear_traffic("3d", (2, 2, 2), m, h, h2, True, live=True)) * 8 == want
 
 
 def check_lm(mode, tp, shape, optimizer, steps=3, regather=False, sequence_parallel=False):

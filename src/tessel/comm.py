@@ -46,16 +46,23 @@ from .errors import CommError
 
 
 class ByteCounter:
-    """Bytes sent and received by this rank, per channel, for the current step and in total."""
+    """Bytes sent and received by this rank, per channel, for the current step and in total; and the calls of the
+    current step (each pays a collective's fixed costs, which the planner prices per call)."""
 
     def __init__(self) -> None:
         self._step: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         self._total: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        self._calls: dict[str, int] = defaultdict(int)
 
     def add(self, channel: str, sent: int, recv: int) -> None:
         for table in (self._step, self._total):
             table[channel][0] += int(sent)
             table[channel][1] += int(recv)
+        self._calls[channel] += 1
+
+    def calls(self) -> dict[str, int]:
+        """Calls per channel since the last ``end_step`` (a point-to-point send and its receive count one each)."""
+        return dict(sorted(self._calls.items()))
 
     def step(self) -> dict[str, dict[str, int]]:
         """Bytes since the last ``end_step``, without resetting."""
@@ -65,6 +72,7 @@ class ByteCounter:
         """Bytes of the step that just ended; the step counter starts again from zero."""
         out = self.step()
         self._step.clear()
+        self._calls.clear()
         return out
 
     def total(self) -> dict[str, dict[str, int]]:
@@ -73,6 +81,7 @@ class ByteCounter:
     def reset(self) -> None:
         self._step.clear()
         self._total.clear()
+        self._calls.clear()
 
 
 counter = ByteCounter()

@@ -20,7 +20,8 @@ from tessel.cluster.emulate import parse_rate  # noqa: E402
 from tessel.config import load_config  # noqa: E402
 from tessel.plan import ParallelPlan  # noqa: E402
 from tessel.planner import Topology  # noqa: E402
-from tessel.planner.estimate import _layer_seconds, _stage_params, _tp_traffic  # noqa: E402
+from tessel.planner.estimate import _layer_seconds, _tp_traffic  # noqa: E402
+from tessel.planner.weights import dense  # noqa: E402
 from tessel.planner.profile import measure  # noqa: E402
 from tessel.resolve import job_of, settings_of  # noqa: E402
 
@@ -61,7 +62,7 @@ for (model, hosts, rate), folder in sorted(CELLS.items()):
             if not per_run:  # (a run that kept no stage summary)
                 continue
             cpu = statistics.median(per_run)
-            opt = _stage_params(profile, plan, lo, hi, set()) * profile.optimizer_per_elem * profile.step_factor
+            opt = sum(dense(profile, plan, lo, hi, set())) * profile.optimizer_per_elem * profile.step_factor
             _, s_tp = _tp_traffic(plan, profile, range(lo, hi), samples * profile.tokens_per_sample,
                                   topo, settings.wire_dtype.itemsize)
             steps = round(s_tp / topo.latency) if plan.tp > 1 else 0  # (bytes' time is a small part at these sizes)

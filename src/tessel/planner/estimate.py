@@ -56,6 +56,7 @@ class Estimate:
     memory: float = 0.0  # bytes of tensors the fullest rank holds
     tables: dict[str, str] = field(default_factory=dict)  # table -> the strategy the cost model picks
     held: float = 0.0  # bytes beside its tensors that grow with the plan (FSDP's units; Topology.unit_memory)
+    calls: dict[str, float] = field(default_factory=dict)  # channel -> collectives the busiest rank calls per step
 
     @property
     def step(self) -> float:
@@ -99,16 +100,18 @@ def _width(channel: str, profile: Profile, wire: int) -> int:
 
 
 def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float, topo: Topology, wire: int
-                ) -> tuple[dict[str, float], float]:
-    """(channel -> elements this rank sends, seconds) for one micro-batch of ``rows`` tokens through ``layers``:
+                ) -> tuple[dict[str, float], dict[str, float], float]:
+    """(channel -> elements this rank sends, channel -> calls, seconds) for one micro-batch of ``rows`` tokens
+    through ``layers``:
     the linears (``tp``, the head's on ``tp.head``), the norms over split features, the token table, the loss
     (``tp.loss``)."""
     if plan.tp == 1:
-        return {}, 0.0
+        return {}, {}, 0.0
     shards = profile.tp_layers(plan.tp_mode, plan.tp_grid)
     live = plan.live_backward  # weights gathered again in backward
     again = plan.recompute.layers  # a recomputed layer's forward collectives run again in its backward
     elems: dict[str, float] = {}
+    calls: dict[str, float] = {}
     seconds = 0.0
     for i in layers:
         # the first layer's input is data: no gradient of it is reduced
@@ -116,37 +119,44 @@ def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float
                  for t in linear_traffic(plan.tp_mode, plan.tp_grid, rows, h, h2, up, plan.regather, i > 0, live,
                                          again, ends)]
         moved += [t for traffic in shards.traffic[i] for t in traffic(rows, again)]
-        seconds += _tally(plan, profile, topo, moved, elems, lambda ch: _width(ch, profile, wire))
-    return elems, seconds
+        seconds += _tally(plan, profile, topo, moved, elems, calls, lambda ch: _width(ch, profile, wire))
+    return elems, calls, seconds
 
 
-def _tp_step(plan: ParallelPlan, profile: Profile, layers: range, topo: Topology) -> tuple[float, float]:
-    """(bytes, seconds) this rank sends once per step on ``tp.grads``: the row-replicated pieces' gradients
-    summed over their axes, and the squared norm (one fp64 element) over the whole grid."""
+def _tp_step(plan: ParallelPlan, profile: Profile, layers: range, topo: Topology) -> tuple[float, float, float]:
+    """(bytes, calls, seconds) this rank sends once per step on ``tp.grads``: the row-replicated pieces'
+    gradients summed over their axes, and the squared norm (one fp64 element) over the whole grid."""
     if plan.tp == 1:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     shards = profile.tp_layers(plan.tp_mode, plan.tp_grid)
     partial: dict[tuple[str, ...], int] = {}
     for i in layers:
         for axes, n in shards.partial[i].items():
             partial[axes] = partial.get(axes, 0) + n
     elems: dict[str, float] = {}
+    calls: dict[str, float] = {}
     seconds = _tally(plan, profile, topo, [("tp.grads", *t) for t in grad_sum_traffic(partial, shards.sizes)],
-                     elems, lambda ch: profile.elem)
+                     elems, calls, lambda ch: profile.elem)
     seconds += _tally(plan, profile, topo, [("tp.norm2", *t) for t in norm_sum_traffic(shards.sizes)], elems,
-                      lambda ch: 8)
-    return elems.get("tp.grads", 0.0) * profile.elem + elems.get("tp.norm2", 0.0) * 8, seconds
+                      calls, lambda ch: 8)
+    return (elems.get("tp.grads", 0.0) * profile.elem + elems.get("tp.norm2", 0.0) * 8, sum(calls.values()),
+            seconds)
 
 
-def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: dict[str, float], width) -> float:
-    """Add ``moved`` [(channel, grid axis, elements, ring steps)] to ``elems``; returns their seconds on ``topo``
-    (``width``: channel -> bytes per element)."""
+def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: dict[str, float],
+           calls: dict[str, float], width) -> float:
+    """Add ``moved`` [(channel, grid axis, elements, ring steps, calls)] to ``elems`` and ``calls``; returns their
+    seconds on ``topo`` (``width``: channel -> bytes per element)."""
     axes, (tp_size, tp_stride) = _tp_axes(plan), _strides(plan)["tp"]
     seconds = 0.0
-    for channel, axis, e, steps in moved:
+    for channel, axis, e, steps, n in moved:
         size, stride = axes.get(axis, (tp_size, 1))
+        # an all-reduce (2(q - 1) steps a call; a gather or reduce-scatter has q - 1) of half-width terms is two
+        # calls: tessel.comm's reduce-scatter and all-gather, the sum in fp32
+        n *= 2 if width(channel) <= 2 and steps == 2 * (size - 1) * n else 1
         elems[channel] = elems.get(channel, 0.0) + e
-        seconds += e * width(channel) / topo.group_rate(size, stride * tp_stride) + steps * topo.latency
+        calls[channel] = calls.get(channel, 0.0) + n
+        seconds += e * width(channel) / topo.group_rate(size, stride * tp_stride) + topo.call(steps, n)
     return seconds
 
 
@@ -159,7 +169,7 @@ def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float
     if not policy.row_kind(settings.optimizer):  # no row optimizer mirrors the run's: its tables stay dense
         return {}, 0.0, 0.0, set()
     size, stride = _strides(plan)["dp"]
-    link = Link(rate=topo.group_rate(size, stride), latency=topo.latency * 2 * (size - 1), per_elem=2e-9,
+    link = Link(rate=topo.group_rate(size, stride), latency=topo.call(2 * (size - 1)), per_elem=2e-9,
                 source="topology")
     allowed = AUTO_OPTIONS if policy.strategy.decides else (policy.strategy.builds,)
     hosts = max(1, min(plan.dp, topo.hosts))
@@ -208,13 +218,14 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     pp_rate = topo.group_rate(*strides["pp"])
     share = weights.out_share(profile, plan)
     stage_compute, stage_work, stage_send, tp_elems, pp_elems, tp_step, hops = [], [], [], [], [], [], []
+    tp_calls = []  # per stage: channel -> calls a step
     stage_forward = []  # per stage: the forward's part of its compute (``c`` below)
     # what the runtime adds to each micro-batch on a stage beyond its layers (a calibration trial's per_micro): a
     # pipeline stage pays it for every micro-batch; one process's step already holds the first in step_factor
     runtime = topo.per_micro * (1.0 if plan.pp > 1 else (m - 1) / m)
     for k, (lo, hi) in enumerate(bounds):
         c = sum(per_layer[lo:hi]) + runtime
-        e_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo, wire)
+        e_tp, n_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo, wire)
         # a stage sends its output forward and its input's gradient back, this rank's block of each
         out = samples * profile.layers[hi - 1].out_per_sample * share[hi - 1] if k + 1 < len(bounds) else 0.0
         inp = samples * profile.layers[lo - 1].out_per_sample * share[lo - 1] if k > 0 else 0.0
@@ -222,9 +233,10 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         stage_work.append(c + s_tp)
         stage_forward.append(sum(forward[lo:hi]) + runtime / 2)  # the runtime's cost a micro-batch: half each way
         # (its activation forward, its input's gradient back: seconds each, latency of the pair)
-        stage_send.append((out * wire / pp_rate, inp * wire / pp_rate, topo.latency if out or inp else 0.0))
+        stage_send.append((out * wire / pp_rate, inp * wire / pp_rate, topo.call(1) if out or inp else 0.0))
         hops.append(2 * out * wire / pp_rate)  # one activation forward and its gradient back
         tp_elems.append({ch: e * m for ch, e in e_tp.items()})
+        tp_calls.append({ch: n * m for ch, n in n_tp.items()})
         tp_step.append(_tp_step(plan, profile, range(lo, hi), topo))  # once per step, after the micro-batches
         pp_elems.append((out + inp) * m)  # a middle stage sends both
     compute = max(stage_compute) * m
@@ -235,18 +247,22 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     gathers = [0.0] * len(bounds)  # FSDP's gathers of one micro-batch, per stage
     units = memory.fsdp_units(plan, bounds)
     if plan.dp_shard > 1:
+        calls = [profile.fsdp_calls(lo, hi) for lo, hi in bounds]  # FSDP's gathers a pass, per stage
         sharded = [_sharded_sync(plan, p, n, settings.compute_dtype.itemsize if settings.precision.compute
-                                 else profile.elem, reduced, topo, dp_stride) for p, n in zip(dense, units)]
+                                 else profile.elem, reduced, topo, dp_stride) for p, n in zip(dense, calls)]
         dp_channels = {ch: max(c.get(ch, 0.0) for c, _, _ in sharded) for ch in sharded[0][0]}  # the busiest rank
         gathers = [g for _, g, _ in sharded]
         dp_s = max(t for _, _, t in sharded)
+        dp_calls = {"dp.gather": 2 * max(calls) * m, "dp.scatter": max(calls),
+                    "dp.replicate": max(calls) * (2 if plan.reduce_dtype else 1)}
     else:
         dp_bytes = [_ring(dp_size, p) * reduced for p in dense]
         dp_channels = {"dp.dense": max(dp_bytes)}
         # DDP (pp 1) all-reduces bucket by bucket, each paying the ring's latency; a stage's tail, one flat buffer
-        calls = _ddp_buckets(profile, plan, served) if plan.pp == 1 else 1
-        dp_s = (max(dp_bytes) / topo.group_rate(dp_size, dp_stride)
-                + (dp_size > 1) * calls * 2 * (dp_size - 1) * topo.latency)
+        # (a half-width sum is two calls: tessel.comm's reduce-scatter and all-gather)
+        calls = (_ddp_buckets(profile, plan, served) if plan.pp == 1 else 1) * (2 if plan.reduce_dtype else 1)
+        dp_s = max(dp_bytes) / topo.group_rate(dp_size, dp_stride) + topo.call(calls * 2 * (dp_size - 1), calls)
+        dp_calls = {"dp.dense": calls}
         if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
             backward = 2 / 3 * compute
             dp_s -= topo.overlap * min(dp_s * (1 - 1 / calls), backward)
@@ -254,19 +270,21 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
                                  stage_send, hops)
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
-    tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency
+    tail_s = topo.call(2 * 2 * (topo.ranks - 1), 2)
     nbytes = {**dp_channels, "pp": max(pp_elems) * wire}
     for ch in sorted({ch for e in tp_elems for ch in e}):
         nbytes[ch] = max(e.get(ch, 0.0) for e in tp_elems) * _width(ch, profile, wire)
-    nbytes["tp.grads"] = max(b for b, _ in tp_step)
+    nbytes["tp.grads"] = max(b for b, _, _ in tp_step)
+    ncalls = {ch: max(c.get(ch, 0.0) for c in tp_calls) for ch in {ch for c in tp_calls for ch in c}}
+    ncalls |= {"tp.grads": max(n for _, n, _ in tp_step)} | {ch: n for ch, n in dp_calls.items() if dp_channels.get(ch)}
     if table_bytes:
         nbytes["sparse"] = table_bytes
     stage_mem = memory.peaks(plan, settings, profile, bounds, samples, wire, served, memory.rows_of(profile, plan))
     mem = max(stage_mem)
     held = max(m + topo.unit_memory * n for m, n in zip(stage_mem, units)) - mem  # (the fullest stage's, with it)
-    tp_grads_s = max(s for _, s in tp_step)
+    tp_grads_s = max(s for _, _, s in tp_step)
     return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s, bubble,
-                    {k: v for k, v in nbytes.items() if v}, mem, picks, held)
+                    {k: v for k, v in nbytes.items() if v}, mem, picks, held, {k: v for k, v in ncalls.items() if v})
 
 
 def _layer_seconds(plan: ParallelPlan, profile: Profile, samples: float) -> list[float]:
@@ -282,8 +300,8 @@ def _layer_seconds(plan: ParallelPlan, profile: Profile, samples: float) -> list
 def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, elem: int, topo: Topology,
                   stride: int) -> tuple[dict[str, float], float, float]:
     """(bytes per channel, seconds of one micro-batch's gathers, seconds once a step) of FSDP's traffic on a stage
-    of ``params`` dense elements in ``units`` units: every weight gathered from the s ranks of its shard group
-    before each micro-batch's forward and again before its backward (in the compute width), its gradients
+    of ``params`` dense elements gathered in ``units`` calls a pass: every weight gathered from the s ranks of its
+    shard group before each micro-batch's forward and again before its backward (in the compute width), its gradients
     reduce-scattered once a step (the masters' width), and under HSDP each gradient shard summed over its r
     replicas (a ring). gloo runs FSDP's calls one at a time, so nothing overlaps the compute: a micro-batch's
     gathers lengthen its slot on the stage (and so, in a pipeline, every stage downstream waits for them)."""
@@ -291,11 +309,12 @@ def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, 
     shard = params / s
     out = {"dp.gather": 2 * m * (s - 1) * shard * gathered, "dp.scatter": (s - 1) * shard * elem}
     rate = topo.group_rate(s, stride)
-    gather = out["dp.gather"] / m / rate + 2 * units * (s - 1) * topo.latency
-    seconds = out["dp.scatter"] / rate + units * (s - 1) * topo.latency
-    if r > 1:
+    gather = out["dp.gather"] / m / rate + topo.call(2 * units * (s - 1), 2 * units)
+    seconds = out["dp.scatter"] / rate + topo.call(units * (s - 1), units)
+    if r > 1:  # (a half-width sum is two calls: tessel.comm's reduce-scatter and all-gather)
         out["dp.replicate"] = 2 * (r - 1) / r * shard * elem
-        seconds += out["dp.replicate"] / topo.group_rate(r, stride * s) + units * 2 * (r - 1) * topo.latency
+        calls = units * (2 if plan.reduce_dtype else 1)
+        seconds += out["dp.replicate"] / topo.group_rate(r, stride * s) + topo.call(units * 2 * (r - 1), calls)
     return out, gather, seconds
 
 

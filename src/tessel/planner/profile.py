@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import tensor
+from .. import fsdp, tensor
 from ..chain import Runner, chain_of, recomputed
 from ..meta import on_meta
 from ..pipeline.layers import stage_params
@@ -124,10 +124,29 @@ class Profile:
         if math.prod(grid) > 1:
             return self._shard(mode, grid).each
         if "plain sizes" not in self._shards:  # (tensor.apply refuses a model without a tensor-parallel form)
+            model, chain = self._plain()
+            self._shards["plain sizes"] = each_param(model, chain, len(self.layers))
+        return self._shards["plain sizes"]
+
+    def fsdp_calls(self, lo: int, hi: int) -> int:
+        """Gathers FSDP makes of a stage of chain layers ``lo..hi`` per forward (as many again per backward, and
+        reduce-scatters once a step): one per unit :func:`tessel.fsdp.units` cuts from those layers, and one for
+        the stage's root where a weight stays with it (a tied one). Without a job, one per chain layer."""
+        if self.job is None:
+            return hi - lo
+        model, chain = self._plain()
+        owned = [layer.owns for layer in chain.layers[lo:hi]]
+        inside = {id(p) for m in fsdp.units(model, owned) for p in m.parameters()}
+        left = set(map(id, stage_params(model, chain, lo, hi).values())) - inside
+        return len(fsdp.units(model, owned)) + bool(left)
+
+    def _plain(self):
+        """The plain model on the meta device and its chain, built once."""
+        if "plain model" not in self._shards:
             with on_meta():
                 model = self.job.build()
-            self._shards["plain sizes"] = each_param(model, chain_of(model), len(self.layers))
-        return self._shards["plain sizes"]
+            self._shards["plain model"] = (model, chain_of(model))
+        return self._shards["plain model"]
 
     def shard_out(self, mode: str, grid: tuple[int, ...]) -> list[float]:
         """Per chain layer, the share of its output one rank holds (its block in the layer's output layout):
@@ -452,7 +471,9 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _tables(job: Job, model, dps: tuple[int, ...]) -> list[TableProfile]:
-    infos = [i for i in find_tables(model) if i.unsupported is None]
+    # (a weight shared with another module, the token table tied to the head, stays dense at run time: every row
+    # gets a gradient, tessel.sparse.plan.forced; so it is no table to price)
+    infos = [i for i in find_tables(model) if i.unsupported is None and not i.shared_with]
     out = {i.name: TableProfile(i.name, i.rows, i.dim, False) for i in infos}
     b = job.settings.global_batch
     for dp in sorted(set(dps) | {1}):

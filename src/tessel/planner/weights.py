@@ -38,7 +38,9 @@ def dense(profile: Profile, plan: ParallelPlan, lo: int, hi: int, names: set[str
     seen: set[str] = set()
     out = []
     for layer, named in zip(profile.layers[lo:hi], sizes[lo:hi]):
-        held = sum(n for name, n in named if name not in seen)
-        seen.update(name for name, _ in named)
+        held = 0
+        for name, n in named:
+            held += n * (name not in seen)
+            seen.add(name)
         out.append(held - served(profile, plan, layer, names))
     return out

@@ -19,8 +19,8 @@ from .layout import plan_for
 
 def linear_traffic(mode: str, shape: tuple[int, ...], m: int, h: int, h2: int, up: bool,
                    regather: bool = False, input_grad: bool = True, live: bool = False, recompute: bool = False,
-                   ends: bool = False) -> list[tuple[str, float, int]]:
-    """(grid axis, elements one rank sends over it, ring steps) for one linear, forward + backward:
+                   ends: bool = False) -> list[tuple[str, float, int, int]]:
+    """(grid axis, elements one rank sends over it, ring steps, calls) for one linear, forward + backward:
     M rows, h -> h2 features. The formulas of :mod:`tessel.tensor.layout`. ``input_grad=False``: the input is
     data (a model's first linear), so no gradient of it is reduced. ``live``: the backward gathers the weight
     again (asynchronous schedules whose backward reads newer weights, see tessel.tensor.ops.matmul).
@@ -34,7 +34,7 @@ def linear_traffic(mode: str, shape: tuple[int, ...], m: int, h: int, h2: int, u
         if up and not input_grad:
             return []
         times = 1 if up else 1 + out_again
-        return [(spec.summed, times * 2 * (p - 1) / p * m * (h if up else h2), times * 2 * (p - 1))]
+        return [(spec.summed, times * 2 * (p - 1) / p * m * (h if up else h2), times * 2 * (p - 1), times)]
     size = dict(zip(mode.axes, shape))
     gathered = 3 if regather else 2  # forward gather and its backward reduce-scatter, plus the re-gather
     w_gathered = 3 if regather or live else 2
@@ -44,7 +44,7 @@ def linear_traffic(mode: str, shape: tuple[int, ...], m: int, h: int, h2: int, u
                                (spec.reduce_scatter, m * h2, 2 + out_again)]:
         q = size.get(axis, 1)
         if q > 1:  # each collective moves (q-1)/P of the full tensor per rank
-            out.append((axis, times * (q - 1) * elems / p, times * (q - 1)))
+            out.append((axis, times * (q - 1) * elems / p, times * (q - 1), times))
     return out
 
 
@@ -57,8 +57,8 @@ def _ring(q: int, n: float) -> float:
 
 
 def embedding_traffic(spec, sizes: dict[str, int], weight: int, dim: int, rows: int, recompute: bool = False
-                      ) -> list[tuple[str, float, int]]:
-    """(grid axis, elements one rank sends, ring steps) of the token table per micro-batch of ``rows`` tokens
+                      ) -> list[tuple[str, float, int, int]]:
+    """(grid axis, elements one rank sends, ring steps, calls) of the token table per micro-batch of ``rows`` tokens
     (the dp rank's whole micro-batch), forward + backward: the vocabulary shard of ``weight`` elements gathered
     and its gradient reduce-scattered back; the looked-up block (``dim`` features per token) reduce-scattered
     (3-D) or all-reduced (1-D, no backward: the output feeds replicated work). ``recompute``: the forward's
@@ -66,18 +66,19 @@ def embedding_traffic(spec, sizes: dict[str, int], weight: int, dim: int, rows: 
     out, again = [], int(recompute)
     q = sizes.get(spec.w_gather, 1)
     if q > 1:
-        out.append((spec.w_gather, (2 + again) * (q - 1) * weight, (2 + again) * (q - 1)))
+        out.append((spec.w_gather, (2 + again) * (q - 1) * weight, (2 + again) * (q - 1), 2 + again))
     looked_up = rows / _count(sizes, spec.ids_rows) * dim
     q = sizes.get(spec.reduce_scatter, 1)
     if q > 1:
-        out.append((spec.reduce_scatter, (2 + again) * (q - 1) * looked_up / q, (2 + again) * (q - 1)))
+        out.append((spec.reduce_scatter, (2 + again) * (q - 1) * looked_up / q, (2 + again) * (q - 1), 2 + again))
     q = sizes.get(spec.all_reduce, 1)
     if q > 1:
-        out.append((spec.all_reduce, (1 + again) * _ring(q, looked_up), (1 + again) * 2 * (q - 1)))
+        out.append((spec.all_reduce, (1 + again) * _ring(q, looked_up), (1 + again) * 2 * (q - 1), 1 + again))
     return out
 
 
-def norm_traffic(layout, sizes: dict[str, int], rows: int, recompute: bool = False) -> list[tuple[str, float, int]]:
+def norm_traffic(layout, sizes: dict[str, int], rows: int, recompute: bool = False
+                 ) -> list[tuple[str, float, int, int]]:
     """A LayerNorm over features cut by ``layout.cols``: per row its sum and sum of squares all-reduced forward
     (again in the backward where the layer is recomputed), and two sums of the gradient backward (``rows``: the
     dp rank's micro-batch tokens, before the row cut)."""
@@ -85,10 +86,10 @@ def norm_traffic(layout, sizes: dict[str, int], rows: int, recompute: bool = Fal
     if q == 1:
         return []
     local, times = rows / _count(sizes, layout.rows), 2 + int(recompute)
-    return [(layout.cols, times * _ring(q, 2 * local), times * 2 * (q - 1))]
+    return [(layout.cols, times * _ring(q, 2 * local), times * 2 * (q - 1), times)]
 
 
-def loss_traffic(layout, sizes: dict[str, int], rows: int) -> list[tuple[str, float, int]]:
+def loss_traffic(layout, sizes: dict[str, int], rows: int) -> list[tuple[str, float, int, int]]:
     """Megatron's vocabulary-parallel cross-entropy on logits in ``layout``, forward only (its backward is
     local, and recompute runs the chain's layers again, never the loss): each row's max, then its sum of
     exponentials and target logit, over the vocabulary axis; the loss summed once over each axis that cuts the
@@ -97,22 +98,23 @@ def loss_traffic(layout, sizes: dict[str, int], rows: int) -> list[tuple[str, fl
     q = sizes.get(layout.cols, 1)
     if q > 1:
         local = rows / _count(sizes, layout.rows)
-        out.append((layout.cols, _ring(q, local) + _ring(q, 2 * local), 4 * (q - 1)))
-    out += [(a, _ring(sizes[a], 1), 2 * (sizes[a] - 1)) for a in layout.rows if sizes.get(a, 1) > 1]
+        out.append((layout.cols, _ring(q, local) + _ring(q, 2 * local), 4 * (q - 1), 2))
+    out += [(a, _ring(sizes[a], 1), 2 * (sizes[a] - 1), 1) for a in layout.rows if sizes.get(a, 1) > 1]
     return out
 
 
-def grad_sum_traffic(partial: dict[tuple[str, ...], int], sizes: dict[str, int]) -> list[tuple[str, float, int]]:
+def grad_sum_traffic(partial: dict[tuple[str, ...], int], sizes: dict[str, int]
+                     ) -> list[tuple[str, float, int, int]]:
     """Per step: the gradients of pieces replicated over row-cut axes (``partial``: their axes -> elements on
     this rank) summed over each of those axes in turn (tessel.tensor.TensorParallel.reduce_grads)."""
-    return [(a, _ring(sizes[a], n), 2 * (sizes[a] - 1)) for axes, n in partial.items() for a in axes
+    return [(a, _ring(sizes[a], n), 2 * (sizes[a] - 1), 1) for axes, n in partial.items() for a in axes
             if sizes.get(a, 1) > 1 and n]
 
 
-def norm_sum_traffic(sizes: dict[str, int]) -> list[tuple[str, float, int]]:
+def norm_sum_traffic(sizes: dict[str, int]) -> list[tuple[str, float, int, int]]:
     """Per step: the squared gradient norm (one fp64 element, whatever the training dtype) summed over every
     grid axis; elements here are fp64 ones."""
-    return [(a, _ring(q, 1), 2 * (q - 1)) for a, q in sizes.items() if q > 1]
+    return [(a, _ring(q, 1), 2 * (q - 1), 1) for a, q in sizes.items() if q > 1]
 
 
 def _block(h: int, f: int) -> list[tuple[int, int, bool]]:
@@ -136,7 +138,7 @@ def block_bytes(mode: str, shape: tuple[int, ...], m: int, h: int, f: int, elem:
     """Bytes one rank sends on channel ``tp`` for one block (torch-1d: what its six linears would send if
     q, k and v shared one all-reduce, as tessel's 1-D does; torch's own does three)."""
     linears = _block(h, f)  # fc_out, the last, ends the block (transformer_linears)
-    return int(round(sum(e for j, (a, b, up) in enumerate(linears) for _, e, _ in
+    return int(round(sum(e for j, (a, b, up) in enumerate(linears) for _, e, _, _ in
                          linear_traffic(mode, shape, m, a, b, up, regather, recompute=recompute,
                                         ends=j + 1 == len(linears))) * elem))
 
@@ -184,7 +186,7 @@ def project_block(mode: str, shape: tuple[int, ...], m: int, h: int, f: int, c: 
     compute = gemm / p / c.flops
     comm_s = 0.0
     for a, b, up in linears:
-        for axis, elems, steps in linear_traffic(mode, shape, m, a, b, up):
+        for axis, elems, steps, _ in linear_traffic(mode, shape, m, a, b, up):
             comm_s += elems * c.elem / (_group_gbs(c, *axes[axis]) * 1e9) + steps * c.alpha
     return {"compute": compute, "comm": comm_s, "total": compute + comm_s}
 

@@ -101,8 +101,8 @@ class TPLayerNorm(nn.Module):
         self.weight = shard_param(grid, full.weight, split, layout.rows, f"{name}.weight")
         self.bias = shard_param(grid, full.bias, split, layout.rows, f"{name}.bias")
 
-    def traffic(self, rows: int, recompute: bool = False) -> list[tuple[str, str, float, int]]:
-        """(channel, grid axis, elements sent, ring steps) per micro-batch of ``rows`` tokens (tensor.cost)."""
+    def traffic(self, rows: int, recompute: bool = False) -> list[tuple[str, str, float, int, int]]:
+        """(channel, grid axis, elements sent, ring steps, calls) per micro-batch of ``rows`` tokens (tensor.cost)."""
         return [("tp.norm", *t) for t in cost.norm_traffic(self.layout, self.grid.sizes, rows, recompute)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -138,8 +138,8 @@ class TPEmbedding(nn.Module):
         del self.weight  # the table holds (and updates) the rows now: no dense gradient, no dp all-reduce
         self.table = table
 
-    def traffic(self, rows: int, recompute: bool = False) -> list[tuple[str, str, float, int]]:
-        """(channel, grid axis, elements sent, ring steps) per micro-batch of ``rows`` tokens (tensor.cost)."""
+    def traffic(self, rows: int, recompute: bool = False) -> list[tuple[str, str, float, int, int]]:
+        """(channel, grid axis, elements sent, ring steps, calls) per micro-batch of ``rows`` tokens (tensor.cost)."""
         return [("tp.embed", *t) for t in cost.embedding_traffic(self.spec, self.grid.sizes, *self.shard, rows,
                                                                   recompute)]
 

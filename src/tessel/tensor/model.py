@@ -113,8 +113,8 @@ class ShardedLoss:
             mine = rows_of(self.grid, targets, self.layout.rows, "targets").reshape(-1)
             return vocab_cross_entropy(logits.reshape(-1, logits.shape[-1]), mine, self.layout, self.grid, total)
 
-    def traffic(self, rows: int, recompute: bool = False) -> list[tuple[str, str, float, int]]:
-        """(channel, grid axis, elements sent, ring steps) per micro-batch of ``rows`` targets (tensor.cost); the
+    def traffic(self, rows: int, recompute: bool = False) -> list[tuple[str, str, float, int, int]]:
+        """(channel, grid axis, elements sent, ring steps, calls) per micro-batch of ``rows`` targets (tensor.cost); the
         loss is never recomputed."""
         return [("tp.loss", *t) for t in cost.loss_traffic(self.layout, self.grid.sizes, rows)]
 

@@ -1,0 +1,63 @@
+"""Every cell's latest saved run priced twice on one fresh profile per (model, hosts): each collective's ring steps
+at the probe's loaded figure (before), and a wait per call plus each ring step at the idle figure, both from the
+cell's own saved probe (now; Topology.call). The runs' measurements are the saved ones; only the prices change.
+Per cell: median and worst error, Spearman, and the pick (the cheapest-priced candidate of those run) judged by
+its paired interval over the best measured, as `tessel bench plan` judges it.
+
+Run: python bench/plan-wait/reprice_wait.py bench/plan bench/plan-lstm-again ...  (folders in the order given)"""
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from tessel.bench import plan_check as pc
+from tessel.cluster.emulate import parse_rate
+from tessel.config import load_config
+from tessel.plan import ParallelPlan
+from tessel.planner import choose
+from tessel.planner.estimate import estimate
+from tessel.planner.topology import Topology
+from tessel.resolve import job_of, policy_of, settings_of
+
+profiles = {}
+
+
+def priced(r, folder):
+    cfg = load_config(None, [*pc.MODELS[r["model"]], *pc.COMMON])
+    now = Topology(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6, latency=r["latency"],
+                   idle_latency=(r.get("probe") or {}).get("idle_latency", 0.0), speed=r["speed"],
+                   rate_mbit=r["rate_mbit"], overlap=r["overlap"], per_micro=r.get("per_micro", 0.0), source="saved")
+    before = dataclasses.replace(now, idle_latency=0.0)
+    key = (r["model"], r["hosts"])
+    if key not in profiles:
+        profiles[key] = choose(job_of(cfg), before, cfg.plan.allow_async).profile
+    label = r["plan"].replace(" ", "-")
+    plan = ParallelPlan.from_json((folder / "plans" / f"{r['model']}-h{r['hosts']}-{r['rate']}" /
+                                   f"{label}.json").read_text()).with_(sparse=policy_of(cfg))
+    return [estimate(plan, settings_of(cfg), profiles[key], t).step for t in (before, now)], now.wait
+
+
+def score(rs):
+    errs = [(r["predicted"] - r["measured"]) / r["measured"] for r in rs]
+    ratio, verdict = pc._pick(rs)
+    pick = min(rs, key=lambda r: r["predicted"])["plan"]
+    said = f"{ratio.value:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}) {verdict}" if ratio and ratio.n > 1 else verdict
+    return (f"{statistics.median(abs(e) for e in errs):.0%}, {max(errs, key=abs):+.0%}, "
+            f"{pc._spearman([r['predicted'] for r in rs], [r['measured'] for r in rs]):.2f}, pick {pick}: {said}")
+
+
+for name in sys.argv[1:]:
+    folder = Path(name)
+    rows = [r for r in json.loads((folder / "results.json").read_text())["rows"] if r.get("measured")]
+    cells = {}
+    for r in rows:
+        (b, n), wait = priced(r, folder)
+        cells.setdefault((r["model"], r["hosts"], r["rate"]), []).append((r, b, n, wait))
+    for cell, got in cells.items():
+        before = [{**r, "predicted": b} for r, b, _, _ in got]
+        now = [{**r, "predicted": n} for r, _, n, _ in got]
+        print(f"{name} {cell} (wait {got[0][3] * 1e3:.1f} ms a call):\n  before {score(before)}\n  now    {score(now)}",
+              flush=True)
+        for r, b, n, _ in got:
+            print(f"    {r['plan']}: {b * 1e3:.0f} -> {n * 1e3:.0f} ms, measured {r['measured'] * 1e3:.0f}")
