@@ -4,7 +4,10 @@ cell's own saved probe (now; Topology.call). The runs' measurements are the save
 Per cell: median and worst error, Spearman, and the pick (the cheapest-priced candidate of those run) judged by
 its paired interval over the best measured, as `tessel bench plan` judges it.
 
-Run: python bench/plan-wait/reprice_wait.py bench/plan bench/plan-lstm-again ...  (folders in the order given)"""
+Needs the code of commit d91cb76, where Topology has the wait (idle_latency, Topology.call); the next commit took
+that pricing out again, as this re-pricing found it worse (docs/benchmarks.md, "A wait per call, priced flat").
+Run: git worktree add /tmp/d91 d91cb76 && PYTHONPATH=/tmp/d91/src python bench/plan-wait/reprice_wait.py \
+    bench/plan bench/plan-lstm-again ...   (the folders in reprice_wait.txt, in its order; output as there)"""
 import dataclasses
 import json
 import statistics

@@ -155,13 +155,11 @@ def topology_of(cfg: Config, ranks: int, measured: dict | None = None, calibrati
     if calibration is not None:
         topo = calibration.apply(topo)
     elif measured:
-        topo = replace(topo, latency=measured["latency"], idle_latency=measured.get("idle_latency", 0.0),
-                       speed=min(topo.speed, measured["speed"]),
+        topo = replace(topo, latency=measured["latency"], speed=min(topo.speed, measured["speed"]),
                        rate_mbit=measured["mbit"], overlap=measured["overlap"],
                        source=topo.source + ", latency, speed, rate and overlap measured")
     if p.latency_us:  # a given value wins over a measured one
-        topo = replace(topo, latency=p.latency_us * 1e-6, idle_latency=0.0,  # (every ring step at it, no wait)
-                       source=topo.source + ", latency given")
+        topo = replace(topo, latency=p.latency_us * 1e-6, source=topo.source + ", latency given")
     if p.speed:
         topo = replace(topo, speed=p.speed, source=topo.source + ", speed given")
     return topo

@@ -98,7 +98,6 @@ def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path, measured: d
 
     cfg = load_config(None, [*MODELS[model], *COMMON])
     probed = Topology(ranks=hosts, hosts=hosts, link_mbit=parse_rate(rate) / 1e6, latency=measured["latency"],
-                      idle_latency=measured.get("idle_latency", 0.0),
                       speed=min(1.0, cpus, measured["speed"]), rate_mbit=measured["mbit"],
                       overlap=measured["overlap"], source="emulated cluster, latency, speed, rate and overlap probed")
     planned = calibrate.choose_calibrated(job_of(cfg), lambda cal: cal.apply(probed) if cal else probed, trial,
@@ -187,8 +186,7 @@ def reprice(rows: list[dict], out: Path) -> list[dict]:
     for r in rows:
         cfg = load_config(None, [*MODELS[r["model"]], *COMMON])
         topo = Topology(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6,
-                        latency=r["latency"], idle_latency=(r.get("probe") or {}).get("idle_latency", 0.0),
-                        speed=r["speed"], rate_mbit=r["rate_mbit"], overlap=r["overlap"],
+                        latency=r["latency"], speed=r["speed"], rate_mbit=r["rate_mbit"], overlap=r["overlap"],
                         per_micro=r.get("per_micro", 0.0), source="the saved probe or trial of the cell")
         if r["model"] not in profiles:  # profiled at every candidate's micro-batch size, as planning does
             profiles[r["model"]] = choose(job_of(cfg), topo, cfg.plan.allow_async).profile

@@ -57,13 +57,13 @@ class Planned:
                  f"{self.seconds:.1f} s (profile {self.profile.seconds:.1f} s)",
                  "",
                  f"{'#':>3}  {'plan':<44} {'step ms':>8} {'compute':>8} {'comm':>8} {'bubble':>8} {'vs best':>7}  "
-                 f"{'MiB/step sent (busiest rank)':<36} {'mem MiB':>8}"]
+                 f"{'MiB/step sent (busiest rank)':<36} {'mem MiB':>8} {'calls':>6}"]
         for e in rows:
             rank = self.ranked.index(e) + 1
             sent = " ".join(f"{c} {b / 2**20:.2f}" for c, b in e.bytes.items()) or "-"
             lines.append(f"{rank:>3}  {short(e.plan):<44} {e.step * 1e3:>8.1f} {e.compute * 1e3:>8.1f} "
                          f"{e.comm * 1e3:>8.1f} {e.bubble * 1e3:>8.1f} {e.step / best:>6.2f}x  {sent:<36} "
-                         f"{e.needs / 2**20:>8.1f}")
+                         f"{e.needs / 2**20:>8.1f} {sum(e.calls.values()):>6.0f}")
         lines += ["", self.why()]
         return "\n".join(lines)
 

@@ -156,7 +156,7 @@ def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: d
         n *= 2 if width(channel) <= 2 and steps == 2 * (size - 1) * n else 1
         elems[channel] = elems.get(channel, 0.0) + e
         calls[channel] = calls.get(channel, 0.0) + n
-        seconds += e * width(channel) / topo.group_rate(size, stride * tp_stride) + topo.call(steps, n)
+        seconds += e * width(channel) / topo.group_rate(size, stride * tp_stride) + steps * topo.latency
     return seconds
 
 
@@ -169,7 +169,7 @@ def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float
     if not policy.row_kind(settings.optimizer):  # no row optimizer mirrors the run's: its tables stay dense
         return {}, 0.0, 0.0, set()
     size, stride = _strides(plan)["dp"]
-    link = Link(rate=topo.group_rate(size, stride), latency=topo.call(2 * (size - 1)), per_elem=2e-9,
+    link = Link(rate=topo.group_rate(size, stride), latency=topo.latency * 2 * (size - 1), per_elem=2e-9,
                 source="topology")
     allowed = AUTO_OPTIONS if policy.strategy.decides else (policy.strategy.builds,)
     hosts = max(1, min(plan.dp, topo.hosts))
@@ -233,7 +233,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         stage_work.append(c + s_tp)
         stage_forward.append(sum(forward[lo:hi]) + runtime / 2)  # the runtime's cost a micro-batch: half each way
         # (its activation forward, its input's gradient back: seconds each, latency of the pair)
-        stage_send.append((out * wire / pp_rate, inp * wire / pp_rate, topo.call(1) if out or inp else 0.0))
+        stage_send.append((out * wire / pp_rate, inp * wire / pp_rate, topo.latency if out or inp else 0.0))
         hops.append(2 * out * wire / pp_rate)  # one activation forward and its gradient back
         tp_elems.append({ch: e * m for ch, e in e_tp.items()})
         tp_calls.append({ch: n * m for ch, n in n_tp.items()})
@@ -259,10 +259,10 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         dp_bytes = [_ring(dp_size, p) * reduced for p in dense]
         dp_channels = {"dp.dense": max(dp_bytes)}
         # DDP (pp 1) all-reduces bucket by bucket, each paying the ring's latency; a stage's tail, one flat buffer
-        # (a half-width sum is two calls: tessel.comm's reduce-scatter and all-gather)
-        calls = (_ddp_buckets(profile, plan, served) if plan.pp == 1 else 1) * (2 if plan.reduce_dtype else 1)
-        dp_s = max(dp_bytes) / topo.group_rate(dp_size, dp_stride) + topo.call(calls * 2 * (dp_size - 1), calls)
-        dp_calls = {"dp.dense": calls}
+        calls = _ddp_buckets(profile, plan, served) if plan.pp == 1 else 1
+        dp_s = max(dp_bytes) / topo.group_rate(dp_size, dp_stride) + calls * 2 * (dp_size - 1) * topo.latency
+        # (a half-width sum is two calls, tessel.comm's reduce-scatter and all-gather, of the same ring steps)
+        dp_calls = {"dp.dense": calls * (2 if plan.reduce_dtype else 1)}
         if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
             backward = 2 / 3 * compute
             dp_s -= topo.overlap * min(dp_s * (1 - 1 / calls), backward)
@@ -270,13 +270,14 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
                                  stage_send, hops)
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
-    tail_s = topo.call(2 * 2 * (topo.ranks - 1), 2)
+    tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency
     nbytes = {**dp_channels, "pp": max(pp_elems) * wire}
     for ch in sorted({ch for e in tp_elems for ch in e}):
         nbytes[ch] = max(e.get(ch, 0.0) for e in tp_elems) * _width(ch, profile, wire)
     nbytes["tp.grads"] = max(b for b, _, _ in tp_step)
     ncalls = {ch: max(c.get(ch, 0.0) for c in tp_calls) for ch in {ch for c in tp_calls for ch in c}}
-    ncalls |= {"tp.grads": max(n for _, n, _ in tp_step)} | {ch: n for ch, n in dp_calls.items() if dp_channels.get(ch)}
+    ncalls |= {"tp.grads": max(n for _, n, _ in tp_step)}
+    ncalls |= {ch: n for ch, n in dp_calls.items() if dp_channels.get(ch)}
     if table_bytes:
         nbytes["sparse"] = table_bytes
     stage_mem = memory.peaks(plan, settings, profile, bounds, samples, wire, served, memory.rows_of(profile, plan))
@@ -309,12 +310,11 @@ def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, 
     shard = params / s
     out = {"dp.gather": 2 * m * (s - 1) * shard * gathered, "dp.scatter": (s - 1) * shard * elem}
     rate = topo.group_rate(s, stride)
-    gather = out["dp.gather"] / m / rate + topo.call(2 * units * (s - 1), 2 * units)
-    seconds = out["dp.scatter"] / rate + topo.call(units * (s - 1), units)
-    if r > 1:  # (a half-width sum is two calls: tessel.comm's reduce-scatter and all-gather)
+    gather = out["dp.gather"] / m / rate + 2 * units * (s - 1) * topo.latency
+    seconds = out["dp.scatter"] / rate + units * (s - 1) * topo.latency
+    if r > 1:
         out["dp.replicate"] = 2 * (r - 1) / r * shard * elem
-        calls = units * (2 if plan.reduce_dtype else 1)
-        seconds += out["dp.replicate"] / topo.group_rate(r, stride * s) + topo.call(units * 2 * (r - 1), calls)
+        seconds += out["dp.replicate"] / topo.group_rate(r, stride * s) + units * 2 * (r - 1) * topo.latency
     return out, gather, seconds
 
 

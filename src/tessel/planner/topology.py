@@ -34,10 +34,7 @@ class Topology:
     hosts: int = 1
     link_mbit: float = LOOPBACK_MBIT  # each host's link to the others (Mbit/s, one direction)
     local_mbit: float = LOCAL_MBIT  # between ranks of one host
-    latency: float = 200e-6  # seconds per ring step of a collective (gloo over TCP here), issued after compute
-    # seconds per ring step of a collective issued with nothing before it (measured by tessel.planner.probe; 0: not
-    # measured). Where it is below ``latency``, the difference is a wait per call (see ``call``)
-    idle_latency: float = 0.0
+    latency: float = 200e-6  # seconds per ring step of a collective (gloo over TCP here)
     speed: float = 1.0  # compute speed of a rank relative to one core of this machine (0.5: half a core)
     memory: float = math.inf  # bytes a rank may hold
     headroom: float = 0.0  # share of ``memory`` the planner leaves free (its picks are held to ``budget``)
@@ -70,7 +67,7 @@ class Topology:
             raise ConfigError(f"topology headroom is {self.headroom}; it must be a share from 0 to below 1")
         if not 0 <= self.overlap <= 1:
             raise ConfigError(f"topology overlap is {self.overlap}; it must be a share from 0 to 1")
-        for key in ("latency", "idle_latency", "per_micro", "unit_memory"):
+        for key in ("latency", "per_micro", "unit_memory"):
             v = getattr(self, key)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"topology {key.replace('_', '-')} is {v}; it must be a finite number >= 0")
@@ -79,33 +76,6 @@ class Topology:
     def budget(self) -> float:
         """Bytes a rank's plan may be predicted to hold: its memory less the headroom."""
         return self.memory * (1 - self.headroom)
-
-    @property
-    def wait(self) -> float:
-        """Seconds a collective issued after compute waits once per call beyond its ring steps: on hosts under a CPU
-        quota, for peers that have spent theirs (bench/plan-ddp-8h-1g/stall.py: 4-10 ms a call in a group of 2,
-        after short and longer compute; 8-17 ms in a group of 8). The probe times an all-reduce over all ranks
-        after compute (``latency`` a ring step) and idle (``idle_latency``): the difference over its 2(ranks - 1)
-        steps is that wait. 0 where the idle step was not measured."""
-        if not 0 < self.idle_latency < self.latency or self.ranks < 2:
-            return 0.0
-        return (self.latency - self.idle_latency) * 2 * (self.ranks - 1)
-
-    def call(self, steps: float, calls: float = 1) -> float:
-        """Seconds of ``calls`` collectives of ``steps`` ring steps in all (an all-reduce over n ranks: 2(n - 1)
-        steps; a send: 1), their bytes aside: each call's wait, and each step at the idle rate. An all-reduce over
-        all ranks costs what the probe measured, 2(ranks - 1) x ``latency``; a smaller group's call costs more than
-        its share of steps, as measured. Without an idle measurement every step costs ``latency``.
-
-        >>> t = Topology(ranks=8, hosts=8, latency=1.5e-3, idle_latency=0.25e-3)
-        >>> round(t.call(14) * 1e3, 2), round(t.call(2) * 1e3, 2), round(Topology(ranks=8).call(2) * 1e3, 2)
-        (21.0, 18.0, 0.4)
-        """
-        if steps <= 0:
-            return 0.0
-        if not self.wait:
-            return steps * self.latency
-        return calls * self.wait + steps * self.idle_latency
 
     @property
     def per_host(self) -> int:
@@ -133,9 +103,7 @@ class Topology:
                                                       "of it hidden by compute)")
         return (f"topology: {self.ranks} ranks on {self.hosts} host{'s' if self.hosts > 1 else ''}, link "
                 f"{self.link_mbit:g} Mbit/s across hosts, {self.local_mbit:g} within{moved}, latency "
-                f"{self.latency * 1e6:.0f} us"
-                + (f" ({self.wait * 1e3:.1f} ms a call, {self.idle_latency * 1e6:.0f} us a step)" if self.wait else "")
-                + f", compute {self.speed:.3g}x one core"
+                f"{self.latency * 1e6:.0f} us, compute {self.speed:.3g}x one core"
                 + (f", {self.per_micro * 1e3:.2f} ms per extra micro-batch" if self.per_micro else "")
                 + f", memory per rank {mem} ({self.source})")
 
