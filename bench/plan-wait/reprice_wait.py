@@ -7,7 +7,10 @@ its paired interval over the best measured, as `tessel bench plan` judges it.
 Needs the code of commit d91cb76, where Topology has the wait (idle_latency, Topology.call); the next commit took
 that pricing out again, as this re-pricing found it worse (docs/benchmarks.md, "A wait per call, priced flat").
 Run: git worktree add /tmp/d91 d91cb76 && PYTHONPATH=/tmp/d91/src python bench/plan-wait/reprice_wait.py \
-    bench/plan bench/plan-lstm-again ...   (the folders in reprice_wait.txt, in its order; output as there)"""
+    bench/plan bench/plan-lstm-again ...   (the folders in reprice_wait.txt, in its order)
+The profile is taken afresh by each run, so a rerun's figures move with it (shape d): run alone on
+bench/plan-unseen-5h-150-cls, the cell came out 26%, +86%, 0.00 before and 48%, +105%, 0.52 with the wait, against
+25%, +86%, 0.38 and 38%, +104%, 0.52 in reprice_wait.txt."""
 import dataclasses
 import json
 import statistics
