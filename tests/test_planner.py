@@ -64,8 +64,8 @@ def _step_bytes(base, plan_json):
 
 def _same_counts(est, got, plan) -> None:
     """A step's bytes sent and collectives called, the busiest rank's per channel, are the estimate's: the bytes
-    on every channel it prices (and any tp.* one the step used), the calls where it counts them (each pays a
-    collective's wait: Topology.call)."""
+    on every channel it prices (and any tp.* one the step used), the calls where it counts them (the tensor- and
+    data-parallel channels)."""
     sent, calls = [b for b, _ in got], [c for _, c in got]
     for channel in _channels(est.bytes, sent):
         assert est.bytes.get(channel, 0) == max(r.get(channel, 0) for r in sent), (plan.describe(), channel,

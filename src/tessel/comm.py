@@ -47,7 +47,7 @@ from .errors import CommError
 
 class ByteCounter:
     """Bytes sent and received by this rank, per channel, for the current step and in total; and the calls of the
-    current step (each pays a collective's fixed costs, which the planner prices per call)."""
+    current step (each pays a collective's fixed costs, whatever its bytes)."""
 
     def __init__(self) -> None:
         self._step: dict[str, list[int]] = defaultdict(lambda: [0, 0])

@@ -63,7 +63,7 @@ for (model, hosts, rate), folder in sorted(CELLS.items()):
                 continue
             cpu = statistics.median(per_run)
             opt = sum(dense(profile, plan, lo, hi, set())) * profile.optimizer_per_elem * profile.step_factor
-            _, s_tp = _tp_traffic(plan, profile, range(lo, hi), samples * profile.tokens_per_sample,
+            _, _, s_tp = _tp_traffic(plan, profile, range(lo, hi), samples * profile.tokens_per_sample,
                                   topo, settings.wire_dtype.itemsize)
             steps = round(s_tp / topo.latency) if plan.tp > 1 else 0  # (bytes' time is a small part at these sizes)
             layers = sum(layer[lo:hi])

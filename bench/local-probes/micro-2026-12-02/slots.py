@@ -26,7 +26,7 @@ for r in rows:
     layer = [t * profile.step_factor / topo.speed for t in _layer_seconds(plan, profile, samples)]
     out = []
     for lo, hi in plan.bounds:
-        elems, s_tp = _tp_traffic(plan, profile, range(lo, hi), samples * profile.tokens_per_sample, topo,
+        elems, _, s_tp = _tp_traffic(plan, profile, range(lo, hi), samples * profile.tokens_per_sample, topo,
                                   settings.wire_dtype.itemsize)
         out.append((round(sum(layer[lo:hi]) * 1e3, 1), round(s_tp * 1e3, 1), round(s_tp / topo.latency)))
     print(f"{r['plan']:42s} speed {topo.speed:.3f} latency {topo.latency * 1e3:.2f} ms; per stage (layers ms, tp ms,"
