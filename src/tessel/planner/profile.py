@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import fsdp, tensor
+from .. import tensor
 from ..chain import Runner, chain_of, recomputed
 from ..meta import on_meta
 from ..pipeline.layers import stage_params
@@ -134,6 +134,8 @@ class Profile:
         the stage's root where a weight stays with it (a tied one). Without a job, one per chain layer."""
         if self.job is None:
             return hi - lo
+        from .. import fsdp  # (it imports torch's FSDP and DTensor, which nothing imports before a run needs them)
+
         model, chain = self._plain()
         owned = [layer.owns for layer in chain.layers[lo:hi]]
         inside = {id(p) for m in fsdp.units(model, owned) for p in m.parameters()}
