@@ -38,7 +38,8 @@ EXACT = ("dp.dense", "dp.gather", "dp.scatter", "dp.replicate", "pp", "tp")  # a
 
 
 def _channels(predicted: dict, measured: list[dict]) -> set[str]:
-    tp = {c for c in predicted if c.startswith("tp.")} | {c for r in measured for c in r if c.startswith("tp.")}
+    tp = {c for c in predicted if c.startswith(("tp.", "pp."))} | {c for r in measured for c in r
+                                                                  if c.startswith(("tp.", "pp."))}
     return set(EXACT) | tp
 
 
@@ -64,13 +65,13 @@ def _step_bytes(base, plan_json):
 
 def _same_counts(est, got, plan) -> None:
     """A step's bytes sent and collectives called, the busiest rank's per channel, are the estimate's: the bytes
-    on every channel it prices (and any tp.* one the step used), the calls where it counts them (the tensor- and
-    data-parallel channels)."""
+    on every channel it prices (and any tp.* one the step used), the calls on the tensor-, data- and
+    pipeline-parallel channels."""
     sent, calls = [b for b, _ in got], [c for _, c in got]
     for channel in _channels(est.bytes, sent):
         assert est.bytes.get(channel, 0) == max(r.get(channel, 0) for r in sent), (plan.describe(), channel,
                                                                                    est.bytes, sent)
-    for channel in set(est.calls) | {c for r in calls for c in r if c.startswith("tp")}:
+    for channel in set(est.calls) | {c for r in calls for c in r if c.startswith(("tp", "dp", "pp"))}:
         assert est.calls.get(channel, 0) == max(r.get(channel, 0) for r in calls), (plan.describe(), channel,
                                                                                     est.calls, calls)
 

@@ -7,6 +7,7 @@ send its size):
 
     dp.dense  2(dp-1)/dp · (parameters of the stage's tp shard, tables served by rows excluded) · elem (2: bf16, asked)
     pp        micro-batches · (boundary activations out + gradients back, this rank's tp block) · elem
+    pp.tied   per weight two stages hold (a token table tied to the head): its gradient summed over them, once a step
     tp        micro-batches · Σ linears of the stage (tessel.tensor.cost.linear_traffic) · elem
     tp.head   the head's linear (1-D/2-D/3-D), per micro-batch (last stage)
     tp.loss   the vocabulary-parallel loss's per-row max, sum and target logit (fp32), per micro-batch (last stage)
@@ -218,7 +219,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     pp_rate = topo.group_rate(*strides["pp"])
     share = weights.out_share(profile, plan)
     stage_compute, stage_work, stage_send, tp_elems, pp_elems, tp_step, hops = [], [], [], [], [], [], []
-    tp_calls = []  # per stage: channel -> calls a step
+    tp_calls, pp_calls = [], []  # per stage: channel -> calls a step; the boundary's sends and receives
     stage_forward = []  # per stage: the forward's part of its compute (``c`` below)
     # what the runtime adds to each micro-batch on a stage beyond its layers (a calibration trial's per_micro): a
     # pipeline stage pays it for every micro-batch; one process's step already holds the first in step_factor
@@ -239,6 +240,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         tp_calls.append({ch: n * m for ch, n in n_tp.items()})
         tp_step.append(_tp_step(plan, profile, range(lo, hi), topo))  # once per step, after the micro-batches
         pp_elems.append((out + inp) * m)  # a middle stage sends both
+        pp_calls.append(2 * m * ((k + 1 < len(bounds)) + (k > 0)))  # each way: a send and its receive
     compute = max(stage_compute) * m
     picks, table_bytes, table_s, served = _tables(plan, profile, topo, compute, wire, settings)
     dense = [sum(weights.dense(profile, plan, lo, hi, served)) for lo, hi in bounds]
@@ -268,15 +270,19 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
             dp_s -= topo.overlap * min(dp_s * (1 - 1 / calls), backward)
     comm_pipe, bubble = pipeline(plan, stage_compute, stage_forward, [w + g for w, g in zip(stage_work, gathers)],
                                  stage_send, hops)
+    # a weight two stages hold (a tied one): its copies' gradients summed once a step, one all-reduce each
+    tied = weights.tied(profile, plan, bounds)
+    tied_bytes = [sum(_ring(g, n) * profile.elem for n, g in t) for t in tied]
+    tied_s = max(b / pp_rate + sum(2 * (g - 1) for _, g in t) * topo.latency for b, t in zip(tied_bytes, tied))
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
     tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency
-    nbytes = {**dp_channels, "pp": max(pp_elems) * wire}
+    nbytes = {**dp_channels, "pp": max(pp_elems) * wire, "pp.tied": max(tied_bytes)}
     for ch in sorted({ch for e in tp_elems for ch in e}):
         nbytes[ch] = max(e.get(ch, 0.0) for e in tp_elems) * _width(ch, profile, wire)
     nbytes["tp.grads"] = max(b for b, _, _ in tp_step)
     ncalls = {ch: max(c.get(ch, 0.0) for c in tp_calls) for ch in {ch for c in tp_calls for ch in c}}
-    ncalls |= {"tp.grads": max(n for _, n, _ in tp_step)}
+    ncalls |= {"tp.grads": max(n for _, n, _ in tp_step), "pp": max(pp_calls), "pp.tied": max(map(len, tied))}
     ncalls |= {ch: n for ch, n in dp_calls.items() if dp_channels.get(ch)}
     if table_bytes:
         nbytes["sparse"] = table_bytes
@@ -284,7 +290,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     mem = max(stage_mem)
     held = max(m + topo.unit_memory * n for m, n in zip(stage_mem, units)) - mem  # (the fullest stage's, with it)
     tp_grads_s = max(s for _, _, s in tp_step)
-    return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s, bubble,
+    return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s + tied_s, bubble,
                     {k: v for k, v in nbytes.items() if v}, mem, picks, held, {k: v for k, v in ncalls.items() if v})
 
 

@@ -44,3 +44,19 @@ def dense(profile: Profile, plan: ParallelPlan, lo: int, hi: int, names: set[str
             seen.add(name)
         out.append(held - served(profile, plan, layer, names))
     return out
+
+
+def tied(profile: Profile, plan: ParallelPlan, bounds) -> list[list[tuple[float, int]]]:
+    """Per stage, (elements, stages holding it) of each weight it shares with another stage (a token table tied to
+    the head on the last): every stage keeps a copy and their gradients are summed once a step
+    (tessel.pipeline.layers.ties)."""
+    sizes = profile.param_sizes(plan.tp_mode, plan.tp_grid)
+    where: dict[str, set[int]] = {}
+    size: dict[str, int] = {}
+    for k, (lo, hi) in enumerate(bounds):
+        for named in sizes[lo:hi]:
+            for name, n in named:
+                where.setdefault(name, set()).add(k)
+                size[name] = n
+    return [[(size[name], len(ks)) for name, ks in where.items() if k in ks and len(ks) > 1]
+            for k in range(len(bounds))]
