@@ -43,6 +43,7 @@ from ..sparse.plan import AUTO_OPTIONS, follows
 from ..tensor.cost import grad_sum_traffic, linear_traffic, norm_sum_traffic
 from . import memory, weights
 from .profile import Profile
+from .shards import first_use
 from .span import pipeline
 from .topology import Topology
 
@@ -249,14 +250,14 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     gathers = [0.0] * len(bounds)  # FSDP's gathers of one micro-batch, per stage
     units = memory.fsdp_units(plan, bounds)
     if plan.dp_shard > 1:
-        calls = [profile.fsdp_calls(lo, hi) for lo, hi in bounds]  # FSDP's gathers a pass, per stage
+        passes = [profile.fsdp_calls(lo, hi) for lo, hi in bounds]  # FSDP's gathers a pass, per stage
         sharded = [_sharded_sync(plan, p, n, settings.compute_dtype.itemsize if settings.precision.compute
-                                 else profile.elem, reduced, topo, dp_stride) for p, n in zip(dense, calls)]
+                                 else profile.elem, reduced, topo, dp_stride) for p, n in zip(dense, passes)]
         dp_channels = {ch: max(c.get(ch, 0.0) for c, _, _ in sharded) for ch in sharded[0][0]}  # the busiest rank
         gathers = [g for _, g, _ in sharded]
         dp_s = max(t for _, _, t in sharded)
-        dp_calls = {"dp.gather": 2 * max(calls) * m, "dp.scatter": max(calls),
-                    "dp.replicate": max(calls) * (2 if plan.reduce_dtype else 1)}
+        dp_calls = {"dp.gather": 2 * max(passes) * m, "dp.scatter": max(passes),
+                    "dp.replicate": max(passes) * (2 if plan.reduce_dtype else 1)}
     else:
         dp_bytes = [_ring(dp_size, p) * reduced for p in dense]
         dp_channels = {"dp.dense": max(dp_bytes)}
@@ -328,11 +329,9 @@ def _ddp_buckets(profile: Profile, plan: ParallelPlan, served: set[str]) -> int:
     """All-reduces DDP makes of a whole model's gradients on one rank: its parameters (less the tables served by
     rows) in reverse, cut at the bucket size the run asks for (tessel's rule, or torch's 25 MB where DDP runs as
     shipped: no tessel hook, or torch's sparse gradients, whose own buckets are not counted)."""
-    named: dict[str, float] = {}  # (a tied weight once, where its first layer puts it)
-    for layer, sizes in zip(profile.layers, profile.param_sizes(plan.tp_mode, plan.tp_grid)):
-        named |= {name: n * profile.elem for name, n in sizes if name not in named
-                  and not any(name.startswith(f"{t}.") for t in served if t in layer.tables)}
-    sizes = list(named.values())
+    sizes = [n * profile.elem for layer, named in zip(profile.layers, first_use(profile.param_sizes(
+                 plan.tp_mode, plan.tp_grid))) for name, n in named
+             if not any(name.startswith(f"{t}.") for t in served if t in layer.tables)]
     as_shipped = not plan.ddp_hook or any(s.ddp_sparse for s in plan.sparse.given())
     cap = plan.bucket_mb or (buckets.TORCH_MB if as_shipped else buckets.auto_mb(sum(sizes)))
     return max(1, buckets.count(reversed(sizes), cap))

@@ -41,7 +41,7 @@ from ..train.engine import Engine
 from ..train.optim import build_optimizer
 from ..train.tail import StepTail
 from .job import Job
-from .shards import TensorLayer, TensorShards, each_param
+from .shards import TensorLayer, TensorShards, each_param, first_use
 
 FORWARD_SHARE = 1 / 3  # where untimed: a linear's one matrix product forward against its two backward
 
@@ -112,7 +112,7 @@ class Profile:
     @property
     def params(self) -> int:
         """Parameter elements of the model, a tied weight once."""
-        return sum(dict(n for layer in self.param_sizes("1d", (1,)) for n in layer).values())
+        return sum(n for layer in first_use(self.param_sizes("1d", (1,))) for _, n in layer)
 
     def param_sizes(self, mode: str, grid: tuple[int, ...]) -> list[list[tuple[str, int]]]:
         """Per chain layer, (name, elements) of each parameter it uses that one rank holds under tensor parallelism
@@ -134,13 +134,16 @@ class Profile:
         the stage's root where a weight stays with it (a tied one). Without a job, one per chain layer."""
         if self.job is None:
             return hi - lo
-        from .. import fsdp  # (it imports torch's FSDP and DTensor, which nothing imports before a run needs them)
+        key = ("fsdp calls", lo, hi)
+        if key not in self._shards:
+            from .. import fsdp  # (it imports torch's FSDP and DTensor, which nothing imports before a run needs)
 
-        model, chain = self._plain()
-        owned = [layer.owns for layer in chain.layers[lo:hi]]
-        inside = {id(p) for m in fsdp.units(model, owned) for p in m.parameters()}
-        left = set(map(id, stage_params(model, chain, lo, hi).values())) - inside
-        return len(fsdp.units(model, owned)) + bool(left)
+            model, chain = self._plain()
+            units = fsdp.units(model, [layer.owns for layer in chain.layers[lo:hi]])
+            inside = {id(p) for m in units for p in m.parameters()}
+            left = set(map(id, stage_params(model, chain, lo, hi).values())) - inside
+            self._shards[key] = len(units) + bool(left)
+        return self._shards[key]
 
     def _plain(self):
         """The plain model on the meta device and its chain, built once."""

@@ -35,7 +35,7 @@ class TensorShards:
     each: list[list] = field(default_factory=list)  # [(name, elements)] of the parameters held (profile.param_sizes)
     share: list[float] = field(default_factory=list)  # share of the layer's output held
     partial: list[dict] = field(default_factory=list)  # row-cut axes -> elements whose gradients are summed there
-    traffic: list[list] = field(default_factory=list)  # (tokens) -> [(channel, axis, elements, steps)]: norms,
+    traffic: list[list] = field(default_factory=list)  # (tokens) -> [(channel, axis, elements, steps, calls)]: norms,
     #                                                    token table, loss (tensor.cost)
     table_parts: dict[str, int] = field(default_factory=dict)  # table -> blocks its rows are cut into (1: whole)
 
@@ -46,3 +46,14 @@ def each_param(model, chain, layers: int) -> list[list[tuple[str, int]]]:
     first: dict[int, str] = {}
     return [[(first.setdefault(id(p), n), p.numel()) for n, p in stage_params(model, chain, i, i + 1).items()]
             for i in range(layers)]
+
+
+def first_use(layers: list[list[tuple[str, int]]]) -> list[list[tuple[str, int]]]:
+    """``layers`` (each_param's lists, for a stage or the whole model) with each parameter under the first layer
+    that uses it only: what one rank holds, a tied weight once."""
+    seen: set[str] = set()
+    out = []
+    for named in layers:
+        out.append([(name, n) for name, n in named if name not in seen])
+        seen.update(name for name, _ in named)
+    return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..plan import ParallelPlan
 from .profile import Profile
+from .shards import first_use
 
 
 def out_share(profile: Profile, plan: ParallelPlan) -> list[float]:
@@ -34,16 +35,9 @@ def dense(profile: Profile, plan: ParallelPlan, lo: int, hi: int, names: set[str
     """Per layer of ``lo..hi`` (one stage), the dense weight elements one rank holds and its sync sums: the
     layer's parameters (a tensor-parallel shard's, replicated pieces whole), a weight an earlier layer of the
     stage also uses (a tied one) counted there only, less the tables served by rows (``names``)."""
-    sizes = profile.param_sizes(plan.tp_mode, plan.tp_grid)
-    seen: set[str] = set()
-    out = []
-    for layer, named in zip(profile.layers[lo:hi], sizes[lo:hi]):
-        held = 0
-        for name, n in named:
-            held += n * (name not in seen)
-            seen.add(name)
-        out.append(held - served(profile, plan, layer, names))
-    return out
+    held = first_use(profile.param_sizes(plan.tp_mode, plan.tp_grid)[lo:hi])
+    return [sum(n for _, n in named) - served(profile, plan, layer, names)
+            for layer, named in zip(profile.layers[lo:hi], held)]
 
 
 def tied(profile: Profile, plan: ParallelPlan, bounds) -> list[list[tuple[float, int]]]:
