@@ -1,0 +1,65 @@
+"""Each saved cell's candidates priced twice on one fresh profile per (model, hosts): every ring step at the probe's
+loaded latency (before; Topology.sync empty), and each call at what the probe measured a call to cost after the compute
+before it (now; the cell's saved probe's ``sync``). The measurements are the runs'; only the prices change. Per cell:
+median and worst error, Spearman, and the pick (the cheapest-priced candidate of those run) judged by its paired
+interval over the best measured, as `tessel bench plan` judges it.
+
+Run right after the cells' runs (the profile is taken afresh, so a later rerun moves with the machine, shape d):
+    python bench/plan-sync/reprice_sync.py bench/plan-sync-8h-1g ..."""
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from tessel.bench import plan_check as pc
+from tessel.cluster.emulate import parse_rate
+from tessel.config import load_config
+from tessel.plan import ParallelPlan
+from tessel.planner import choose
+from tessel.planner.estimate import estimate
+from tessel.planner.topology import Topology, sync_points
+from tessel.resolve import job_of, policy_of, settings_of
+
+profiles = {}
+
+
+def priced(r, folder):
+    cfg = load_config(None, [*pc.MODELS[r["model"]], *pc.COMMON])
+    probe = r.get("probe") or {}
+    now = Topology(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6, latency=r["latency"],
+                   speed=r["speed"], rate_mbit=r["rate_mbit"], overlap=r["overlap"], per_micro=r.get("per_micro", 0.0),
+                   sync=sync_points(probe), source="saved")
+    before = dataclasses.replace(now, sync=())
+    key = (r["model"], r["hosts"])
+    if key not in profiles:
+        profiles[key] = choose(job_of(cfg), before, cfg.plan.allow_async).profile
+    label = r["plan"].replace(" ", "-")
+    plan = ParallelPlan.from_json((folder / "plans" / f"{r['model']}-h{r['hosts']}-{r['rate']}" /
+                                   f"{label}.json").read_text()).with_(sparse=policy_of(cfg))
+    return [estimate(plan, settings_of(cfg), profiles[key], t) for t in (before, now)]
+
+
+def score(rs):
+    errs = [(r["predicted"] - r["measured"]) / r["measured"] for r in rs]
+    ratio, verdict = pc._pick(rs)
+    pick = min(rs, key=lambda r: r["predicted"])["plan"]
+    said = f"{ratio.value:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}) {verdict}" if ratio and ratio.n > 1 else verdict
+    return (f"{statistics.median(abs(e) for e in errs):.0%}, {max(errs, key=abs):+.0%}, "
+            f"{pc._spearman([r['predicted'] for r in rs], [r['measured'] for r in rs]):.2f}, pick {pick}: {said}")
+
+
+for name in sys.argv[1:]:
+    folder = Path(name)
+    rows = [r for r in json.loads((folder / "results.json").read_text())["rows"] if r.get("measured")]
+    cells = {}
+    for r in rows:
+        b, n = priced(r, folder)
+        cells.setdefault((r["model"], r["hosts"], r["rate"]), []).append((r, b, n))
+    for cell, got in cells.items():
+        before = [{**r, "predicted": b.step} for r, b, _ in got]
+        now = [{**r, "predicted": n.step} for r, _, n in got]
+        print(f"{name} {cell}:\n  before {score(before)}\n  now    {score(now)}", flush=True)
+        for r, b, n in got:
+            print(f"    {r['plan']}: {b.step * 1e3:.0f} -> {n.step * 1e3:.0f} ms (comm {b.comm * 1e3:.0f} -> "
+                  f"{n.comm * 1e3:.0f}), measured {r['measured'] * 1e3:.0f}, at the run {r['predicted'] * 1e3:.0f}")

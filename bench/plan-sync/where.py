@@ -1,0 +1,53 @@
+"""Where a tensor-parallel step's wall goes on the emulated hosts: `tessel train` with tessel.comm's collectives
+timed. Every blocking collective's wall and each asynchronous one's wait is added to its channel; each step (from
+one tessel.comm.counter.end_step to the next) also gives its wall, the main thread's CPU and the process's CPU (gloo's
+threads too). Each rank prints one line per step after the first two, as JSON; the medians over steps and ranks are
+what docs/benchmarks.md quotes.
+
+Run: tessel cluster run --hosts 8 --rate 1gbit --torchrun -- bench/plan-sync/where.py <tessel train's arguments>"""
+import json
+import os
+import sys
+import time
+
+from tessel import comm
+from tessel.cli import main
+
+spent: dict[str, float] = {}
+
+
+def timed(what, channel, call, async_op, then=None):
+    t0 = time.perf_counter()
+    out = real_run(what, channel, call, async_op, then)
+    spent[channel] = spent.get(channel, 0.0) + time.perf_counter() - t0
+    if out is not None:  # an asynchronous call: its wait is the time it holds the step up
+        wait = out.wait
+
+        def waited():
+            w0 = time.perf_counter()
+            wait()
+            spent[channel] = spent.get(channel, 0.0) + time.perf_counter() - w0
+        out.wait = waited
+    return out
+
+
+real_run, comm._run = comm._run, timed
+real_end = comm.counter.end_step
+mark = [time.perf_counter(), time.thread_time(), time.process_time()]
+step = [0]
+
+
+def end_step():
+    now = [time.perf_counter(), time.thread_time(), time.process_time()]
+    step[0] += 1
+    if step[0] > 2:
+        print("where " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "step": step[0],
+                                     "wall": now[0] - mark[0], "thread_cpu": now[1] - mark[1],
+                                     "process_cpu": now[2] - mark[2], "comm": dict(spent)}), flush=True)
+    mark[:] = now
+    spent.clear()
+    return real_end()
+
+
+comm.counter.end_step = end_step
+sys.exit(main(["train", *sys.argv[1:]]))
