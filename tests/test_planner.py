@@ -18,7 +18,6 @@ from tessel import comm, planner
 from tessel.cli import main
 from tessel.config import load_config
 from tessel.data import ShardedLoader
-from tessel.errors import ConfigError
 from tessel.mesh import build_mesh
 from tessel.parallelize import parallelize
 from tessel.plan import ParallelPlan, TablePolicy, problems
@@ -395,14 +394,6 @@ def test_probe_measures_latency_and_speed(world4):
     assert out[0] == out[3]  # every rank returns the group's worst
     assert out[0]["ranks"] == 4 and out[0]["latency"] > 0 and 0 < out[0]["speed"] <= 1.5
     assert 0 < out[0]["mbit"] < math.inf and 0 <= out[0]["overlap"] <= 1
-    # a tiny all-reduce timed after bursts of 0, 1, 4 and 16 matmuls, in groups of 2 and of the world
-    sync = out[0]["sync"]
-    assert [g for g, _, _ in sync] == [2] * 4 + [4] * 4 and all(math.isfinite(v) for _, _, v in sync)
-    for g in (2, 4):
-        cpu = [c for s, c, _ in sync if s == g]
-        assert cpu[0] < 1e-4 < cpu[1] < cpu[2] < cpu[3], cpu  # the bursts' CPU grows with their matmuls
-    topo = planner.topology.probed(planner.Topology(ranks=4, hosts=4), out[0], "probed")
-    assert topo.sync == tuple((g, c, v) for g, c, v in sync) and topo.latency == out[0]["latency"]
 
 
 def _trial(base):
@@ -528,58 +519,6 @@ def test_a_ddp_step_pays_the_ring_latency_once_per_bucket_ddp_makes():
     pipes = [estimate(ParallelPlan(dp=2, pp=2, micro_batches=2, bucket_mb=mb), settings, profile, topo) for mb in
              (0.01, 25.0)]
     assert pipes[0].step == pipes[1].step  # no buckets there: one flat buffer per stage, whatever DDP's size
-
-
-def test_a_calls_cost_is_what_the_probe_measured_after_the_compute_before_it():
-    """Where the probe measured what a synchronizing call costs after compute (Topology.sync), each collective is
-    priced at that cost, after its share of the compute since its group last synchronized: a tensor-parallel layer's
-    compute split between the layer's calls, DDP's whole step before its last bucket (the others follow it at once),
-    nothing before the step's tail. With a cost a + k·c (c: a core's seconds of compute before the call) the step
-    grows by a per call and k per second of compute the calls follow."""
-    cfg = load_config(None, TINY["transformer_lm"])
-    job, settings = job_of(cfg), settings_of(cfg)
-    profile = measure(job, dps=(1,))
-    profile.optimizer_per_elem = 0.0  # (the step's compute is then its layers')
-    a, k, speed = 2e-3, 0.5, 0.25
-
-    def topo(ranks, cost):
-        return planner.Topology(ranks=ranks, hosts=ranks, link_mbit=1e6, latency=1e-3, speed=speed, overlap=0.0,
-                                sync=tuple((g, c, cost(c)) for g in (2, 4) for c in (0.0, 10.0)))
-
-    def grows(plan, ranks):
-        zero, linear = (estimate(plan, settings, profile, topo(ranks, f)) for f in (lambda c: 0.0, lambda c: a + k * c))
-        return linear.step - zero.step, linear
-
-    # DDP, one bucket: its call after the step's compute, the tail's two after none
-    got, est = grows(ParallelPlan(dp=4, bucket_mb=25.0), 4)
-    assert est.calls["dp.dense"] == 1
-    assert math.isclose(got, a + k * est.compute * speed + 2 * a, rel_tol=1e-9), got
-    # many buckets: each further call after none
-    got_many, est = grows(ParallelPlan(dp=4, bucket_mb=0.01), 4)
-    assert est.calls["dp.dense"] > 3
-    assert math.isclose(got_many - got, (est.calls["dp.dense"] - 1) * a, rel_tol=1e-9)
-    # 1-D tensor parallelism over 2 ranks: every layer's calls split its compute; the gradient sums after none
-    got, est = grows(ParallelPlan(tp=2), 2)
-    calls = sum(est.calls.values())
-    assert est.calls["tp"] > 8 and math.isclose(got, a * (calls + 2) + k * est.compute * speed, rel_tol=1e-9), got
-    # no measurement: every ring step at the loaded latency, as before
-    plain = planner.Topology(ranks=4, hosts=4, link_mbit=1e6, latency=1e-3, speed=speed, overlap=0.0)
-    assert math.isclose(plain.sync_seconds(4, calls=3, steps=18, cpu=1.0), 18e-3)
-
-
-def test_a_calls_measured_cost_is_rising_in_the_compute_and_flat_past_the_longest_burst():
-    """The probe's means over a few calls can fall where a longer burst preceded them; the cost a call is priced at
-    never does (the nearest rising values), stays at the longest burst's past it, and lies between the group sizes
-    measured for one between them."""
-    t = planner.Topology(ranks=8, hosts=8, sync=((2, 0.0, 1e-3), (2, 1e-3, 4e-3), (2, 2e-3, 3e-3),
-                                                 (8, 0.0, 3e-3), (8, 2e-3, 9e-3)))
-    assert math.isclose(t.sync_seconds(2, 1, 2, cpu=1e-3), 3.5e-3)  # 4 and 3 pooled
-    assert math.isclose(t.sync_seconds(2, 1, 2, cpu=5e-3), 3.5e-3)  # flat past 2 ms
-    assert math.isclose(t.sync_seconds(2, 2, 4, cpu=1e-3), 2.25e-3 * 2)  # two calls, 0.5 ms before each
-    assert math.isclose(t.sync_seconds(4, 1, 6, cpu=0.0), 1e-3 + (3e-3 - 1e-3) * 2 / 6)
-    assert t.sync_seconds(1, 4, 0, cpu=1.0) == 0.0
-    with pytest.raises(ConfigError, match="topology sync"):
-        planner.Topology(ranks=2, sync=((2, 0.0, math.nan),))
 
 
 def test_sharded_gathers_lengthen_every_stage_slot():

@@ -25,10 +25,7 @@ gradient's trip over every boundary (GPipe: each of its two phases so, a forward
 it runs every forward before any backward); an asynchronous one m slowest slots (no flush: the bubble is only the
 imbalance); DDP all-reduces the gradients bucket by bucket, each paying the ring's latency, and hides them behind
 backward up to the last bucket, as far as the topology's measured overlap lets it; a pipeline's gradient sync, the
-tp gradient sums and the optimizer step follow the micro-batches. A collective's latency is its ring steps at the
-topology's loaded latency, or, where the probe measured what a call costs after compute (Topology.sync), that cost
-after the call's share of the compute since its group last synchronized: a tp layer's compute split between its
-calls, an FSDP unit's between its gathers and reduce-scatter, DDP's whole step before the bucket it waits for. Tables served by rows are priced by the
+tp gradient sums and the optimizer step follow the micro-batches. Tables served by rows are priced by the
 sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added as exposed time.
 """
 
@@ -104,13 +101,12 @@ def _width(channel: str, profile: Profile, wire: int) -> int:
     return profile.elem if channel in FULL_WIDTH else wire
 
 
-def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float, topo: Topology, wire: int,
-                cpu: list[float]) -> tuple[dict[str, float], dict[str, float], float]:
+def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float, topo: Topology, wire: int
+                ) -> tuple[dict[str, float], dict[str, float], float]:
     """(channel -> elements this rank sends, channel -> calls, seconds) for one micro-batch of ``rows`` tokens
     through ``layers``:
     the linears (``tp``, the head's on ``tp.head``), the norms over split features, the token table, the loss
-    (``tp.loss``). ``cpu``: per chain layer, a core's seconds of its compute on the micro-batch, which its calls
-    split between them (each call synchronizes the group after its share: Topology.sync_seconds)."""
+    (``tp.loss``)."""
     if plan.tp == 1:
         return {}, {}, 0.0
     shards = profile.tp_layers(plan.tp_mode, plan.tp_grid)
@@ -125,7 +121,7 @@ def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float
                  for t in linear_traffic(plan.tp_mode, plan.tp_grid, rows, h, h2, up, plan.regather, i > 0, live,
                                          again, ends)]
         moved += [t for traffic in shards.traffic[i] for t in traffic(rows, again)]
-        seconds += _tally(plan, profile, topo, moved, elems, calls, lambda ch: _width(ch, profile, wire), cpu[i])
+        seconds += _tally(plan, profile, topo, moved, elems, calls, lambda ch: _width(ch, profile, wire))
     return elems, calls, seconds
 
 
@@ -150,12 +146,11 @@ def _tp_step(plan: ParallelPlan, profile: Profile, layers: range, topo: Topology
 
 
 def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: dict[str, float],
-           calls: dict[str, float], width, cpu: float = 0.0) -> float:
+           calls: dict[str, float], width) -> float:
     """Add ``moved`` [(channel, grid axis, elements, ring steps, calls)] to ``elems`` and ``calls``; returns their
-    seconds on ``topo`` (``width``: channel -> bytes per element; ``cpu``: a core's seconds of compute the calls
-    split between them)."""
+    seconds on ``topo`` (``width``: channel -> bytes per element)."""
     axes, (tp_size, tp_stride) = _tp_axes(plan), _strides(plan)["tp"]
-    priced = []  # (channel, group size, stride, elements, ring steps, calls)
+    seconds = 0.0
     for channel, axis, e, steps, n in moved:
         size, stride = axes.get(axis, (tp_size, 1))
         # an all-reduce (2(q - 1) steps a call; a gather or reduce-scatter has q - 1) of half-width terms is two
@@ -163,10 +158,8 @@ def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: d
         n *= 2 if width(channel) <= 2 and steps == 2 * (size - 1) * n else 1
         elems[channel] = elems.get(channel, 0.0) + e
         calls[channel] = calls.get(channel, 0.0) + n
-        priced.append((channel, size, stride, e, steps, n))
-    share = cpu / max(sum(n for *_, n in priced), 1.0)  # the compute before each call
-    return sum(e * width(ch) / topo.group_rate(size, stride * tp_stride) + topo.sync_seconds(size, n, steps, share * n)
-               for ch, size, stride, e, steps, n in priced)
+        seconds += e * width(channel) / topo.group_rate(size, stride * tp_stride) + steps * topo.latency
+    return seconds
 
 
 def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float, wire: int, settings: Settings
@@ -220,7 +213,6 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
                  for t, layer in zip(base, profile.layers)]
     # the forward's part (a recompute runs it again inside the backward, which holds that)
     forward = [t * layer.forward_share for t, layer in zip(base, profile.layers)]
-    cpu = [t * topo.speed for t in per_layer]  # a core's seconds of each layer's compute (what the calls split)
     bounds = plan.bounds or tuple(balance(per_layer, plan.pieces)) if plan.pp > 1 else ((0, len(per_layer)),)
     if plan.pp > 1 and not plan.bounds:
         plan = plan.with_(bounds=tuple(tuple(x) for x in bounds))
@@ -235,7 +227,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     runtime = topo.per_micro * (1.0 if plan.pp > 1 else (m - 1) / m)
     for k, (lo, hi) in enumerate(bounds):
         c = sum(per_layer[lo:hi]) + runtime
-        e_tp, n_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo, wire, cpu)
+        e_tp, n_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo, wire)
         # a stage sends its output forward and its input's gradient back, this rank's block of each
         out = samples * profile.layers[hi - 1].out_per_sample * share[hi - 1] if k + 1 < len(bounds) else 0.0
         inp = samples * profile.layers[lo - 1].out_per_sample * share[lo - 1] if k > 0 else 0.0
@@ -260,8 +252,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     if plan.dp_shard > 1:
         passes = [profile.fsdp_calls(lo, hi) for lo, hi in bounds]  # FSDP's gathers a pass, per stage
         sharded = [_sharded_sync(plan, p, n, settings.compute_dtype.itemsize if settings.precision.compute
-                                 else profile.elem, reduced, topo, dp_stride, c * topo.speed)
-                   for p, n, c in zip(dense, passes, stage_compute)]
+                                 else profile.elem, reduced, topo, dp_stride) for p, n in zip(dense, passes)]
         dp_channels = {ch: max(c.get(ch, 0.0) for c, _, _ in sharded) for ch in sharded[0][0]}  # the busiest rank
         gathers = [g for _, g, _ in sharded]
         dp_s = max(t for _, _, t in sharded)
@@ -272,11 +263,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         dp_channels = {"dp.dense": max(dp_bytes)}
         # DDP (pp 1) all-reduces bucket by bucket, each paying the ring's latency; a stage's tail, one flat buffer
         calls = _ddp_buckets(profile, plan, served) if plan.pp == 1 else 1
-        # (the buckets go out as backward reaches them and only the last is waited for: the group synchronizes
-        # once, after the step's compute, and the other calls follow at once)
-        dp_s = (max(dp_bytes) / topo.group_rate(dp_size, dp_stride)
-                + topo.sync_seconds(dp_size, 1, 2 * (dp_size - 1), compute * topo.speed)
-                + topo.sync_seconds(dp_size, calls - 1, (calls - 1) * 2 * (dp_size - 1)))
+        dp_s = max(dp_bytes) / topo.group_rate(dp_size, dp_stride) + calls * 2 * (dp_size - 1) * topo.latency
         # (a half-width sum is two calls, tessel.comm's reduce-scatter and all-gather, of the same ring steps)
         dp_calls = {"dp.dense": calls * (2 if plan.reduce_dtype else 1)}
         if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
@@ -287,11 +274,10 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     # a weight two stages hold (a tied one): its copies' gradients summed once a step, one all-reduce each
     tied = weights.tied(profile, plan, bounds)
     tied_bytes = [sum(_ring(g, n) * profile.elem for n, g in t) for t in tied]
-    tied_s = max(b / pp_rate + sum(topo.sync_seconds(g, 1, 2 * (g - 1)) for _, g in t)
-                 for b, t in zip(tied_bytes, tied))
+    tied_s = max(b / pp_rate + sum(2 * (g - 1) for _, g in t) * topo.latency for b, t in zip(tied_bytes, tied))
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
-    tail_s = topo.sync_seconds(topo.ranks, 2, 2 * 2 * (topo.ranks - 1))
+    tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency
     nbytes = {**dp_channels, "pp": max(pp_elems) * wire, "pp.tied": max(tied_bytes)}
     for ch in sorted({ch for e in tp_elems for ch in e}):
         nbytes[ch] = max(e.get(ch, 0.0) for e in tp_elems) * _width(ch, profile, wire)
@@ -320,26 +306,22 @@ def _layer_seconds(plan: ParallelPlan, profile: Profile, samples: float) -> list
 
 
 def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, elem: int, topo: Topology,
-                  stride: int, cpu: float) -> tuple[dict[str, float], float, float]:
+                  stride: int) -> tuple[dict[str, float], float, float]:
     """(bytes per channel, seconds of one micro-batch's gathers, seconds once a step) of FSDP's traffic on a stage
     of ``params`` dense elements gathered in ``units`` calls a pass: every weight gathered from the s ranks of its
     shard group before each micro-batch's forward and again before its backward (in the compute width), its gradients
     reduce-scattered once a step (the masters' width), and under HSDP each gradient shard summed over its r
     replicas (a ring). gloo runs FSDP's calls one at a time, so nothing overlaps the compute: a micro-batch's
-    gathers lengthen its slot on the stage (and so, in a pipeline, every stage downstream waits for them). ``cpu``: a
-    core's seconds of the stage's compute on a micro-batch, split between its calls (each synchronizes the shard group
-    after its unit's share: a third before each gather, a third before each reduce-scatter)."""
+    gathers lengthen its slot on the stage (and so, in a pipeline, every stage downstream waits for them)."""
     s, r, m = plan.dp_shard, plan.dp_replicate, plan.micro_batches
     shard = params / s
     out = {"dp.gather": 2 * m * (s - 1) * shard * gathered, "dp.scatter": (s - 1) * shard * elem}
     rate = topo.group_rate(s, stride)
-    each = cpu / (3 * units)
-    gather = out["dp.gather"] / m / rate + topo.sync_seconds(s, 2 * units, 2 * units * (s - 1), 2 * units * each)
-    seconds = out["dp.scatter"] / rate + topo.sync_seconds(s, units, units * (s - 1), units * each)
-    if r > 1:  # each follows its shard's reduce-scatter at once
+    gather = out["dp.gather"] / m / rate + 2 * units * (s - 1) * topo.latency
+    seconds = out["dp.scatter"] / rate + units * (s - 1) * topo.latency
+    if r > 1:
         out["dp.replicate"] = 2 * (r - 1) / r * shard * elem
-        seconds += (out["dp.replicate"] / topo.group_rate(r, stride * s)
-                    + topo.sync_seconds(r, units, units * 2 * (r - 1)))
+        seconds += out["dp.replicate"] / topo.group_rate(r, stride * s) + units * 2 * (r - 1) * topo.latency
     return out, gather, seconds
 
 

@@ -11,8 +11,7 @@ the compute bursts alone: the share of a core a rank gets), ``mbit`` (the rate a
 between bursts, its latency taken out: with a CPU quota gloo's copies and sums can fill a fast link only
 partly), ``overlap`` (how much of that all-reduce, issued asynchronously, hides behind as long a compute
 burst: 1 when the two overlap fully, 0 when they take turns, as gloo's threads and the compute do under a
-tight CPU quota), ``idle_latency`` and ``sync`` (per group size, what a tiny all-reduce costs after compute bursts
-of a few lengths beyond the bursts' CPU at ``speed``: :func:`sync_cost`).
+tight CPU quota) and ``idle_latency``.
 """
 
 from __future__ import annotations
@@ -63,41 +62,6 @@ def hidden_share(t: torch.Tensor, a: torch.Tensor, w: torch.Tensor, alone: float
     return min(1.0, max(0.0, (c + alone - b) / min(c, alone)))
 
 
-SYNC_BURSTS = (0, 1, 4, 16)  # matmuls before each call: none, then about 0.4, 1.5 and 6 ms of a core
-
-
-def sync_cost(one: torch.Tensor, a: torch.Tensor, w: torch.Tensor, speed: float, rounds: int = 20
-              ) -> list[list[float]]:
-    """[[group size, CPU seconds of the burst before a call, seconds beyond that CPU at ``speed``], ...] over groups of
-    2, 4, ... consecutive ranks and the whole world: a burst of compute, then a tiny all-reduce in the group, timed
-    together. Under a CPU quota a burst may run at a whole core or be throttled, and the call waits for the group's
-    slowest rank, so what a synchronizing call costs beyond the compute's CPU at the mean speed grows with the
-    compute since the group last synchronized (tessel.planner.topology.Topology.sync_excess prices it per call)."""
-    n, rank = dist.get_world_size(), dist.get_rank()
-    sizes = sorted({s for s in (2, 4, 8, 16) if s < n} | {n}) if n > 1 else []
-    out = []
-    for size in sizes:
-        group, _ = dist.new_subgroups_by_enumeration([list(range(s, min(s + size, n))) for s in range(0, n, size)])
-        full = rank < n - n % size  # a rank of a last, smaller group measures but does not report
-        for _ in range(3):
-            comm.all_reduce(one, "probe", group=group)
-        comm.barrier("probe")
-        for burst in SYNC_BURSTS:
-            walls, cpus = [], []
-            for _ in range(rounds):
-                t0, c0 = time.perf_counter(), time.thread_time()
-                compute_burst(a, w, burst)
-                cpus.append(time.thread_time() - c0)
-                comm.all_reduce(one, "probe", group=group)
-                walls.append(time.perf_counter() - t0)
-            cpu = statistics.mean(cpus)
-            mine = torch.tensor([cpu, statistics.mean(walls) - cpu / speed, float(full)], dtype=torch.float64)
-            got = torch.stack(comm.all_gather(mine, "probe"))  # (ranks, 3)
-            kept = got[got[:, 2] > 0]
-            out.append([size, float(kept[:, 0].mean()), float(kept[:, 1].mean())])
-    return out
-
-
 def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: int = 8 << 20) -> dict:
     n = dist.get_world_size()
     steps = max(2 * (n - 1), 1)
@@ -127,8 +91,7 @@ def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: 
     mine = torch.tensor([latency, sum(cpu) / sum(wall), statistics.median(idle) / steps, mbit, overlap],
                         dtype=torch.float64)
     stack = torch.stack(comm.all_gather(mine, "probe"))  # (ranks, 5)
-    sync = sync_cost(one, a, w, float(stack[:, 1].min()), max(3, rounds // 2))
-    return {"sync": sync, "latency": float(stack[:, 0].max()), "speed": float(stack[:, 1].min()),
+    return {"latency": float(stack[:, 0].max()), "speed": float(stack[:, 1].min()),
             "idle_latency": float(stack[:, 2].max()), "mbit": float(stack[:, 3].min()),
             "overlap": float(stack[:, 4].min()), "ranks": n}
 

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, replace
-
-import numpy as np
+from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..sparse.cost import env_link_mbit
@@ -54,12 +52,6 @@ class Topology:
     # 0.68 MiB more of the rest per unit (330 MiB at 2 layers, 344 at 23; bench/local-probes); 0 on a GPU, where
     # it is host memory, not the device's
     unit_memory: float = 0.0
-    # what a synchronizing call costs, measured by the probe (tessel.planner.probe.sync_cost): per group size, the
-    # seconds a tiny all-reduce after c seconds of a core's compute took beyond that compute at ``speed``, at a few
-    # c: ((size, c, seconds), ...). Under a CPU quota it grows with the compute since the group last synchronized
-    # (a burst may run at a whole core or be throttled, and the call waits for the slowest rank). Empty: each ring
-    # step is priced at ``latency`` (sync_seconds)
-    sync: tuple[tuple[int, float, float], ...] = ()
     source: str = "defaults"
 
     def __post_init__(self) -> None:
@@ -75,10 +67,6 @@ class Topology:
             raise ConfigError(f"topology headroom is {self.headroom}; it must be a share from 0 to below 1")
         if not 0 <= self.overlap <= 1:
             raise ConfigError(f"topology overlap is {self.overlap}; it must be a share from 0 to 1")
-        if not all(isinstance(g, int) and g >= 2 and math.isfinite(c) and c >= 0 and math.isfinite(v)
-                   for g, c, v in self.sync):
-            raise ConfigError(f"topology sync is {self.sync}; each point must be (group size >= 2, compute seconds "
-                              ">= 0, finite seconds)")
         for key in ("latency", "per_micro", "unit_memory"):
             v = getattr(self, key)
             if not (math.isfinite(v) and v >= 0):
@@ -106,25 +94,6 @@ class Topology:
         sharing = min(stride, self.per_host)
         return min(self.link_mbit / sharing, self.rate_mbit) * 1e6 / 8
 
-    def sync_seconds(self, size: int, calls: float, steps: float, cpu: float = 0.0) -> float:
-        """Seconds of ``calls`` collectives of a group of ``size`` ranks (``steps`` ring steps in all), over which
-        ``cpu`` seconds of a core's compute are spread (each call follows its share): the probe's measured cost of a
-        call after that much compute where it measured one (``sync``), else each ring step at ``latency``.
-
-        >>> t = Topology(ranks=4, hosts=4, latency=1e-3, sync=((2, 0.0, 1e-3), (2, 0.002, 3e-3), (4, 0.0, 2e-3)))
-        >>> round(t.sync_seconds(2, calls=4, steps=8, cpu=0.004) * 1e3, 2)  # 1 ms of compute before each: 2 ms
-        8.0
-        >>> round(t.sync_seconds(3, calls=1, steps=4) * 1e3, 2)  # between the sizes measured
-        1.5
-        >>> Topology(ranks=4, latency=1e-3).sync_seconds(4, calls=2, steps=12)  # not measured: ring steps
-        0.012
-        """
-        if size < 2 or calls <= 0:
-            return 0.0
-        if not self.sync:
-            return steps * self.latency
-        return calls * _sync_at(self.sync, size, cpu / calls)
-
     def describe(self) -> str:
         mem = "unbounded" if math.isinf(self.memory) else f"{self.memory / 2**30:.1f} GiB" + (
             f" ({self.headroom:.0%} kept free)" if self.headroom else "") + (
@@ -137,47 +106,6 @@ class Topology:
                 f"{self.latency * 1e6:.0f} us, compute {self.speed:.3g}x one core"
                 + (f", {self.per_micro * 1e3:.2f} ms per extra micro-batch" if self.per_micro else "")
                 + f", memory per rank {mem} ({self.source})")
-
-
-def _sync_at(points: tuple[tuple[int, float, float], ...], size: int, cpu: float) -> float:
-    """The measured seconds of one call of a ``size`` group after ``cpu`` seconds of compute: linear between the
-    compute lengths measured (held flat past the last: the wait after compute stops growing once each rank has been
-    throttled in the burst), and between the group sizes measured (the nearest outside them); never below 0."""
-    def at(g: int) -> float:
-        pts = sorted((c, v) for s, c, v in points if s == g)
-        return float(np.interp(cpu, [c for c, _ in pts], _rising([v for _, v in pts])))
-    sizes = sorted({s for s, _, _ in points})
-    lo = max([s for s in sizes if s <= size], default=sizes[0])
-    hi = min([s for s in sizes if s >= size], default=sizes[-1])
-    v = at(lo) if lo == hi else at(lo) + (at(hi) - at(lo)) * (size - lo) / (hi - lo)
-    return max(v, 0.0)
-
-
-def _rising(values: list[float]) -> list[float]:
-    """The non-decreasing sequence nearest ``values`` (least squares, pooling adjacent violators): a mean over a
-    few calls can come out lower after a longer burst than after a shorter one, which the wait cannot be."""
-    blocks: list[list[float]] = []  # [sum, count] per pooled block
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            s, n = blocks.pop()
-            blocks[-1][0] += s
-            blocks[-1][1] += n
-    return [s / n for s, n in blocks for _ in range(n)]
-
-
-def probed(topo: Topology, measured: dict, source: str) -> Topology:
-    """``topo`` with a probe's measurements (tessel.planner.probe): its loaded latency, speed (at most the
-    topology's), the rate a rank moves bytes at, the share that hides behind compute and, where it measured them,
-    the calls' cost after compute."""
-    return replace(topo, latency=measured["latency"], speed=min(topo.speed, measured["speed"]),
-                   rate_mbit=measured["mbit"], overlap=measured["overlap"],
-                   sync=sync_points(measured), source=source)
-
-
-def sync_points(measured: dict) -> tuple[tuple[int, float, float], ...]:
-    """A probe's ``sync`` measurements as :attr:`Topology.sync` holds them (none from a probe before it had them)."""
-    return tuple((int(g), float(c), float(v)) for g, c, v in measured.get("sync", ()))
 
 
 def from_environment(ranks: int, hosts: int = 0, link_mbit: float = 0.0, cpus: float = 0.0,
