@@ -145,7 +145,7 @@ def topology_of(cfg: Config, ranks: int, measured: dict | None = None, calibrati
     """The topology the config and environment describe; ``measured``: a probe's latency, speed, rate and
     overlap (see :mod:`tessel.planner.probe`), or ``calibration``: a trial's (:mod:`tessel.planner.calibrate`),
     which replace the defaults but not values given in ``plan.*``."""
-    from .planner.topology import CPU_UNIT_MEMORY, from_environment
+    from .planner.topology import CPU_UNIT_MEMORY, from_environment, probed
 
     p = cfg.plan
     memory = p.memory_gib * 2**30 if p.memory_gib else math.inf
@@ -155,9 +155,7 @@ def topology_of(cfg: Config, ranks: int, measured: dict | None = None, calibrati
     if calibration is not None:
         topo = calibration.apply(topo)
     elif measured:
-        topo = replace(topo, latency=measured["latency"], speed=min(topo.speed, measured["speed"]),
-                       rate_mbit=measured["mbit"], overlap=measured["overlap"],
-                       source=topo.source + ", latency, speed, rate and overlap measured")
+        topo = probed(topo, measured, topo.source + ", latency, speed, rate and overlap measured")
     if p.latency_us:  # a given value wins over a measured one
         topo = replace(topo, latency=p.latency_us * 1e-6, source=topo.source + ", latency given")
     if p.speed:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..config import load_config
 from ..errors import PlanError
-from ..planner import Planned, calibrate, choose, short
+from ..planner import Planned, calibrate, choose, short, topology
 from ..planner.estimate import estimate
 from ..planner.topology import Topology
 from ..resolve import job_of, policy_of, settings_of
@@ -97,9 +97,9 @@ def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path, measured: d
     from ..cluster.emulate import parse_rate
 
     cfg = load_config(None, [*MODELS[model], *COMMON])
-    probed = Topology(ranks=hosts, hosts=hosts, link_mbit=parse_rate(rate) / 1e6, latency=measured["latency"],
-                      speed=min(1.0, cpus, measured["speed"]), rate_mbit=measured["mbit"],
-                      overlap=measured["overlap"], source="emulated cluster, latency, speed, rate and overlap probed")
+    probed = topology.probed(Topology(ranks=hosts, hosts=hosts, link_mbit=parse_rate(rate) / 1e6,
+                                      speed=min(1.0, cpus)), measured,
+                             "emulated cluster, latency, speed, rate and overlap probed")
     planned = calibrate.choose_calibrated(job_of(cfg), lambda cal: cal.apply(probed) if cal else probed, trial,
                                           cfg.plan.allow_async)
     best = planned.best  # (no plan fits: a PlanError saying why, which skips the cell)
@@ -186,7 +186,8 @@ def reprice(rows: list[dict], out: Path) -> list[dict]:
     for r in rows:
         cfg = load_config(None, [*MODELS[r["model"]], *COMMON])
         topo = Topology(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6,
-                        latency=r["latency"], speed=r["speed"], rate_mbit=r["rate_mbit"], overlap=r["overlap"],
+                        latency=r["latency"], tiny_latency=(r.get("probe") or {}).get("tiny_latency", 0.0),
+                        speed=r["speed"], rate_mbit=r["rate_mbit"], overlap=r["overlap"],
                         per_micro=r.get("per_micro", 0.0), source="the saved probe or trial of the cell")
         if r["model"] not in profiles:  # profiled at every candidate's micro-batch size, as planning does
             profiles[r["model"]] = choose(job_of(cfg), topo, cfg.plan.allow_async).profile

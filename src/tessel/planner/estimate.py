@@ -25,12 +25,15 @@ gradient's trip over every boundary (GPipe: each of its two phases so, a forward
 it runs every forward before any backward); an asynchronous one m slowest slots (no flush: the bubble is only the
 imbalance); DDP all-reduces the gradients bucket by bucket, each paying the ring's latency, and hides them behind
 backward up to the last bucket, as far as the topology's measured overlap lets it; a pipeline's gradient sync, the
-tp gradient sums and the optimizer step follow the micro-batches. Tables served by rows are priced by the
+tp gradient sums and the optimizer step follow the micro-batches. A collective takes the longer of its bytes at its
+group's rate and its ring steps at the topology's latency (Topology.call_seconds; a loss's or a norm's one element at
+the tiny latency). Tables served by rows are priced by the
 sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added as exposed time.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .. import buckets, choices
@@ -158,7 +161,7 @@ def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: d
         n *= 2 if width(channel) <= 2 and steps == 2 * (size - 1) * n else 1
         elems[channel] = elems.get(channel, 0.0) + e
         calls[channel] = calls.get(channel, 0.0) + n
-        seconds += e * width(channel) / topo.group_rate(size, stride * tp_stride) + steps * topo.latency
+        seconds += topo.call_seconds(e * width(channel), n, steps, topo.group_rate(size, stride * tp_stride))
     return seconds
 
 
@@ -263,7 +266,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         dp_channels = {"dp.dense": max(dp_bytes)}
         # DDP (pp 1) all-reduces bucket by bucket, each paying the ring's latency; a stage's tail, one flat buffer
         calls = _ddp_buckets(profile, plan, served) if plan.pp == 1 else 1
-        dp_s = max(dp_bytes) / topo.group_rate(dp_size, dp_stride) + calls * 2 * (dp_size - 1) * topo.latency
+        dp_s = topo.call_seconds(max(dp_bytes), calls, calls * 2 * (dp_size - 1), topo.group_rate(dp_size, dp_stride))
         # (a half-width sum is two calls, tessel.comm's reduce-scatter and all-gather, of the same ring steps)
         dp_calls = {"dp.dense": calls * (2 if plan.reduce_dtype else 1)}
         if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
@@ -274,10 +277,11 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     # a weight two stages hold (a tied one): its copies' gradients summed once a step, one all-reduce each
     tied = weights.tied(profile, plan, bounds)
     tied_bytes = [sum(_ring(g, n) * profile.elem for n, g in t) for t in tied]
-    tied_s = max(b / pp_rate + sum(2 * (g - 1) for _, g in t) * topo.latency for b, t in zip(tied_bytes, tied))
+    tied_s = max(topo.call_seconds(b, len(t), sum(2 * (g - 1) for _, g in t), pp_rate)
+                 for b, t in zip(tied_bytes, tied))
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
-    tail_s = 2 * 2 * (topo.ranks - 1) * topo.latency
+    tail_s = topo.call_seconds(2 * 8, 2, 2 * 2 * (topo.ranks - 1), math.inf)  # (one fp64 element each)
     nbytes = {**dp_channels, "pp": max(pp_elems) * wire, "pp.tied": max(tied_bytes)}
     for ch in sorted({ch for e in tp_elems for ch in e}):
         nbytes[ch] = max(e.get(ch, 0.0) for e in tp_elems) * _width(ch, profile, wire)
@@ -317,11 +321,11 @@ def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, 
     shard = params / s
     out = {"dp.gather": 2 * m * (s - 1) * shard * gathered, "dp.scatter": (s - 1) * shard * elem}
     rate = topo.group_rate(s, stride)
-    gather = out["dp.gather"] / m / rate + 2 * units * (s - 1) * topo.latency
-    seconds = out["dp.scatter"] / rate + units * (s - 1) * topo.latency
+    gather = topo.call_seconds(out["dp.gather"] / m, 2 * units, 2 * units * (s - 1), rate)
+    seconds = topo.call_seconds(out["dp.scatter"], units, units * (s - 1), rate)
     if r > 1:
         out["dp.replicate"] = 2 * (r - 1) / r * shard * elem
-        seconds += out["dp.replicate"] / topo.group_rate(r, stride * s) + units * 2 * (r - 1) * topo.latency
+        seconds += topo.call_seconds(out["dp.replicate"], units, units * 2 * (r - 1), topo.group_rate(r, stride * s))
     return out, gather, seconds
 
 

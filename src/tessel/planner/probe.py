@@ -4,14 +4,16 @@ Run as a torchrun worker on every host (``tessel bench plan`` does, per cell)::
 
     tessel cluster run --hosts 4 --rate 200mbit --torchrun -- -m tessel.planner.probe
 
-Rank 0 prints one JSON line: ``latency`` (seconds per ring step of a tiny all-reduce issued between
-compute bursts, as the training step issues its collectives: on a host under a CPU quota a collective can
-wait for a throttled peer, which an idle probe never sees), ``speed`` (thread CPU time over wall time of
-the compute bursts alone: the share of a core a rank gets), ``mbit`` (the rate a rank moves a 2 MB all-reduce at
-between bursts, its latency taken out: with a CPU quota gloo's copies and sums can fill a fast link only
-partly), ``overlap`` (how much of that all-reduce, issued asynchronously, hides behind as long a compute
-burst: 1 when the two overlap fully, 0 when they take turns, as gloo's threads and the compute do under a
-tight CPU quota) and ``idle_latency``.
+Rank 0 prints one JSON line: ``latency`` (seconds per ring step of a 4 KiB all-reduce, back to back: under a CPU
+quota gloo's work for each step is slow, 0.2-0.35 ms of a core on the emulated hosts), ``tiny_latency`` (of a
+one-element all-reduce, which gloo reduces by a cheaper path: a loss's, a norm's, issued between compute bursts, as the
+training step issues its collectives: on a host under a CPU quota a collective can wait for a throttled peer, which an
+idle probe never sees; before 2026-12-07 this was ``latency``, and every call was priced at it), ``speed`` (thread CPU time over wall time of
+the compute bursts alone: the share of a core a rank gets), ``mbit`` (the rate a rank moves an 8 MB all-reduce at
+between bursts: with a CPU quota gloo's copies and sums can fill a fast link only partly; its ring steps' latency
+goes on while the bytes travel, Topology.call_seconds), ``overlap`` (how much of that all-reduce, issued
+asynchronously, hides behind as long a compute burst: 1 when the two overlap fully, 0 when they take turns, as gloo's
+threads and the compute do under a tight CPU quota) and ``idle_latency``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+
+# bytes of the all-reduce whose ring steps price a call's latency: 4 KiB to 256 KiB took the same time on the emulated
+# hosts, one element a quarter to a tenth of it (bench/plan-latency/calls.txt)
+SMALL = 4096
 
 
 def compute_burst(a: torch.Tensor, w: torch.Tensor, n: int) -> None:
@@ -81,19 +87,19 @@ def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: 
         wall.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
     comm.barrier("probe")
-    latency = statistics.mean(loaded(one, a, w, rounds, burst)) / steps
+    tiny = statistics.mean(loaded(one, a, w, rounds, burst)) / steps
+    latency = statistics.mean(loaded(torch.zeros(SMALL // 4), a, w, rounds, 0)) / steps  # back to back
     bulk = torch.zeros(bulk_bytes // 4)
     alone = statistics.median(loaded(bulk, a, w, bulk_rounds, burst))
-    seconds = alone - steps * latency
     sent = 2 * (n - 1) / n * bulk_bytes  # what a ring all-reduce makes each rank send
-    mbit = sent * 8 / 1e6 / max(seconds, 1e-6) if n > 1 else float("inf")
+    mbit = sent * 8 / 1e6 / alone if n > 1 else float("inf")
     overlap = hidden_share(bulk, a, w, alone, bulk_rounds)
-    mine = torch.tensor([latency, sum(cpu) / sum(wall), statistics.median(idle) / steps, mbit, overlap],
+    mine = torch.tensor([latency, sum(cpu) / sum(wall), statistics.median(idle) / steps, mbit, overlap, tiny],
                         dtype=torch.float64)
-    stack = torch.stack(comm.all_gather(mine, "probe"))  # (ranks, 5)
-    return {"latency": float(stack[:, 0].max()), "speed": float(stack[:, 1].min()),
-            "idle_latency": float(stack[:, 2].max()), "mbit": float(stack[:, 3].min()),
-            "overlap": float(stack[:, 4].min()), "ranks": n}
+    stack = torch.stack(comm.all_gather(mine, "probe"))  # (ranks, 6)
+    return {"latency": float(stack[:, 0].max()), "tiny_latency": float(stack[:, 5].max()),
+            "speed": float(stack[:, 1].min()), "idle_latency": float(stack[:, 2].max()),
+            "mbit": float(stack[:, 3].min()), "overlap": float(stack[:, 4].min()), "ranks": n}
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import ConfigError
 from ..sparse.cost import env_link_mbit
@@ -26,6 +26,9 @@ from ..sparse.cost import env_link_mbit
 LOOPBACK_MBIT = 8000.0  # gloo over loopback on this kind of machine: CPU-bound, about 1 GB/s per rank pair
 LOCAL_MBIT = 8000.0  # between ranks of one host (shared memory / loopback)
 CPU_UNIT_MEMORY = 0.68 * 2**20  # Topology.unit_memory on the CPU (measured there)
+# the largest call gloo reduces by its cheap path for tiny tensors: 1 or 2 fp32 elements took a quarter to a tenth of 8
+# or more on the emulated hosts (bench/plan-latency/calls.txt)
+TINY_BYTES = 8
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,9 @@ class Topology:
     link_mbit: float = LOOPBACK_MBIT  # each host's link to the others (Mbit/s, one direction)
     local_mbit: float = LOCAL_MBIT  # between ranks of one host
     latency: float = 200e-6  # seconds per ring step of a collective (gloo over TCP here)
+    # seconds per ring step of a call of at most TINY_BYTES (a loss, a norm), which gloo reduces by a cheaper path
+    # than any larger tensor (measured by the probe; 0: ``latency``)
+    tiny_latency: float = 0.0
     speed: float = 1.0  # compute speed of a rank relative to one core of this machine (0.5: half a core)
     memory: float = math.inf  # bytes a rank may hold
     headroom: float = 0.0  # share of ``memory`` the planner leaves free (its picks are held to ``budget``)
@@ -67,7 +73,7 @@ class Topology:
             raise ConfigError(f"topology headroom is {self.headroom}; it must be a share from 0 to below 1")
         if not 0 <= self.overlap <= 1:
             raise ConfigError(f"topology overlap is {self.overlap}; it must be a share from 0 to 1")
-        for key in ("latency", "per_micro", "unit_memory"):
+        for key in ("latency", "tiny_latency", "per_micro", "unit_memory"):
             v = getattr(self, key)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"topology {key.replace('_', '-')} is {v}; it must be a finite number >= 0")
@@ -94,6 +100,26 @@ class Topology:
         sharing = min(stride, self.per_host)
         return min(self.link_mbit / sharing, self.rate_mbit) * 1e6 / 8
 
+    def call_seconds(self, nbytes: float, calls: float, steps: float, rate: float) -> float:
+        """Seconds of ``calls`` like collectives that send ``nbytes`` in all from a rank at ``rate`` bytes/s over
+        ``steps`` ring steps: the longer of the bytes' transfer and the ring steps' latency, not their sum (gloo's
+        work for a ring step, most of a step's latency under a CPU quota, goes on while the bytes travel: on the
+        emulated hosts a 64 KiB all-reduce took what a 4 KiB one did until its bytes took longer, bench/plan-latency).
+        A call of at most TINY_BYTES pays the tiny latency instead.
+
+        >>> t = Topology(ranks=4, latency=1e-3, tiny_latency=1e-4)
+        >>> t.call_seconds(4096, calls=1, steps=6, rate=1e8) * 1e3  # the steps' latency is the longer
+        6.0
+        >>> round(t.call_seconds(4e6, calls=2, steps=12, rate=1e8) * 1e3, 6)  # the bytes are
+        40.0
+        >>> round(t.call_seconds(8, calls=1, steps=6, rate=1e8) * 1e3, 6)  # a loss's one element
+        0.6
+        """
+        if calls <= 0:
+            return 0.0
+        small = nbytes / calls <= TINY_BYTES and self.tiny_latency
+        return max(nbytes / rate, steps * (self.tiny_latency if small else self.latency))
+
     def describe(self) -> str:
         mem = "unbounded" if math.isinf(self.memory) else f"{self.memory / 2**30:.1f} GiB" + (
             f" ({self.headroom:.0%} kept free)" if self.headroom else "") + (
@@ -103,9 +129,20 @@ class Topology:
                                                       "of it hidden by compute)")
         return (f"topology: {self.ranks} ranks on {self.hosts} host{'s' if self.hosts > 1 else ''}, link "
                 f"{self.link_mbit:g} Mbit/s across hosts, {self.local_mbit:g} within{moved}, latency "
-                f"{self.latency * 1e6:.0f} us, compute {self.speed:.3g}x one core"
+                f"{self.latency * 1e6:.0f} us" + (f" ({self.tiny_latency * 1e6:.0f} for a tiny call)"
+                                                  if self.tiny_latency else "")
+                + f", compute {self.speed:.3g}x one core"
                 + (f", {self.per_micro * 1e3:.2f} ms per extra micro-batch" if self.per_micro else "")
                 + f", memory per rank {mem} ({self.source})")
+
+
+def probed(topo: Topology, measured: dict, source: str) -> Topology:
+    """``topo`` with a probe's measurements (tessel.planner.probe): its loaded latencies (of a 4 KiB all-reduce's ring
+    step; of a tiny one's, none from a probe before 2026-12-07), speed (at most the topology's), the rate a rank moves
+    bytes at and the share of it that hides behind compute."""
+    return replace(topo, latency=measured["latency"], tiny_latency=measured.get("tiny_latency", 0.0),
+                   speed=min(topo.speed, measured["speed"]), rate_mbit=measured["mbit"], overlap=measured["overlap"],
+                   source=source)
 
 
 def from_environment(ranks: int, hosts: int = 0, link_mbit: float = 0.0, cpus: float = 0.0,

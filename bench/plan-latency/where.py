@@ -4,14 +4,42 @@ one tessel.comm.counter.end_step to the next) also gives its wall, the main thre
 threads too). Each rank prints one line per step after the first two, as JSON; the medians over steps and ranks are
 what docs/benchmarks.md quotes.
 
-Run: tessel cluster run --hosts 8 --rate 1gbit --torchrun -- bench/plan-sync/where.py <tessel train's arguments>"""
+Run: tessel cluster run --hosts 8 --rate 1gbit --torchrun -- bench/plan-latency/where.py <tessel train's arguments>
+     > where.log; then python bench/plan-latency/where.py report where.log (medians over steps, then over ranks)"""
 import json
 import os
+import re
+import statistics
 import sys
 import time
 
-from tessel import comm
-from tessel.cli import main
+
+def report(log: str) -> None:
+    text, dec, rows = open(log).read(), json.JSONDecoder(), []
+    for m in re.finditer(r"where (\{)", text):  # (the hosts' lines can interleave in the combined log)
+        try:
+            rows.append(dec.raw_decode(text, m.start(1))[0])
+        except ValueError:
+            pass
+    ranks = sorted({r["rank"] for r in rows})
+
+    def med(f):
+        per = [statistics.median([f(r) for r in rows if r["rank"] == k]) for k in ranks]
+        return f"{statistics.median(per) * 1e3:.1f} ms (ranks {min(per) * 1e3:.1f}-{max(per) * 1e3:.1f})"
+    print(f"{len(rows) // len(ranks)} steps a rank, {len(ranks)} ranks; medians over steps, then ranks")
+    for name, f in (("wall", lambda r: r["wall"]), ("main thread CPU", lambda r: r["thread_cpu"]),
+                    ("process CPU", lambda r: r["process_cpu"]), ("in collectives", lambda r: sum(r["comm"].values()))):
+        print(f"{name}: {med(f)}")
+    for c in sorted({c for r in rows for c in r["comm"]}):
+        print(f"  {c}: {med(lambda r, c=c: r['comm'].get(c, 0.0))}")
+
+
+if sys.argv[1:2] == ["report"]:
+    report(sys.argv[2])
+    sys.exit(0)
+
+from tessel import comm  # noqa: E402
+from tessel.cli import main  # noqa: E402
 
 spent: dict[str, float] = {}
 

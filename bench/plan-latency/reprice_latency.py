@@ -1,0 +1,91 @@
+"""Saved cells' candidates priced on one profile per (model, hosts) by the code this runs under: the code before
+2026-12-07's change (every ring step at the probe's loaded one-element latency, a call's bytes and steps added), or
+after it (a 4 KiB all-reduce's loaded ring step, the longer of bytes and steps: Topology.call_seconds). The profiles
+are pickled to --profiles on the first run and read by the second, so both price on the same ones. A cell whose saved
+probe has no ``tiny_latency`` (run before the change) takes the 4 KiB latency from --probe FILE (a probe of a cluster
+like the cell's, run later). Per cell: median and worst error, Spearman, and the pick judged by its paired interval,
+as `tessel bench plan` judges it.
+
+    git worktree add /tmp/before 5a03f02
+    PYTHONPATH=/tmp/before/src python bench/plan-latency/reprice_latency.py --profiles /tmp/p.pkl \
+        bench/plan-sync-8h-1g --probe bench/plan-latency/probe-8h-1g.json > before.txt
+    python bench/plan-latency/reprice_latency.py --profiles /tmp/p.pkl ... > after.txt"""
+import argparse
+import json
+import pickle
+import statistics
+from pathlib import Path
+
+from tessel.bench import plan_check as pc
+from tessel.cluster.emulate import parse_rate
+from tessel.config import load_config
+from tessel.plan import ParallelPlan
+from tessel.planner import choose
+from tessel.planner.estimate import estimate
+from tessel.planner.topology import Topology
+from tessel.resolve import job_of, policy_of, settings_of
+
+NEW = hasattr(Topology, "call_seconds")
+
+
+def topology(r, extra):
+    probe = r.get("probe") or {}
+    if "tiny_latency" not in probe:  # a run before the change: its latency was the one-element one
+        probe = {**probe, "tiny_latency": r["latency"], "latency": extra.get("latency", r["latency"])}
+    base = dict(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6, speed=r["speed"],
+                rate_mbit=r["rate_mbit"], overlap=r["overlap"], per_micro=r.get("per_micro", 0.0), source="saved")
+    if NEW:
+        return Topology(latency=probe["latency"], tiny_latency=probe["tiny_latency"], **base)
+    return Topology(latency=probe["tiny_latency"], **base)
+
+
+def score(rs):
+    errs = [(r["predicted"] - r["measured"]) / r["measured"] for r in rs]
+    ratio, verdict = pc._pick(rs)
+    pick = min(rs, key=lambda r: r["predicted"])["plan"]
+    said = f"{ratio.value:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}) {verdict}" if ratio and ratio.n > 1 else verdict
+    return (f"{statistics.median(abs(e) for e in errs):.0%}, {max(errs, key=abs):+.0%}, "
+            f"{pc._spearman([r['predicted'] for r in rs], [r['measured'] for r in rs]):.2f}, pick {pick}: {said}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("folders", nargs="+")
+    ap.add_argument("--profiles", required=True)
+    ap.add_argument("--probe", action="append", default=[], help="a later probe's JSON for cells run before the change")
+    args = ap.parse_args()
+    extra = {}
+    for f in args.probe:
+        d = json.loads(Path(f).read_text())
+        extra[(d["ranks"], d.get("rate"))] = d
+    cache = Path(args.profiles)
+    fresh = {}  # key -> the pickled profile, as measured
+    profiles = {k: pickle.loads(v) for k, v in pickle.loads(cache.read_bytes()).items()} if cache.exists() else {}
+    print(f"priced by the code {'after' if NEW else 'before'} the change")
+    for name in args.folders:
+        folder = Path(name)
+        rows = [r for r in json.loads((folder / "results.json").read_text())["rows"] if r.get("measured")]
+        cells = {}
+        for r in rows:
+            cfg = load_config(None, [*pc.MODELS[r["model"]], *pc.COMMON])
+            topo = topology(r, extra.get((r["hosts"], r["rate"]), {}))
+            key = f"{folder.name}/{r['model']}/{r['hosts']}"
+            if key not in profiles:  # pickled as measured, without its job (whose model a closure builds)
+                profiles[key] = choose(job_of(cfg), topo, cfg.plan.allow_async).profile
+                profiles[key].job, profiles[key]._shards = None, {}  # (its caches are rebuilt from the job)
+                fresh[key] = pickle.dumps(profiles[key])
+            profiles[key].job = job_of(cfg)
+            path = folder / "plans" / f"{r['model']}-h{r['hosts']}-{r['rate']}" / f"{r['plan'].replace(' ', '-')}.json"
+            plan = ParallelPlan.from_json(path.read_text()).with_(sparse=policy_of(cfg))
+            e = estimate(plan, settings_of(cfg), profiles[key], topo)
+            cells.setdefault((r["model"], r["hosts"], r["rate"]), []).append(({**r, "predicted": e.step}, e))
+        for cell, got in cells.items():
+            print(f"{name} {cell}: {score([r for r, _ in got])}", flush=True)
+            for r, e in got:
+                print(f"    {r['plan']}: {e.step * 1e3:.0f} ms (compute {e.compute * 1e3:.0f}, comm "
+                      f"{e.comm * 1e3:.0f}, bubble {e.bubble * 1e3:.0f}), measured {r['measured'] * 1e3:.0f}")
+    if not cache.exists():
+        cache.write_bytes(pickle.dumps(fresh))
+
+
+main()
