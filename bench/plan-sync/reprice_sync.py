@@ -5,9 +5,10 @@ median and worst error, Spearman, and the pick (the cheapest-priced candidate of
 interval over the best measured, as `tessel bench plan` judges it.
 
 Needs the code of commit ef0bcf8, where Topology has ``sync``; the next commit took that pricing out again, as this
-re-pricing found it worse (output: reprice_sync.txt; docs/benchmarks.md, "A call's cost after compute, measured: tried,
-not kept"). Run right after the cells' runs (the profile is taken afresh, so a later rerun moves with the machine):
-    git worktree add /tmp/ef0 ef0bcf8 && PYTHONPATH=/tmp/ef0/src python bench/plan-sync/reprice_sync.py bench/plan-sync-8h-1g"""
+re-pricing found it worse (output: reprice_sync.txt; docs/benchmarks.md, "The wait as a function of the compute before
+a call"). Run right after the cells' runs (the profile is taken afresh, so a later rerun moves with the machine):
+    git worktree add /tmp/ef0 ef0bcf8
+    PYTHONPATH=/tmp/ef0/src python bench/plan-sync/reprice_sync.py bench/plan-sync-8h-1g"""
 import dataclasses
 import json
 import statistics

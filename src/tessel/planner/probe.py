@@ -6,14 +6,14 @@ Run as a torchrun worker on every host (``tessel bench plan`` does, per cell)::
 
 Rank 0 prints one JSON line: ``latency`` (seconds per ring step of a 4 KiB all-reduce, back to back: under a CPU
 quota gloo's work for each step is slow, 0.2-0.35 ms of a core on the emulated hosts), ``tiny_latency`` (of a
-one-element all-reduce, which gloo reduces by a cheaper path: a loss's, a norm's, issued between compute bursts, as the
-training step issues its collectives: on a host under a CPU quota a collective can wait for a throttled peer, which an
-idle probe never sees; before 2026-12-07 this was ``latency``, and every call was priced at it), ``speed`` (thread CPU time over wall time of
-the compute bursts alone: the share of a core a rank gets), ``mbit`` (the rate a rank moves an 8 MB all-reduce at
-between bursts: with a CPU quota gloo's copies and sums can fill a fast link only partly; its ring steps' latency
-goes on while the bytes travel, Topology.call_seconds), ``overlap`` (how much of that all-reduce, issued
-asynchronously, hides behind as long a compute burst: 1 when the two overlap fully, 0 when they take turns, as gloo's
-threads and the compute do under a tight CPU quota) and ``idle_latency``.
+one-element all-reduce, which gloo reduces by a cheaper path: a loss's, a norm's, issued between compute bursts, as
+the training step issues its collectives: on a host under a CPU quota a collective can wait for a throttled peer,
+which an idle probe never sees; before 2026-12-07 this was ``latency``, and every call was priced at it), ``speed``
+(thread CPU time over wall time of the compute bursts alone: the share of a core a rank gets), ``mbit`` (the rate a
+rank moves an 8 MB all-reduce at between bursts: with a CPU quota gloo's copies and sums can fill a fast link only
+partly; its ring steps' latency goes on while the bytes travel, Topology.call_seconds), ``overlap`` (how much of
+that all-reduce, issued asynchronously, hides behind as long a compute burst: 1 when the two overlap fully, 0 when
+they take turns, as gloo's threads and the compute do under a tight CPU quota) and ``idle_latency``.
 """
 
 from __future__ import annotations
