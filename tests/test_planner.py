@@ -517,7 +517,7 @@ def test_a_ddp_step_pays_the_ring_latency_once_per_bucket_ddp_makes():
             slow, fast = (estimate(plan, settings, profile, planner.Topology(
                 ranks=4, hosts=4, link_mbit=1e9, latency=latency, overlap=overlap)).step for latency in (lat, 0.0))
             tail = 2 * 2 * 3  # the step's last world collectives (the gradient norm, the loss), 3 ring steps each way
-            # (the bytes, 1e-4 of the smaller latency on this link, travel while the ring steps go on)
+            # (the bytes, about 5e-4 of the smaller latency on this link, travel while the ring steps go on)
             assert math.isclose(slow - fast, (exposed * 2 * 3 + tail) * lat, rel_tol=1e-3, abs_tol=1e-12)
     assert counts[0] > counts[1] > counts[2] == 1 and counts[3] >= 1, counts
     topo = planner.Topology(ranks=4, hosts=4, link_mbit=1e9, latency=1e-3, overlap=0.0)
@@ -552,6 +552,11 @@ def test_a_call_takes_the_longer_of_its_bytes_and_its_ring_steps():
     assert math.isclose(step(slow, 0.0, 0.0) - step(1e9, 0.0, 0.0), 60 * lat, rel_tol=1e-3)
     # no tiny latency measured: every call at the latency
     assert math.isclose(step(1e9, lat, 0.0) - step(1e9, 0.0, 0.0), 6 * lat + 2 * 2 * 3 * lat, rel_tol=1e-6)
+    # 2-D tensor parallelism on a 2 x 2 grid: its squared gradient norm (one fp64 element) summed over each axis, 2
+    # ring steps each, is tiny too, beside the step's tail (2 calls of 6 steps)
+    tp = [estimate(ParallelPlan(dp=1, tp=4, tp_mode="2d", tp_grid=(2, 2)), settings, profile, planner.Topology(
+        ranks=4, hosts=4, link_mbit=1e9, latency=lat, tiny_latency=t, overlap=0.0)).step for t in (tiny, lat)]
+    assert math.isclose(tp[1] - tp[0], (2 * 2 + 2 * 6) * (lat - tiny), rel_tol=1e-6)
 
 
 def test_sharded_gathers_lengthen_every_stage_slot():

@@ -1,7 +1,8 @@
 """Saved cells' candidates priced on one profile per (model, hosts) by the code this runs under: the code before
 2026-12-07's change (every ring step at the probe's loaded one-element latency, a call's bytes and steps added), or
-after it (a 4 KiB all-reduce's loaded ring step, the longer of bytes and steps: Topology.call_seconds). The profiles
-are pickled to --profiles on the first run and read by the second, so both price on the same ones. A cell whose saved
+after it (a 4 KiB all-reduce's loaded ring step, the longer of bytes and steps: Topology.call_seconds). The profiles,
+with their layers' tensor-parallel timings, are pickled to --profiles by the first run and read by the second, so both
+price on the same ones. A cell whose saved
 probe has no ``tiny_latency`` (run before the change) takes the 4 KiB latency from --probe FILE (a probe of a cluster
 like the cell's, run later). Per cell: median and worst error, Spearman, and the pick judged by its paired interval,
 as `tessel bench plan` judges it.
@@ -59,7 +60,6 @@ def main():
         d = json.loads(Path(f).read_text())
         extra[(d["ranks"], d.get("rate"))] = d
     cache = Path(args.profiles)
-    fresh = {}  # key -> the pickled profile, as measured
     profiles = {k: pickle.loads(v) for k, v in pickle.loads(cache.read_bytes()).items()} if cache.exists() else {}
     print(f"priced by the code {'after' if NEW else 'before'} the change")
     for name in args.folders:
@@ -70,10 +70,8 @@ def main():
             cfg = load_config(None, [*pc.MODELS[r["model"]], *pc.COMMON])
             topo = topology(r, extra.get((r["hosts"], r["rate"]), {}))
             key = f"{folder.name}/{r['model']}/{r['hosts']}"
-            if key not in profiles:  # pickled as measured, without its job (whose model a closure builds)
+            if key not in profiles:
                 profiles[key] = choose(job_of(cfg), topo, cfg.plan.allow_async).profile
-                profiles[key].job, profiles[key]._shards = None, {}  # (its caches are rebuilt from the job)
-                fresh[key] = pickle.dumps(profiles[key])
             profiles[key].job = job_of(cfg)
             path = folder / "plans" / f"{r['model']}-h{r['hosts']}-{r['rate']}" / f"{r['plan'].replace(' ', '-')}.json"
             plan = ParallelPlan.from_json(path.read_text()).with_(sparse=policy_of(cfg))
@@ -84,8 +82,11 @@ def main():
             for r, e in got:
                 print(f"    {r['plan']}: {e.step * 1e3:.0f} ms (compute {e.compute * 1e3:.0f}, comm "
                       f"{e.comm * 1e3:.0f}, bubble {e.bubble * 1e3:.0f}), measured {r['measured'] * 1e3:.0f}")
-    if not cache.exists():
-        cache.write_bytes(pickle.dumps(fresh))
+    if not cache.exists():  # each profile without its job (whose model a closure builds) and with only the layers'
+        # tensor-parallel timings of its caches (timed lazily on stand-in groups, so the second run prices on them too)
+        for p in profiles.values():
+            p.job, p._shards = None, {k: v for k, v in p._shards.items() if k[0] == "timed"}
+        cache.write_bytes(pickle.dumps({k: pickle.dumps(p) for k, p in profiles.items()}))
 
 
 main()

@@ -142,7 +142,7 @@ def on_cpu(cfg: Config) -> bool:
 
 
 def topology_of(cfg: Config, ranks: int, measured: dict | None = None, calibration=None):
-    """The topology the config and environment describe; ``measured``: a probe's latency, speed, rate and
+    """The topology the config and environment describe; ``measured``: a probe's latencies, speed, rate and
     overlap (see :mod:`tessel.planner.probe`), or ``calibration``: a trial's (:mod:`tessel.planner.calibrate`),
     which replace the defaults but not values given in ``plan.*``."""
     from .planner.topology import CPU_UNIT_MEMORY, from_environment, probed
@@ -156,8 +156,8 @@ def topology_of(cfg: Config, ranks: int, measured: dict | None = None, calibrati
         topo = calibration.apply(topo)
     elif measured:
         topo = probed(topo, measured, topo.source + ", latency, speed, rate and overlap measured")
-    if p.latency_us:  # a given value wins over a measured one
-        topo = replace(topo, latency=p.latency_us * 1e-6, source=topo.source + ", latency given")
+    if p.latency_us:  # a given value wins over a measured one, for every call
+        topo = replace(topo, latency=p.latency_us * 1e-6, tiny_latency=0.0, source=topo.source + ", latency given")
     if p.speed:
         topo = replace(topo, speed=p.speed, source=topo.source + ", speed given")
     return topo

@@ -23,7 +23,7 @@ longer: sends are asynchronous and travel while the stage computes. A flushed sc
 stage (the first micro-batch's way through) and m - 1 slowest-stage slots, plus one activation's and
 gradient's trip over every boundary (GPipe: each of its two phases so, a forward slot and a backward one, since
 it runs every forward before any backward); an asynchronous one m slowest slots (no flush: the bubble is only the
-imbalance); DDP all-reduces the gradients bucket by bucket, each paying the ring's latency, and hides them behind
+imbalance); DDP all-reduces the gradients bucket by bucket, each a call of the ring's steps, and hides them behind
 backward up to the last bucket, as far as the topology's measured overlap lets it; a pipeline's gradient sync, the
 tp gradient sums and the optimizer step follow the micro-batches. A collective takes the longer of its bytes at its
 group's rate and its ring steps at the topology's latency (Topology.call_seconds; a loss's or a norm's one element at
@@ -33,7 +33,6 @@ sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from .. import buckets, choices
@@ -161,7 +160,8 @@ def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: d
         n *= 2 if width(channel) <= 2 and steps == 2 * (size - 1) * n else 1
         elems[channel] = elems.get(channel, 0.0) + e
         calls[channel] = calls.get(channel, 0.0) + n
-        seconds += topo.call_seconds(e * width(channel), n, steps, topo.group_rate(size, stride * tp_stride))
+        seconds += topo.call_seconds(e * width(channel), n, steps, topo.group_rate(size, stride * tp_stride),
+                                     tiny=channel == "tp.norm2")  # (the squared norm: one fp64 element)
     return seconds
 
 
@@ -264,7 +264,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     else:
         dp_bytes = [_ring(dp_size, p) * reduced for p in dense]
         dp_channels = {"dp.dense": max(dp_bytes)}
-        # DDP (pp 1) all-reduces bucket by bucket, each paying the ring's latency; a stage's tail, one flat buffer
+        # DDP (pp 1) all-reduces bucket by bucket, each a call of the ring's steps; a stage's tail, one flat buffer
         calls = _ddp_buckets(profile, plan, served) if plan.pp == 1 else 1
         dp_s = topo.call_seconds(max(dp_bytes), calls, calls * 2 * (dp_size - 1), topo.group_rate(dp_size, dp_stride))
         # (a half-width sum is two calls, tessel.comm's reduce-scatter and all-gather, of the same ring steps)
@@ -281,7 +281,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
                  for b, t in zip(tied_bytes, tied))
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
     # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
-    tail_s = topo.call_seconds(2 * 8, 2, 2 * 2 * (topo.ranks - 1), math.inf)  # (one fp64 element each)
+    tail_s = topo.call_seconds(0.0, 2, 2 * 2 * (topo.ranks - 1), 1.0, tiny=True)  # (one fp64 element each)
     nbytes = {**dp_channels, "pp": max(pp_elems) * wire, "pp.tied": max(tied_bytes)}
     for ch in sorted({ch for e in tp_elems for ch in e}):
         nbytes[ch] = max(e.get(ch, 0.0) for e in tp_elems) * _width(ch, profile, wire)

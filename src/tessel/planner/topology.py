@@ -26,9 +26,6 @@ from ..sparse.cost import env_link_mbit
 LOOPBACK_MBIT = 8000.0  # gloo over loopback on this kind of machine: CPU-bound, about 1 GB/s per rank pair
 LOCAL_MBIT = 8000.0  # between ranks of one host (shared memory / loopback)
 CPU_UNIT_MEMORY = 0.68 * 2**20  # Topology.unit_memory on the CPU (measured there)
-# the largest call gloo reduces by its cheap path for tiny tensors: 1 or 2 fp32 elements took a quarter to a tenth of 8
-# or more on the emulated hosts (bench/plan-latency/calls.txt)
-TINY_BYTES = 8
 
 
 @dataclass(frozen=True)
@@ -38,8 +35,9 @@ class Topology:
     link_mbit: float = LOOPBACK_MBIT  # each host's link to the others (Mbit/s, one direction)
     local_mbit: float = LOCAL_MBIT  # between ranks of one host
     latency: float = 200e-6  # seconds per ring step of a collective (gloo over TCP here)
-    # seconds per ring step of a call of at most TINY_BYTES (a loss, a norm), which gloo reduces by a cheaper path
-    # than any larger tensor (measured by the probe; 0: ``latency``)
+    # seconds per ring step of a one-element all-reduce (a loss, a norm), which gloo reduces by a cheaper path than
+    # any larger tensor: 1 or 2 fp32 elements took a quarter to a tenth of 8 or more on the emulated hosts
+    # (bench/plan-latency/calls.txt; measured by the probe; 0: ``latency``)
     tiny_latency: float = 0.0
     speed: float = 1.0  # compute speed of a rank relative to one core of this machine (0.5: half a core)
     memory: float = math.inf  # bytes a rank may hold
@@ -100,25 +98,26 @@ class Topology:
         sharing = min(stride, self.per_host)
         return min(self.link_mbit / sharing, self.rate_mbit) * 1e6 / 8
 
-    def call_seconds(self, nbytes: float, calls: float, steps: float, rate: float) -> float:
+    def call_seconds(self, nbytes: float, calls: float, steps: float, rate: float, tiny: bool = False) -> float:
         """Seconds of ``calls`` like collectives that send ``nbytes`` in all from a rank at ``rate`` bytes/s over
         ``steps`` ring steps: the longer of the bytes' transfer and the ring steps' latency, not their sum (gloo's
         work for a ring step, most of a step's latency under a CPU quota, goes on while the bytes travel: on the
         emulated hosts a 64 KiB all-reduce took what a 4 KiB one did until its bytes took longer, bench/plan-latency).
-        A call of at most TINY_BYTES pays the tiny latency instead.
+        ``tiny``: one-element calls (a loss, a norm), whose steps pay the tiny latency where one was measured.
+        (Calls of unequal sizes priced together get the longer of their sums, which is at most the sum of each
+        call's own: the estimate groups like calls, and FSDP's units and DDP's buckets are taken as equal.)
 
         >>> t = Topology(ranks=4, latency=1e-3, tiny_latency=1e-4)
         >>> t.call_seconds(4096, calls=1, steps=6, rate=1e8) * 1e3  # the steps' latency is the longer
         6.0
         >>> round(t.call_seconds(4e6, calls=2, steps=12, rate=1e8) * 1e3, 6)  # the bytes are
         40.0
-        >>> round(t.call_seconds(8, calls=1, steps=6, rate=1e8) * 1e3, 6)  # a loss's one element
+        >>> round(t.call_seconds(12, calls=1, steps=6, rate=1e8, tiny=True) * 1e3, 6)  # a loss's one element
         0.6
         """
         if calls <= 0:
             return 0.0
-        small = nbytes / calls <= TINY_BYTES and self.tiny_latency
-        return max(nbytes / rate, steps * (self.tiny_latency if small else self.latency))
+        return max(nbytes / rate, steps * (self.tiny_latency if tiny and self.tiny_latency else self.latency))
 
     def describe(self) -> str:
         mem = "unbounded" if math.isinf(self.memory) else f"{self.memory / 2**30:.1f} GiB" + (
@@ -129,7 +128,7 @@ class Topology:
                                                       "of it hidden by compute)")
         return (f"topology: {self.ranks} ranks on {self.hosts} host{'s' if self.hosts > 1 else ''}, link "
                 f"{self.link_mbit:g} Mbit/s across hosts, {self.local_mbit:g} within{moved}, latency "
-                f"{self.latency * 1e6:.0f} us" + (f" ({self.tiny_latency * 1e6:.0f} for a tiny call)"
+                f"{self.latency * 1e6:.0f} us" + (f" ({self.tiny_latency * 1e6:.0f} us for a one-element call)"
                                                   if self.tiny_latency else "")
                 + f", compute {self.speed:.3g}x one core"
                 + (f", {self.per_micro * 1e3:.2f} ms per extra micro-batch" if self.per_micro else "")
