@@ -14,17 +14,19 @@ as `tessel bench plan` judges it.
 import argparse
 import json
 import pickle
-import statistics
+import sys
 from pathlib import Path
 
 from tessel.bench import plan_check as pc
 from tessel.cluster.emulate import parse_rate
 from tessel.config import load_config
-from tessel.plan import ParallelPlan
 from tessel.planner import choose
 from tessel.planner.estimate import estimate
 from tessel.planner.topology import Topology
-from tessel.resolve import job_of, policy_of, settings_of
+from tessel.resolve import job_of, settings_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for what the re-pricing scripts share
+from reprice_common import measured_rows, plan_of, score  # noqa: E402
 
 NEW = hasattr(Topology, "call_seconds")
 
@@ -38,15 +40,6 @@ def topology(r, extra):
     if NEW:
         return Topology(latency=probe["latency"], tiny_latency=probe["tiny_latency"], **base)
     return Topology(latency=probe["tiny_latency"], **base)
-
-
-def score(rs):
-    errs = [(r["predicted"] - r["measured"]) / r["measured"] for r in rs]
-    ratio, verdict = pc._pick(rs)
-    pick = min(rs, key=lambda r: r["predicted"])["plan"]
-    said = f"{ratio.value:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}) {verdict}" if ratio and ratio.n > 1 else verdict
-    return (f"{statistics.median(abs(e) for e in errs):.0%}, {max(errs, key=abs):+.0%}, "
-            f"{pc._spearman([r['predicted'] for r in rs], [r['measured'] for r in rs]):.2f}, pick {pick}: {said}")
 
 
 def main():
@@ -64,7 +57,7 @@ def main():
     print(f"priced by the code {'after' if NEW else 'before'} the change")
     for name in args.folders:
         folder = Path(name)
-        rows = [r for r in json.loads((folder / "results.json").read_text())["rows"] if r.get("measured")]
+        rows = measured_rows(folder)
         cells = {}
         for r in rows:
             cfg = load_config(None, [*pc.MODELS[r["model"]], *pc.COMMON])
@@ -73,8 +66,7 @@ def main():
             if key not in profiles:
                 profiles[key] = choose(job_of(cfg), topo, cfg.plan.allow_async).profile
             profiles[key].job = job_of(cfg)
-            path = folder / "plans" / f"{r['model']}-h{r['hosts']}-{r['rate']}" / f"{r['plan'].replace(' ', '-')}.json"
-            plan = ParallelPlan.from_json(path.read_text()).with_(sparse=policy_of(cfg))
+            plan = plan_of(folder, r, cfg)
             e = estimate(plan, settings_of(cfg), profiles[key], topo)
             cells.setdefault((r["model"], r["hosts"], r["rate"]), []).append(({**r, "predicted": e.step}, e))
         for cell, got in cells.items():

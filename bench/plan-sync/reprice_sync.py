@@ -10,19 +10,19 @@ a call"). Run right after the cells' runs (the profile is taken afresh, so a lat
     git worktree add /tmp/ef0 ef0bcf8
     PYTHONPATH=/tmp/ef0/src python bench/plan-sync/reprice_sync.py bench/plan-sync-8h-1g"""
 import dataclasses
-import json
-import statistics
 import sys
 from pathlib import Path
 
 from tessel.bench import plan_check as pc
 from tessel.cluster.emulate import parse_rate
 from tessel.config import load_config
-from tessel.plan import ParallelPlan
 from tessel.planner import choose
 from tessel.planner.estimate import estimate
 from tessel.planner.topology import Topology, sync_points
-from tessel.resolve import job_of, policy_of, settings_of
+from tessel.resolve import job_of, settings_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for what the re-pricing scripts share
+from reprice_common import measured_rows, plan_of, score  # noqa: E402
 
 profiles = {}
 
@@ -37,24 +37,13 @@ def priced(r, folder):
     key = (r["model"], r["hosts"])
     if key not in profiles:
         profiles[key] = choose(job_of(cfg), before, cfg.plan.allow_async).profile
-    label = r["plan"].replace(" ", "-")
-    plan = ParallelPlan.from_json((folder / "plans" / f"{r['model']}-h{r['hosts']}-{r['rate']}" /
-                                   f"{label}.json").read_text()).with_(sparse=policy_of(cfg))
+    plan = plan_of(folder, r, cfg)
     return [estimate(plan, settings_of(cfg), profiles[key], t) for t in (before, now)]
-
-
-def score(rs):
-    errs = [(r["predicted"] - r["measured"]) / r["measured"] for r in rs]
-    ratio, verdict = pc._pick(rs)
-    pick = min(rs, key=lambda r: r["predicted"])["plan"]
-    said = f"{ratio.value:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}) {verdict}" if ratio and ratio.n > 1 else verdict
-    return (f"{statistics.median(abs(e) for e in errs):.0%}, {max(errs, key=abs):+.0%}, "
-            f"{pc._spearman([r['predicted'] for r in rs], [r['measured'] for r in rs]):.2f}, pick {pick}: {said}")
 
 
 for name in sys.argv[1:]:
     folder = Path(name)
-    rows = [r for r in json.loads((folder / "results.json").read_text())["rows"] if r.get("measured")]
+    rows = measured_rows(folder)
     cells = {}
     for r in rows:
         b, n = priced(r, folder)
