@@ -10,6 +10,7 @@ table, the norms, the gradient sums) exactly.
 import json
 import math
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -187,6 +188,11 @@ def test_candidates_and_feasibility():
     named = next(p for p in plans if p.dp == 8).with_(sparse=TablePolicy(strategy="ps"))
     assert estimate(named, job.settings, done.profile, topo).tables
     assert not estimate(named, nadamw, done.profile, topo).tables
+    # a served table's calls each pay a whole collective at the one-element latency (the sparse cost model's, as its
+    # start-up probe times it: a one-element all-reduce, 2(8-1) ring steps), ps 6 a step; the step's tail two more
+    a, b = (estimate(named, job.settings, done.profile, replace(topo, latency=1e-3, tiny_latency=t))
+            for t in (1e-4, 2e-4))
+    assert a.tables and math.isclose(b.comm - a.comm, (len(a.tables) * 6 * 2 * 7 + 2 * 2 * 7) * 1e-4, rel_tol=1e-9)
     assert not problems(named, job.settings) and "no row optimizer mirrors it" in problems(named, nadamw)[0]
     # a memory budget under the winner's need drops it
     tight = planner.choose(job, planner.Topology(ranks=8, hosts=8, link_mbit=200, memory=done.best.memory - 1),
@@ -414,31 +420,33 @@ def test_calibration_trial_on_a_world_gives_a_topology(world4):
     assert out[0] == out[3] and len(out[0]["ranks"]) == 4
     # each rank times its share of the batch (as 4 data-parallel ranks hold it), in as many micro-batches as divide it
     assert out[0]["samples"] * 4 == out[0]["batch"] and out[0]["samples"] % out[0]["micro"] == 0
-    assert {k for k, _ in out[0]["collectives"]} == {"all_reduce", "all_gather", "all_to_all", "reduce_scatter", "p2p"}
-    assert {n for _, n in out[0]["collectives"]} == {16 << 10, 4 << 20}  # two sizes of every kind
+    kinds = ("all_reduce", "all_gather", "all_to_all", "reduce_scatter", "p2p")
+    assert sorted(out[0]["collectives"]) == sorted([("tiny", 4)] + [(k, n) for k in kinds for n in (16 << 10, 4 << 20)])
     profile = measure(job_of(load_config(None, TINY["classifier"])), dps=(1,))
     cal = calibrate.fit(out[0], profile)
     topo = cal.apply(planner.Topology(ranks=4, hosts=2, link_mbit=1000))
     assert topo.speed > 0 and topo.latency >= 0 and topo.rate_mbit > 0 and topo.per_micro >= 0
+    assert topo.tiny_latency == cal.tiny_latency > 0
     assert "calibrated by a" in topo.source and out[0]["when"] in topo.source
 
 
-def _made_up_trial(profile, speeds, per_micro, latency, mbit, samples=8):
+def _made_up_trial(profile, speeds, per_micro, latency, mbit, samples=8, tiny=0.0):
     """A trial record as ranks with these speeds, this per-micro-batch cost and this link would time it: steps
     from the planner's price, collectives from the ring formulas written out here (all-reduce: 2(n-1) steps
     sending 2(n-1)/n of the tensor; all-gather, all-to-all and reduce-scatter: n-1 steps sending (n-1)/n of it; a
-    pipeline's exchange: 1 step sending the whole message)."""
+    pipeline's exchange: 1 step sending the whole message), each the longer of its steps' latency and its bytes'
+    transfer; a one-element all-reduce 2(n-1) steps at ``tiny`` (none timed where 0)."""
     from tessel.planner import calibrate
 
     n, ranks = len(speeds), []
     for i, speed in enumerate(speeds):
-        coll = {}
+        slow = 1.0 if i == 0 else 0.5  # rank 0 is the slowest; the fit takes each collective's worst
+        coll = {"tiny:4": slow * 2 * (n - 1) * tiny} if tiny else {}
         for kind, steps, share in (("all_reduce", 2 * (n - 1), 2 * (n - 1) / n), ("all_gather", n - 1, (n - 1) / n),
                                    ("all_to_all", n - 1, (n - 1) / n), ("reduce_scatter", n - 1, (n - 1) / n),
                                    ("p2p", 1, 1.0)):
             for nbytes in (16 << 10, 4 << 20):
-                slow = 1.0 if i == 0 else 0.5  # rank 0 is the slowest; the fit takes each collective's worst
-                coll[f"{kind}:{nbytes}"] = slow * (steps * latency + share * nbytes * 8 / (mbit * 1e6))
+                coll[f"{kind}:{nbytes}"] = slow * max(steps * latency, share * nbytes * 8 / (mbit * 1e6))
         ranks.append({"whole": calibrate.predicted_step(profile, samples, 1) / speed,
                       "many": calibrate.predicted_step(profile, samples // 4, 4) / speed + 3 * per_micro,
                       "collectives": coll, "overlap": 0.25 + 0.1 * i, "seconds": 1.0 + i, "setup": 0.5})
@@ -451,16 +459,23 @@ def test_calibration_fit_recovers_known_rates():
     from tessel.planner import calibrate
 
     profile = measure(job_of(load_config(None, TINY["classifier"])), dps=(1,))
-    trial = _made_up_trial(profile, speeds=[0.8, 0.3, 0.5, 0.9], per_micro=2e-3, latency=150e-6, mbit=400.0)
+    # (the 16 KiB exchange, one step, is bandwidth-bound on this link: its bytes take 0.33 ms against 0.15)
+    trial = _made_up_trial(profile, speeds=[0.8, 0.3, 0.5, 0.9], per_micro=2e-3, latency=150e-6, mbit=400.0,
+                           tiny=40e-6)
     cal = calibrate.fit(trial, profile)
     assert math.isclose(cal.speed, 0.3, rel_tol=1e-9)  # the slowest rank's
     assert math.isclose(cal.per_micro, 2e-3, rel_tol=1e-6)
     assert math.isclose(cal.latency, 150e-6, rel_tol=1e-6) and math.isclose(cal.rate_mbit, 400.0, rel_tol=1e-6)
+    assert math.isclose(cal.tiny_latency, 40e-6, rel_tol=1e-9)
     assert cal.overlap == 0.25 and cal.seconds == 4.0
-    # a link whose bandwidth the trial's sizes cannot see is all latency, never a negative rate
+    topo = cal.apply(planner.Topology(ranks=4, tiny_latency=90e-6))
+    assert (topo.latency, topo.tiny_latency, topo.rate_mbit) == (cal.latency, cal.tiny_latency, cal.rate_mbit)
+    # a link whose bandwidth the trial's sizes cannot see is all latency, never a negative rate; a trial that timed
+    # no one-element call leaves the probe's tiny latency in place
     flat = _made_up_trial(profile, speeds=[1.0, 1.0], per_micro=0.0, latency=1e-3, mbit=1e12)
     cal = calibrate.fit(flat, profile)
-    assert cal.rate_mbit > 1e6 and math.isclose(cal.latency, 1e-3, rel_tol=1e-3) and cal.per_micro == 0.0
+    assert cal.rate_mbit == math.inf and math.isclose(cal.latency, 1e-3, rel_tol=1e-9) and cal.per_micro == 0.0
+    assert cal.apply(planner.Topology(ranks=2, tiny_latency=90e-6)).tiny_latency == 90e-6
 
 
 def test_a_failed_trial_falls_back_with_one_line():

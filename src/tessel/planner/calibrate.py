@@ -13,12 +13,15 @@ estimate reads:
 - ``per_micro``: what the same step in up to 4 micro-batches costs beyond that many of the layers' runs at that
   fraction of the share, per extra micro-batch (autograd set-up, the loss, the runtime's bookkeeping), at the
   fitted speed;
-- ``latency`` and ``rate_mbit``: ``seconds = steps · latency + bytes sent · 8 / rate`` fitted by least squares
-  over every kind the candidates use, at two sizes each (the slowest rank's seconds): an all-reduce (DDP, the tail's
-  sums, 1-D tp), an all-gather (FSDP's gathers, 2-D/3-D tp), an all-to-all (the tables), a reduce-scatter (FSDP's
-  and 3-D tp's, which :func:`tessel.comm.reduce_scatter` runs as an all-to-all and a local sum) and a pipeline's
-  point-to-point exchange (each rank sends to the next and receives from the one before, as stages do in 1F1B's
-  steady state);
+- ``latency`` and ``rate_mbit``: under the estimate's model of a call, the longer of its ring steps at the latency
+  and its bytes at the rate (Topology.call_seconds), from every kind the candidates use at two sizes each (the
+  slowest rank's seconds): the latency from the small calls' seconds per ring step, the rate from the large calls'
+  bytes over their seconds (:func:`fit_link`). The kinds: an all-reduce (DDP, the tail's sums, 1-D tp), an
+  all-gather (FSDP's gathers, 2-D/3-D tp), an all-to-all (the tables), a reduce-scatter (FSDP's and 3-D tp's, which
+  :func:`tessel.comm.reduce_scatter` runs as an all-to-all and a local sum) and a pipeline's point-to-point exchange
+  (each rank sends to the next and receives from the one before, as stages do in 1F1B's steady state);
+- ``tiny_latency``: a one-element all-reduce's seconds per ring step (a loss's, a norm's: gloo reduces one or two
+  elements by a cheaper path than any larger tensor, bench/plan-latency/calls.txt);
 - ``overlap`` as the probe measures it.
 
 Run on every rank (``tessel train --plan auto --plan.trial true``, ``tessel plan --trial`` on local workers,
@@ -26,7 +29,10 @@ Run on every rank (``tessel train --plan auto --plan.trial true``, ``tessel plan
 better than the probe and 4-host cells worse or no better (docs/benchmarks.md, "A calibration trial").
 :func:`fit` is pure, so it is tested on made-up measurements:
 
-    >>> rows = [("all_reduce", 4, 6, 1e6, 6 * 1e-4 + 1e6 * 8 / 400e6), ("all_gather", 4, 3, 4e6, 3e-4 + 0.08)]
+    >>> def call(steps, sent):  # 100 us a ring step, 400 Mbit/s: the longer of the two
+    ...     return max(steps * 1e-4, sent * 8 / 400e6)
+    >>> rows = [("all_reduce", 6, 6e3, call(6, 6e3)), ("all_reduce", 6, 6e6, call(6, 6e6)),
+    ...         ("p2p", 1, 4e3, call(1, 4e3)), ("p2p", 1, 4e6, call(1, 4e6))]
     >>> lat, mbit = fit_link(rows)
     >>> round(lat * 1e6), round(mbit)
     (100, 400)
@@ -57,6 +63,7 @@ from .topology import Topology
 
 SIZES = (16 << 10, 4 << 20)  # bytes of each collective's tensor: latency dominates the first, bandwidth the second
 MICRO = 4  # the trial's step of many micro-batches has this many
+TINY = "tiny"  # the trial's kind for a one-element all-reduce (4 bytes), priced at its own latency
 
 
 @dataclass(frozen=True)
@@ -69,11 +76,13 @@ class Calibration:
     seconds: float  # how long the trial took on the slowest rank, set-up not counted
     setup: float  # seconds building the model and optimizer and the warm-up step took there
     when: str  # UTC time the trial ran
+    tiny_latency: float = 0.0  # seconds per ring step of a one-element all-reduce (0: not timed; the probe's stays)
 
     def apply(self, topo: Topology) -> Topology:
         """``topo`` with the trial's rates (values the user gave on the command line are applied after)."""
         return replace(topo, speed=self.speed, per_micro=self.per_micro, latency=self.latency,
-                       rate_mbit=self.rate_mbit, overlap=self.overlap,
+                       tiny_latency=self.tiny_latency or topo.tiny_latency, rate_mbit=self.rate_mbit,
+                       overlap=self.overlap,
                        source=f"{topo.source}, calibrated by a {self.seconds:.1f} s trial at {self.when}")
 
 
@@ -83,23 +92,26 @@ def _ring(kind: str, n: int, nbytes: int) -> tuple[int, float]:
     as :mod:`tessel.comm` counts them."""
     if kind == "p2p":
         return 1, float(nbytes)
-    steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
-    sent = (2 if kind == "all_reduce" else 1) * (n - 1) / n * nbytes
+    ring = kind in ("all_reduce", TINY)
+    steps = 2 * (n - 1) if ring else n - 1
+    sent = (2 if ring else 1) * (n - 1) / n * nbytes
     return steps, sent
 
 
-def fit_link(rows: list[tuple[str, int, int, float, float]]) -> tuple[float, float]:
-    """(latency s per step, rate Mbit/s) from rows (kind, ranks, steps, bytes sent, seconds): least squares of
-    seconds = steps · latency + bytes · 8 / rate, each kept positive (a fit that would make either negative
-    falls back to the other alone)."""
-    a = torch.tensor([[float(r[2]), r[3] * 8 / 1e6] for r in rows], dtype=torch.float64)
-    t = torch.tensor([r[4] for r in rows], dtype=torch.float64)
-    lat, per_mbit = torch.linalg.lstsq(a, t.unsqueeze(1)).solution.squeeze(1).tolist()
-    if per_mbit <= 0:  # bandwidth invisible at these sizes: all latency
-        return float(t.sum() / a[:, 0].sum()), math.inf
-    if lat < 0:  # all bandwidth
-        return 0.0, float((a[:, 1] * a[:, 1]).sum() / (a[:, 1] * t).sum())
-    return lat, 1.0 / per_mbit
+def fit_link(rows: list[tuple[str, int, float, float]]) -> tuple[float, float]:
+    """(latency s per ring step, rate Mbit/s) from rows (kind, ring steps, bytes sent, seconds) of each kind at two
+    sizes, under the estimate's model: a call takes the longer of its steps' latency and its bytes' transfer. The
+    latency is the median seconds per step of each kind's smaller call, those whose bytes at the fitted rate take
+    under half their time (the steps decide them); the rate the median of bytes over seconds of the larger calls
+    that took longer than their steps (a large call no slower per step than the small ones is all steps: bandwidth
+    the trial's sizes cannot see, rate inf)."""
+    smallest = {kind: min(r[2] for r in rows if r[0] == kind) for kind, *_ in rows}
+    small = [r for r in rows if r[2] == smallest[r[0]]]
+    latency = statistics.median(r[3] / r[1] for r in small)
+    seen = [r[2] * 8 / 1e6 / r[3] for r in rows if r[2] > smallest[r[0]] and r[3] > 1.1 * r[1] * latency]
+    mbit = statistics.median(seen) if seen else math.inf
+    bound = [r[3] / r[1] for r in small if r[2] * 8 / 1e6 / mbit < r[3] / 2]  # (bandwidth-bound small calls out)
+    return (statistics.median(bound) if bound else latency), mbit
 
 
 def predicted_step(profile: Profile, samples: int, micro: int) -> float:
@@ -125,13 +137,14 @@ def fit(trial: dict, profile: Profile) -> Calibration:
         rows = []
         for kind, nbytes in trial["collectives"]:
             steps, sent = _ring(kind, n, nbytes)
-            worst = max(x["collectives"][f"{kind}:{nbytes}"] for x in ranks)
-            rows.append((kind, n, steps, sent, worst))
-        latency, mbit = fit_link(rows)
+            rows.append((kind, steps, sent, max(x["collectives"][f"{kind}:{nbytes}"] for x in ranks)))
+        latency, mbit = fit_link([r for r in rows if r[0] != TINY])
+        tiny = [r[3] / r[1] for r in rows if r[0] == TINY]  # none in a trial recorded before 2026-12-07
+        tiny_latency = tiny[0] if tiny else 0.0
     else:
-        latency, mbit = 0.0, math.inf
+        latency, mbit, tiny_latency = 0.0, math.inf, 0.0
     return Calibration(speed, per_micro, latency, mbit, min(x["overlap"] for x in ranks),
-                       max(x["seconds"] for x in ranks), max(x["setup"] for x in ranks), trial["when"])
+                       max(x["seconds"] for x in ranks), max(x["setup"] for x in ranks), trial["when"], tiny_latency)
 
 
 def _steps(job: Job, samples: int, micro: int, repeats: int) -> dict:
@@ -171,10 +184,10 @@ def _timed(fn, repeats: int, a: torch.Tensor, w: torch.Tensor) -> float:
 
 
 def _collectives(repeats: int) -> dict:
-    """"kind:bytes" -> median wall seconds of each kind at each size (``SIZES``)."""
+    """"kind:bytes" -> median wall seconds of each kind at each size (``SIZES``), and of a one-element all-reduce."""
     n = dist.get_world_size()
     a, w = torch.randn(64, 512), torch.randn(512, 512)
-    out = {}
+    out = {f"{TINY}:4": _timed(partial(comm.all_reduce, torch.zeros(1), "probe"), repeats, a, w)}
     for nbytes in SIZES:
         whole, part = torch.zeros(nbytes // 4 // n * n), torch.zeros(nbytes // 4 // n)
         out[f"all_reduce:{nbytes}"] = _timed(partial(comm.all_reduce, torch.zeros(nbytes // 4), "probe"),
@@ -243,7 +256,9 @@ def describe(cal: Calibration, ranks: int) -> str:
     return (f"tessel: calibration trial {cal.seconds:.1f} s (model set-up {cal.setup:.1f} s more) on {ranks} "
             f"rank{'s' * (ranks > 1)} at {cal.when}: "
             f"compute {cal.speed:.3g}x the profile's core, {cal.per_micro * 1e3:.2f} ms per extra micro-batch, "
-            f"latency {cal.latency * 1e6:.0f} us per ring step, a rank moves {cal.rate_mbit:.0f} Mbit/s, "
+            f"latency {cal.latency * 1e6:.0f} us per ring step"
+            + (f" ({cal.tiny_latency * 1e6:.0f} us for a one-element call)" if cal.tiny_latency else "")
+            + f", a rank moves {cal.rate_mbit:.0f} Mbit/s, "
             f"{cal.overlap:.0%} of a collective hidden by compute")
 
 

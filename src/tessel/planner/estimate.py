@@ -174,8 +174,10 @@ def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float
     if not policy.row_kind(settings.optimizer):  # no row optimizer mirrors the run's: its tables stay dense
         return {}, 0.0, 0.0, set()
     size, stride = _strides(plan)["dp"]
-    link = Link(rate=topo.group_rate(size, stride), latency=topo.latency * 2 * (size - 1), per_elem=2e-9,
-                source="topology")
+    # the sparse cost model's latency is a whole collective's, added to its bytes' time, as the run's own start-up
+    # probe times it (tessel.sparse.cost.probe: a one-element all-reduce): the tiny latency's ring, where measured
+    lat = topo.tiny_latency or topo.latency
+    link = Link(rate=topo.group_rate(size, stride), latency=lat * 2 * (size - 1), per_elem=2e-9, source="topology")
     allowed = AUTO_OPTIONS if policy.strategy.decides else (policy.strategy.builds,)
     hosts = max(1, min(plan.dp, topo.hosts))
     picks, nbytes, seconds, served, picked = {}, 0.0, 0.0, set(), {}
