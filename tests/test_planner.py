@@ -189,10 +189,11 @@ def test_candidates_and_feasibility():
     assert estimate(named, job.settings, done.profile, topo).tables
     assert not estimate(named, nadamw, done.profile, topo).tables
     # a served table's calls each pay a whole collective at the one-element latency (the sparse cost model's, as its
-    # start-up probe times it: a one-element all-reduce, 2(8-1) ring steps), ps 6 a step; the step's tail two more
+    # start-up probe times it: a one-element all-reduce, 2(8-1) ring steps), ps 6 a step; the step's tail, the loss
+    # summed over the 8 data-parallel ranks, one more
     a, b = (estimate(named, job.settings, done.profile, replace(topo, latency=1e-3, tiny_latency=t))
             for t in (1e-4, 2e-4))
-    assert a.tables and math.isclose(b.comm - a.comm, (len(a.tables) * 6 * 2 * 7 + 2 * 2 * 7) * 1e-4, rel_tol=1e-9)
+    assert a.tables and math.isclose(b.comm - a.comm, (len(a.tables) * 6 * 2 * 7 + 2 * 7) * 1e-4, rel_tol=1e-9)
     assert not problems(named, job.settings) and "no row optimizer mirrors it" in problems(named, nadamw)[0]
     # a memory budget under the winner's need drops it
     tight = planner.choose(job, planner.Topology(ranks=8, hosts=8, link_mbit=200, memory=done.best.memory - 1),
@@ -531,7 +532,7 @@ def test_a_ddp_step_pays_the_ring_latency_once_per_bucket_ddp_makes():
         for overlap, lat, exposed in ((0.0, 1e-3, buckets), (1.0, 1e-7, 1)):
             slow, fast = (estimate(plan, settings, profile, planner.Topology(
                 ranks=4, hosts=4, link_mbit=1e9, latency=latency, overlap=overlap)).step for latency in (lat, 0.0))
-            tail = 2 * 2 * 3  # the step's last world collectives (the gradient norm, the loss), 3 ring steps each way
+            tail = 2 * 3  # the step's loss summed over the 4 data-parallel ranks (the norm over 1 stage: no step)
             # (the bytes, about 5e-4 of the smaller latency on this link, travel while the ring steps go on)
             assert math.isclose(slow - fast, (exposed * 2 * 3 + tail) * lat, rel_tol=1e-3, abs_tol=1e-12)
     assert counts[0] > counts[1] > counts[2] == 1 and counts[3] >= 1, counts
@@ -553,7 +554,7 @@ def test_a_call_takes_the_longer_of_its_bytes_and_its_ring_steps():
     sent = 2 * 3 / 4 * params  # a ring all-reduce over 4 ranks: what each sends
     plan = ParallelPlan(dp=4, bucket_mb=25.0)  # one bucket: one all-reduce of 6 ring steps a step
     lat, tiny = 1e-3, 1e-4
-    tail = 2 * 2 * 3 * tiny  # the gradient norm and the loss, 6 ring steps each
+    tail = 2 * 3 * tiny  # the loss summed over the 4 data-parallel ranks (the norm over 1 stage: no step)
 
     def step(link_mbit, latency, tiny_latency):
         return estimate(plan, settings, profile, planner.Topology(
@@ -566,12 +567,32 @@ def test_a_call_takes_the_longer_of_its_bytes_and_its_ring_steps():
     assert math.isclose(step(slow, lat, tiny) - step(slow, 0.0, 0.0), tail, rel_tol=1e-6)
     assert math.isclose(step(slow, 0.0, 0.0) - step(1e9, 0.0, 0.0), 60 * lat, rel_tol=1e-3)
     # no tiny latency measured: every call at the latency
-    assert math.isclose(step(1e9, lat, 0.0) - step(1e9, 0.0, 0.0), 6 * lat + 2 * 2 * 3 * lat, rel_tol=1e-6)
+    assert math.isclose(step(1e9, lat, 0.0) - step(1e9, 0.0, 0.0), 6 * lat + 2 * 3 * lat, rel_tol=1e-6)
     # 2-D tensor parallelism on a 2 x 2 grid: its squared gradient norm (one fp64 element) summed over each axis, 2
-    # ring steps each, is tiny too, beside the step's tail (2 calls of 6 steps)
+    # ring steps each, is tiny too; one data-parallel rank and one stage: the step's tail sums over no group
     tp = [estimate(ParallelPlan(dp=1, tp=4, tp_mode="2d", tp_grid=(2, 2)), settings, profile, planner.Topology(
         ranks=4, hosts=4, link_mbit=1e9, latency=lat, tiny_latency=t, overlap=0.0)).step for t in (tiny, lat)]
-    assert math.isclose(tp[1] - tp[0], (2 * 2 + 2 * 6) * (lat - tiny), rel_tol=1e-6)
+    assert math.isclose(tp[1] - tp[0], 2 * 2 * (lat - tiny), rel_tol=1e-6)
+
+
+def test_the_steps_tail_sums_over_each_group_not_the_world():
+    """A step ends with one-element sums, each over its own group (tessel.train.tail, tessel.trainer): the squared
+    gradient norm over the stages and over FSDP's shard group, the loss over the data axis (measured on 8 hosts: 4-11
+    ms a step, where two calls over the world priced 20; the preemption check, over the world, is waited a step
+    later). Each is 2(size - 1) ring steps at the tiny latency."""
+    cfg = load_config(None, TINY["classifier"])
+    job, settings = job_of(cfg), settings_of(cfg)
+    profile = measure(job, dps=(1, 2, 4))
+
+    def tail(plan, t):
+        return estimate(plan, settings, profile, planner.Topology(ranks=8, hosts=8, link_mbit=1e9, latency=1e-3,
+                                                                  tiny_latency=t, overlap=0.0)).comm
+
+    for plan, steps in ((ParallelPlan(dp=4, pp=2, micro_batches=2), 2 * 1 + 2 * 3),
+                        (ParallelPlan(dp=8), 2 * 7),
+                        (ParallelPlan(dp=4, dp_shard=2, pp=2, micro_batches=2), 2 * 1 + 2 * 3 + 2 * 1),
+                        (ParallelPlan(dp=1, pp=2, tp=4, micro_batches=1), 2 * 1)):
+        assert math.isclose(tail(plan, 2e-4) - tail(plan, 1e-4), steps * 1e-4, rel_tol=1e-9), plan
 
 
 def test_sharded_gathers_lengthen_every_stage_slot():

@@ -13,6 +13,7 @@ as `tessel bench plan` judges it.
     python bench/plan-latency/reprice_latency.py --profiles /tmp/p.pkl ... > after.txt"""
 import argparse
 import json
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -35,8 +36,12 @@ def topology(r, extra):
     probe = r.get("probe") or {}
     if "tiny_latency" not in probe:  # a run before the change: its latency was the one-element one
         probe = {**probe, "tiny_latency": r["latency"], "latency": extra.get("latency", r["latency"])}
-    base = dict(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6, speed=r["speed"],
-                rate_mbit=r["rate_mbit"], overlap=r["overlap"], per_micro=r.get("per_micro", 0.0), source="saved")
+    own = {k: r.get(k, 0.0) for k in ("speed", "rate_mbit", "overlap", "per_micro")}
+    if r.get("calibrated"):  # the row holds the trial's rates and the probe's beside them: the probe's, its speed
+        # capped at the host's CPU budget (the plan check's default: this machine's cores over the hosts)
+        own = {"speed": min(probe["speed"], (os.cpu_count() or 1) / r["hosts"]), "rate_mbit": probe["mbit"],
+               "overlap": probe["overlap"], "per_micro": 0.0}
+    base = dict(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6, source="saved", **own)
     if NEW:
         return Topology(latency=probe["latency"], tiny_latency=probe["tiny_latency"], **base)
     return Topology(latency=probe["tiny_latency"], **base)

@@ -5,7 +5,9 @@ threads too). Each rank prints one line per step after the first two, as JSON; t
 what docs/benchmarks.md quotes.
 
 Run: tessel cluster run --hosts 8 --rate 1gbit --torchrun -- bench/plan-latency/where.py <tessel train's arguments>
-     > where.log; then python bench/plan-latency/where.py report where.log (medians over steps, then over ranks)"""
+     > where.log; then python bench/plan-latency/where.py report where.log (medians over steps, then over ranks).
+WHERE_PROBE_AT=N runs the planner's probe (tessel.planner.probe.measure) inside the job after step N: its ring step
+measured in the same invocation as the job's own calls."""
 import json
 import os
 import re
@@ -31,7 +33,9 @@ def report(log: str) -> None:
                     ("process CPU", lambda r: r["process_cpu"]), ("in collectives", lambda r: sum(r["comm"].values()))):
         print(f"{name}: {med(f)}")
     for c in sorted({c for r in rows for c in r["comm"]}):
-        print(f"  {c}: {med(lambda r, c=c: r['comm'].get(c, 0.0))}")
+        n = sorted({r.get("calls", {}).get(c, 0) for r in rows})  # (logs before 2026-12-07 have no count)
+        print(f"  {c}: {med(lambda r, c=c: r['comm'].get(c, 0.0))}" + (f", calls a step on a rank: {n}" if n != [0]
+                                                                       else ""))
 
 
 if sys.argv[1:2] == ["report"]:
@@ -42,10 +46,12 @@ from tessel import comm  # noqa: E402
 from tessel.cli import main  # noqa: E402
 
 spent: dict[str, float] = {}
+calls: dict[str, int] = {}
 
 
 def timed(what, channel, call, async_op, then=None):
     t0 = time.perf_counter()
+    calls[channel] = calls.get(channel, 0) + 1
     out = real_run(what, channel, call, async_op, then)
     spent[channel] = spent.get(channel, 0.0) + time.perf_counter() - t0
     if out is not None:  # an asynchronous call: its wait is the time it holds the step up
@@ -65,15 +71,24 @@ mark = [time.perf_counter(), time.thread_time(), time.process_time()]
 step = [0]
 
 
+PROBE_AT = int(os.environ.get("WHERE_PROBE_AT", "0"))  # run the planner's probe inside the job after this step
+
+
 def end_step():
     now = [time.perf_counter(), time.thread_time(), time.process_time()]
     step[0] += 1
+    if step[0] == PROBE_AT:  # (every rank ends each step, so all enter the probe's collectives together)
+        from tessel.planner import probe
+        print("probe " + json.dumps({"rank": int(os.environ.get("RANK", 0)), **probe.measure()}), flush=True)
+        now = [time.perf_counter(), time.thread_time(), time.process_time()]
     if step[0] > 2:
         print("where " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "step": step[0],
                                      "wall": now[0] - mark[0], "thread_cpu": now[1] - mark[1],
-                                     "process_cpu": now[2] - mark[2], "comm": dict(spent)}), flush=True)
+                                     "process_cpu": now[2] - mark[2], "comm": dict(spent),
+                                     "calls": dict(calls)}), flush=True)
     mark[:] = now
     spent.clear()
+    calls.clear()
     return real_end()
 
 

@@ -282,8 +282,11 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     tied_s = max(topo.call_seconds(b, len(t), sum(2 * (g - 1) for _, g in t), pp_rate)
                  for b, t in zip(tied_bytes, tied))
     opt_s = max(dense) * profile.optimizer_per_elem * profile.step_factor / topo.speed
-    # every step ends with small world collectives (the gradient norm over the axes, the loss for the log)
-    tail_s = topo.call_seconds(0.0, 2, 2 * 2 * (topo.ranks - 1), 1.0, tiny=True)  # (one fp64 element each)
+    # every step ends with one-element sums, each over its own group: the squared gradient norm over the stages (and
+    # over FSDP's shard group), the loss over the data axis for the log (the preemption check, over the world, is
+    # asynchronous and waited a step later); the grid's norm is tp.grads'
+    steps = 2 * (plan.pp - 1) + 2 * (plan.dp - 1) + 2 * (plan.dp_shard - 1)
+    tail_s = topo.call_seconds(0.0, 1, steps, 1.0, tiny=True)  # (one fp64 element each)
     nbytes = {**dp_channels, "pp": max(pp_elems) * wire, "pp.tied": max(tied_bytes)}
     for ch in sorted({ch for e in tp_elems for ch in e}):
         nbytes[ch] = max(e.get(ch, 0.0) for e in tp_elems) * _width(ch, profile, wire)
