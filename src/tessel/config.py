@@ -160,8 +160,10 @@ class PlanConfig:
     latency_us: float = 0.0  # seconds per ring step of a collective, in us; 0: 200 us, or probed under torchrun
     speed: float = 0.0  # a rank's compute relative to one core of this machine; 0: from the host CPU budget
     # --plan auto: time the model's steps and each kind of collective on every rank first, and price with what
-    # they took (tessel.planner.calibrate). Off by default: on the emulated cluster it priced 8-host cells better
-    # than the probe does and 4-host cells worse or no better (docs/benchmarks.md, "A calibration trial")
+    # they took (tessel.planner.calibrate). Off by default: on the emulated cluster it priced 4-host cells worse
+    # than the probe or no better, and 8-host ones better on 2026-11-27 but far worse on 2026-12-07 (its compute
+    # speed 2-3.6x below the probe's; docs/benchmarks.md, "A calibration trial" and "The calibration trial fitted as a
+    # call is priced")
     trial: bool = False
 
 

@@ -25,8 +25,10 @@ estimate reads:
 - ``overlap`` as the probe measures it.
 
 Run on every rank (``tessel train --plan auto --plan.trial true``, ``tessel plan --trial`` on local workers,
-``tessel bench plan --trial`` per cell and model). Off by default: on the emulated cluster it priced 8-host cells
-better than the probe and 4-host cells worse or no better (docs/benchmarks.md, "A calibration trial").
+``tessel bench plan --trial`` per cell and model). Off by default: on the emulated cluster it priced 4-host cells
+worse than the probe or no better, and 8-host cells better on 2026-11-27 but far worse on 2026-12-07 (median 54%
+against 4%: its compute speed came out 2-3.6x below the probe's; docs/benchmarks.md, "A calibration trial" and "The
+calibration trial fitted as a call is priced").
 :func:`fit` is pure, so it is tested on made-up measurements:
 
     >>> def call(steps, sent):  # 100 us a ring step, 400 Mbit/s: the longer of the two
