@@ -175,9 +175,9 @@ def _tables(plan: ParallelPlan, profile: Profile, topo: Topology, compute: float
         return {}, 0.0, 0.0, set()
     size, stride = _strides(plan)["dp"]
     # the sparse cost model's latency is a whole collective's, added to its bytes' time, as the run's own start-up
-    # probe times it (tessel.sparse.cost.probe: a one-element all-reduce): the tiny latency's ring, where measured
-    lat = topo.tiny_latency or topo.latency
-    link = Link(rate=topo.group_rate(size, stride), latency=lat * 2 * (size - 1), per_elem=2e-9, source="topology")
+    # probe times it (tessel.sparse.cost.probe: a one-element all-reduce)
+    link = Link(rate=topo.group_rate(size, stride), latency=topo.tiny_step * 2 * (size - 1), per_elem=2e-9,
+                source="topology")
     allowed = AUTO_OPTIONS if policy.strategy.decides else (policy.strategy.builds,)
     hosts = max(1, min(plan.dp, topo.hosts))
     picks, nbytes, seconds, served, picked = {}, 0.0, 0.0, set(), {}

@@ -98,6 +98,12 @@ class Topology:
         sharing = min(stride, self.per_host)
         return min(self.link_mbit / sharing, self.rate_mbit) * 1e6 / 8
 
+    @property
+    def tiny_step(self) -> float:
+        """Seconds per ring step of a one-element all-reduce: the tiny latency where one was measured, else the
+        latency."""
+        return self.tiny_latency or self.latency
+
     def call_seconds(self, nbytes: float, calls: float, steps: float, rate: float, tiny: bool = False) -> float:
         """Seconds of ``calls`` like collectives that send ``nbytes`` in all from a rank at ``rate`` bytes/s over
         ``steps`` ring steps: the longer of the bytes' transfer and the ring steps' latency, not their sum (gloo's
@@ -117,7 +123,7 @@ class Topology:
         """
         if calls <= 0:
             return 0.0
-        return max(nbytes / rate, steps * (self.tiny_latency if tiny and self.tiny_latency else self.latency))
+        return max(nbytes / rate, steps * (self.tiny_step if tiny else self.latency))
 
     def describe(self) -> str:
         mem = "unbounded" if math.isinf(self.memory) else f"{self.memory / 2**30:.1f} GiB" + (
