@@ -393,11 +393,17 @@ def test_plan_auto_under_torchrun_plans_on_rank_0_after_the_trial(tmp_path):
 def _probe():
     from tessel.planner import probe
 
-    return probe.measure(rounds=5, burst=2, bulk_rounds=3, bulk_bytes=1 << 16)
+    out = probe.measure(rounds=5, burst=2, bulk_rounds=3, bulk_bytes=1 << 16)
+    probe.measure(rounds=1, burst=1, bulk_rounds=1, bulk_bytes=1 << 12)
+    held = probe._held
+    return out, len(held), held[0].mesh_dim_names, tuple(held[0].shape)
 
 
 def test_probe_measures_latency_and_speed(world4):
-    out = world4.run(_probe)
+    got = world4.run(_probe)
+    # timed with a data-parallel job's mesh built and held, once per process however often the probe runs
+    assert all(g[1:] == (1, ("pp", "dp", "tp"), (1, 4, 1)) for g in got)
+    out = [g[0] for g in got]
     assert out[0] == out[3]  # every rank returns the group's worst
     assert out[0]["ranks"] == 4 and out[0]["latency"] > 0 and 0 < out[0]["speed"] <= 1.5
     assert 0 < out[0]["mbit"] < math.inf and 0 <= out[0]["overlap"] <= 1

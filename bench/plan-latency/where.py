@@ -7,7 +7,9 @@ what docs/benchmarks.md quotes.
 Run: tessel cluster run --hosts 8 --rate 1gbit --torchrun -- bench/plan-latency/where.py <tessel train's arguments>
      > where.log; then python bench/plan-latency/where.py report where.log (medians over steps, then over ranks).
 WHERE_PROBE_AT=N runs the planner's probe (tessel.planner.probe.measure) inside the job after step N: its ring step
-measured in the same invocation as the job's own calls."""
+measured in the same invocation as the job's own calls. WHERE_EACH=N prints step N's calls one by one: each call's
+channel, its wall, and the wall and main-thread CPU since the rank's previous call returned (the compute before it),
+and the host's TCP counters that moved over that step (its network namespace's /proc/net/snmp and netstat)."""
 import json
 import os
 import re
@@ -49,11 +51,34 @@ spent: dict[str, float] = {}
 calls: dict[str, int] = {}
 
 
+EACH = int(os.environ.get("WHERE_EACH", "0"))
+
+
+def tcp_counters() -> dict[str, int]:
+    """This network namespace's Tcp and TcpExt counters (retransmits, timeouts, delayed ACKs, ...)."""
+    out = {}
+    for path in ("/proc/net/snmp", "/proc/net/netstat"):
+        lines = [ln.split() for ln in open(path)]
+        for head, vals in zip(lines[::2], lines[1::2]):
+            if head[0] in ("Tcp:", "TcpExt:"):
+                out.update({f"{head[0]}{k}": int(v) for k, v in zip(head[1:], vals[1:]) if v.lstrip("-").isdigit()})
+    return out
+
+
+tcp_at = [{}]
+last = [time.perf_counter(), time.thread_time()]  # when and at what CPU the rank's previous call returned
+each: list = []
+
+
 def timed(what, channel, call, async_op, then=None):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    gap = (t0 - last[0], c0 - last[1])
     calls[channel] = calls.get(channel, 0) + 1
     out = real_run(what, channel, call, async_op, then)
     spent[channel] = spent.get(channel, 0.0) + time.perf_counter() - t0
+    if step[0] + 1 == EACH:
+        each.append((channel, time.perf_counter() - t0, *gap))
+    last[:] = [time.perf_counter(), time.thread_time()]
     if out is not None:  # an asynchronous call: its wait is the time it holds the step up
         wait = out.wait
 
@@ -79,13 +104,20 @@ def end_step():
     step[0] += 1
     if step[0] == PROBE_AT:  # (every rank ends each step, so all enter the probe's collectives together)
         from tessel.planner import probe
-        print("probe " + json.dumps({"rank": int(os.environ.get("RANK", 0)), **probe.measure()}), flush=True)
+        print("probe " + json.dumps({"rank": int(os.environ.get("RANK", 0)), **probe.measure(),
+                                     "threads": len(os.listdir("/proc/self/task"))}), flush=True)
         now = [time.perf_counter(), time.thread_time(), time.process_time()]
     if step[0] > 2:
         print("where " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "step": step[0],
                                      "wall": now[0] - mark[0], "thread_cpu": now[1] - mark[1],
                                      "process_cpu": now[2] - mark[2], "comm": dict(spent),
                                      "calls": dict(calls)}), flush=True)
+    if step[0] + 1 == EACH:
+        tcp_at[0] = tcp_counters()
+    if each:
+        moved = {k: v - tcp_at[0].get(k, 0) for k, v in tcp_counters().items() if v != tcp_at[0].get(k, 0)}
+        print("each " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "calls": each, "tcp": moved}), flush=True)
+        each.clear()
     mark[:] = now
     spent.clear()
     calls.clear()

@@ -114,7 +114,8 @@ def _auto_plan(cfg: Config, world: int) -> ParallelPlan:
     chosen = None
     job = job_of(cfg) if cfg.plan.trial or dist.get_rank() == 0 else None  # the trial runs the model on every rank
     trial = calibrate.attempt(lambda: calibrate.run_trial(job)) if cfg.plan.trial else None
-    measured = probe.measure() if trial is None else None  # a call's latency and the share of a core each gets
+    # a call's latency and the share of a core each gets, timed with a data-parallel mesh held as a job holds one
+    measured = probe.measure(timeout=cfg.parallel.timeout) if trial is None else None
     if dist.get_rank() == 0:
         planned = calibrate.choose_calibrated(job, lambda cal: topology_of(cfg, world, measured, cal), trial,
                                               cfg.plan.allow_async)

@@ -14,6 +14,9 @@ rank moves an 8 MB all-reduce at between bursts: with a CPU quota gloo's copies 
 partly; its ring steps' latency goes on while the bytes travel, Topology.call_seconds), ``overlap`` (how much of
 that all-reduce, issued asynchronously, hides behind as long a compute burst: 1 when the two overlap fully, 0 when
 they take turns, as gloo's threads and the compute do under a tight CPU quota) and ``idle_latency``.
+
+Everything is timed with a data-parallel job's mesh built and held (:func:`hold_job_mesh`), as a job's process
+holds its mesh's groups while it trains.
 """
 
 from __future__ import annotations
@@ -25,11 +28,27 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import comm
+from .. import comm, mesh
 
 # bytes of the all-reduce whose ring steps price a call's latency: 4 KiB to 256 KiB took the same time on the emulated
 # hosts, one element a quarter to a tenth of it (bench/plan-latency/calls.txt)
 SMALL = 4096
+
+
+_held: list = []  # the mesh hold_job_mesh built in this process (one at most)
+
+
+def hold_job_mesh(timeout: float = 30.0):
+    """The mesh a data-parallel job builds over the world, built once per process and held from then on.
+
+    A job's process holds its mesh's gloo groups (each with its own threads) while it trains. On the emulated hosts
+    a 4 KiB all-reduce over the world took about half as long per ring step once such a mesh was built in the
+    process, though the call never used it: 2.7 against 1.4 ms on 8 hosts of a quarter core, 1.5 against 1.0 ms on 4
+    of half a core (bench/plan-probe-groups). Why is not established. The probe times what a job's calls see."""
+    n = dist.get_world_size()
+    if not _held:
+        _held.append(mesh.build_mesh(mesh.ParallelDims(dp=n, pp=1, tp=1, world_size=n), timeout))
+    return _held[0]
 
 
 def compute_burst(a: torch.Tensor, w: torch.Tensor, n: int) -> None:
@@ -68,7 +87,11 @@ def hidden_share(t: torch.Tensor, a: torch.Tensor, w: torch.Tensor, alone: float
     return min(1.0, max(0.0, (c + alone - b) / min(c, alone)))
 
 
-def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: int = 8 << 20) -> dict:
+def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: int = 8 << 20,
+            timeout: float = 30.0) -> dict:
+    """The JSON line's measurements (module docstring), the same on every rank. ``timeout``: the held mesh's
+    collective timeout (a job's ``parallel.timeout``)."""
+    hold_job_mesh(timeout)
     n = dist.get_world_size()
     steps = max(2 * (n - 1), 1)
     one = torch.zeros(1)
@@ -110,7 +133,7 @@ def main() -> None:
     out = measure()
     if dist.get_rank() == 0:
         print(json.dumps(out), flush=True)
-    dist.destroy_process_group()
+    mesh.shutdown()  # (every rank leaves together, the held mesh's groups with the world)
 
 
 if __name__ == "__main__":
