@@ -42,9 +42,10 @@ def hold_job_mesh(timeout: float = 30.0):
     """The mesh a data-parallel job builds over the world, built once per process and held from then on.
 
     A job's process holds its mesh's gloo groups (each with its own threads) while it trains. On the emulated hosts
-    a 4 KiB all-reduce over the world took about half as long per ring step once such a mesh was built in the
-    process, though the call never used it: 2.7 against 1.4 ms on 8 hosts of a quarter core, 1.5 against 1.0 ms on 4
-    of half a core (bench/plan-probe-groups). Why is not established. The probe times what a job's calls see."""
+    a 4 KiB all-reduce over the world took 1.2-1.6x as long per ring step in a process holding only the world's group
+    as in one that had built such a mesh, which the call never used: 2.8 against 1.7 ms on 8 hosts of a quarter core,
+    1.7 against 1.0 ms on 4 of half a core (bench/plan-probe-groups/probes.jsonl). Why is not established. The probe
+    times what a job's calls see."""
     n = dist.get_world_size()
     if not _held:
         _held.append(mesh.build_mesh(mesh.ParallelDims(dp=n, pp=1, tp=1, world_size=n), timeout))
