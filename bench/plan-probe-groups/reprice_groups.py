@@ -7,38 +7,24 @@ error, Spearman, and the pick judged by its paired interval, as `tessel bench pl
     python bench/plan-probe-groups/reprice_groups.py --profiles /tmp/pg.pkl bench/plan-latency-8h-1g ... > reprice.txt
 """
 import argparse
-import json
-import os
 import pickle
 import statistics
 import sys
 from pathlib import Path
 
 from tessel.bench import plan_check as pc
-from tessel.cluster.emulate import parse_rate
 from tessel.config import load_config
 from tessel.planner import choose
 from tessel.planner.estimate import estimate
-from tessel.planner.topology import Topology
 from tessel.resolve import job_of, settings_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for what the re-pricing scripts share
 from reprice_common import measured_rows, plan_of, score  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from held import held_latencies, topology  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
-
-
-def topology(r: dict, latencies: dict | None) -> Topology:
-    """The cell's topology as priced in its run, its latencies from its probe or, given, ``latencies``. A calibrated
-    row (the trial's cell) is priced at its probe's rates, its speed capped at the host's CPU budget, as
-    bench/plan-latency/reprice_latency.py prices it."""
-    probe = {**r["probe"], **(latencies or {})}
-    own = {"speed": r["speed"], "rate_mbit": r["rate_mbit"], "overlap": r["overlap"]}
-    if r.get("calibrated"):
-        own = {"speed": min(probe["speed"], (os.cpu_count() or 1) / r["hosts"]), "rate_mbit": probe["mbit"],
-               "overlap": probe["overlap"]}
-    return Topology(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6,
-                    latency=probe["latency"], tiny_latency=probe["tiny_latency"], source="saved probe", **own)
 
 
 def main():
@@ -46,10 +32,7 @@ def main():
     ap.add_argument("folders", nargs="+")
     ap.add_argument("--profiles", required=True)
     args = ap.parse_args()
-    held = {}
-    for line in (HERE / "probes.jsonl").read_text().splitlines():
-        d = json.loads(line)
-        held[(d["hosts"], d["rate"])] = {"latency": d["latency"], "tiny_latency": d["tiny_latency"]}
+    held = held_latencies()
     ncells = 0
     met = {"own probe": [0, 0, 0, 0, 0], "mesh held": [0, 0, 0, 0, 0]}  # median, worst, Spearman, within, misses
     cache = Path(args.profiles)
