@@ -11,7 +11,6 @@ replaced for the second pricing only.
 """
 import argparse
 import pickle
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from tessel.resolve import job_of, settings_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for what the re-pricing scripts share
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from held import held_latencies, topology  # noqa: E402
+from held import goals, held_latencies, summary, topology  # noqa: E402
 from reprice_common import measured_rows, plan_of, score  # noqa: E402
 
 PERIOD = 0.010
@@ -78,18 +77,11 @@ def main():
             for k, label in ((1, "as priced"), (2, "with the budget")):
                 rs = [{**r, "predicted": g[k - 1]} for r, *g in rows]
                 print(f"  {label:16s}{score(rs)}")
-                errs = [(x["predicted"] - x["measured"]) / x["measured"] for x in rs]
-                verdict = pc._pick(rs)[1]
-                for i, ok in enumerate((statistics.median(abs(e) for e in errs) <= 0.10,
-                                        max(abs(e) for e in errs) <= 0.30,
-                                        pc._spearman([x["predicted"] for x in rs], [x["measured"] for x in rs]) >= 0.8,
-                                        verdict == "within", verdict == "miss")):
-                    met[label][i] += ok
+                met[label] = [m + ok for m, ok in zip(met[label], goals(rs))]
             for r, b, a in rows:
                 print(f"    {r['plan']}: {b * 1e3:.0f} -> {a * 1e3:.0f} ms, measured {r['measured'] * 1e3:.0f}")
     for label, n in met.items():
-        print(f"{label}: median <= 10% on {n[0]}, worst <= 30% on {n[1]}, Spearman >= 0.8 on {n[2]}; picks {n[3]} "
-              f"within, {n[4]} misses, of {ncells} cells")
+        print(summary(label, n, ncells))
     for p in profiles.values():
         p.job, p._shards = None, {k: v for k, v in p._shards.items() if k[0] == "timed"}
     cache.write_bytes(pickle.dumps({k: pickle.dumps(p) for k, p in profiles.items()}))

@@ -8,7 +8,6 @@ error, Spearman, and the pick judged by its paired interval, as `tessel bench pl
 """
 import argparse
 import pickle
-import statistics
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for what
 from reprice_common import measured_rows, plan_of, score  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from held import held_latencies, topology  # noqa: E402
+from held import goals, held_latencies, summary, topology  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -56,18 +55,11 @@ def main():
             print(f"{name} {cell}:\n  own probe   {before}\n  mesh held   {after}", flush=True)
             for label, rs in (("own probe", [{**r, "predicted": g[0]} for r, g in rows]),
                               ("mesh held", [{**r, "predicted": g[1]} for r, g in rows])):
-                errs = [(r["predicted"] - r["measured"]) / r["measured"] for r in rs]
-                verdict = pc._pick(rs)[1]
-                for i, ok in enumerate((statistics.median(abs(e) for e in errs) <= 0.10,
-                                        max(abs(e) for e in errs) <= 0.30,
-                                        pc._spearman([r["predicted"] for r in rs], [r["measured"] for r in rs]) >= 0.8,
-                                        verdict == "within", verdict == "miss")):
-                    met[label][i] += ok
+                met[label] = [m + ok for m, ok in zip(met[label], goals(rs))]
             for r, (b, a) in rows:
                 print(f"    {r['plan']}: {b * 1e3:.0f} -> {a * 1e3:.0f} ms, measured {r['measured'] * 1e3:.0f}")
     for label, n in met.items():
-        print(f"{label}: median <= 10% on {n[0]}, worst <= 30% on {n[1]}, Spearman >= 0.8 on {n[2]}; picks {n[3]} "
-              f"within, {n[4]} misses, of {ncells} cells")
+        print(summary(label, n, ncells))
     for p in profiles.values():  # (as reprice_latency.py stores them: no job, only the timed tp caches)
         p.job, p._shards = None, {k: v for k, v in p._shards.items() if k[0] == "timed"}
     cache.write_bytes(pickle.dumps({k: pickle.dumps(p) for k, p in profiles.items()}))
