@@ -393,8 +393,8 @@ def test_plan_auto_under_torchrun_plans_on_rank_0_after_the_trial(tmp_path):
 def _probe():
     from tessel.planner import probe
 
-    out = probe.measure(rounds=5, burst=2, bulk_rounds=3, bulk_bytes=1 << 16)
-    probe.measure(rounds=1, burst=1, bulk_rounds=1, bulk_bytes=1 << 12)
+    out = probe.measure(rounds=5, burst=2, bulk_rounds=3, bulk_bytes=1 << 16, wait_rounds=2)
+    probe.measure(rounds=1, burst=1, bulk_rounds=1, bulk_bytes=1 << 12, wait_rounds=1)
     held = probe._held
     return out, len(held), held[0].mesh_dim_names, tuple(held[0].shape)
 
@@ -411,6 +411,14 @@ def test_probe_measures_latency_and_speed(world4):
     assert out[0]["tiny_latency"] > 0
     topo = planner.topology.probed(planner.Topology(ranks=4, hosts=4), out[0], "probed")
     assert (topo.latency, topo.tiny_latency) == (out[0]["latency"], out[0]["tiny_latency"])
+    # a call's wait after compute: groups of 2 and the world, each after bursts of 0, 1, 4, 16 and 64 matmuls (the
+    # CPU before each call grows with the burst; none before the first, where the wait is 0 by definition)
+    wait = out[0]["wait"]
+    assert [g for g, _, _ in wait] == [2] * 5 + [4] * 5 and all(v >= 0 for _, _, v in wait)
+    for g in (2, 4):
+        cpu = [c for s, c, _ in wait if s == g]
+        assert cpu == sorted(cpu) and cpu[0] < 1e-3 < cpu[-1] and [v for s, _, v in wait if s == g][0] == 0.0
+    assert topo.wait_points == tuple(tuple(p) for p in wait) and topo.quota == out[0]["quota"] >= 0
 
 
 def _trial(base):
@@ -599,6 +607,112 @@ def test_the_steps_tail_sums_over_each_group_not_the_world():
                         (ParallelPlan(dp=4, dp_shard=2, pp=2, micro_batches=2), 2 * 1 + 2 * 3 + 2 * 1),
                         (ParallelPlan(dp=1, pp=2, tp=4, micro_batches=1), 2 * 1)):
         assert math.isclose(tail(plan, 2e-4) - tail(plan, 1e-4), steps * 1e-4, rel_tol=1e-9), plan
+
+
+def test_a_call_waits_after_the_compute_before_it():
+    """Under a CPU quota a call after compute waits beyond its back-to-back time (the probe measures it per group
+    size after a few burst lengths: Topology.wait_points). Each tensor-parallel call of a micro-batch waits once,
+    after its share of its layer's compute; DDP's sync waits once a step, after the step's compute; a probe that
+    measured no wait prices none. The wait grows with the compute before the call (linear between the lengths
+    timed, held flat past the longest)."""
+    cfg = load_config(None, TINY["transformer_lm"])
+    job, settings = job_of(cfg), settings_of(cfg)
+    profile = measure(job, dps=(1, 2))
+    v = 1e-3
+
+    def step(plan, ranks, points):
+        return estimate(plan, settings, profile, planner.Topology(ranks=ranks, hosts=ranks, link_mbit=1e9,
+                                                                  latency=0.0, overlap=0.0, wait_points=points))
+
+    flat = ((2, 0.0, v), (2, 1.0, v), (4, 0.0, v), (4, 1.0, v))  # v after any compute, in groups of 2 and 4
+    tp = ParallelPlan(dp=1, tp=2, tp_mode="1d", micro_batches=2)
+    base, waited = step(tp, 2, ()), step(tp, 2, flat)
+    # every call of a micro-batch's linears, norms, table and loss waits once; the step's gradient sums follow the
+    # last backward's calls at once
+    per_micro = sum(n for ch, n in waited.calls.items() if ch != "tp.grads")
+    assert per_micro > 0 and math.isclose(waited.step - base.step, per_micro * v, rel_tol=1e-9)
+    for dp in (2, 4):  # DDP: its sync's wait, once a step
+        plan = ParallelPlan(dp=dp, bucket_mb=0.01)
+        assert math.isclose(step(plan, dp, flat).step - step(plan, dp, ()).step, v, rel_tol=1e-9)
+    # FSDP over 2 ranks, one micro-batch: each unit's gathers (forward, backward) and its reduce-scatter wait once
+    units = profile.fsdp_calls(0, len(profile.layers))
+    plan = ParallelPlan(dp=2, dp_shard=2)
+    assert units > 1 and math.isclose(step(plan, 2, flat).step - step(plan, 2, ()).step, 3 * units * v, rel_tol=1e-9)
+    # after 2 ms of a core the wait is 3 ms, twice that of after 1 ms, and no more after 10 ms
+    rising = ((4, 0.0, 0.0), (4, 0.002, 0.003))
+    topo = planner.Topology(ranks=4, hosts=4, wait_points=rising)
+    assert [round(topo.wait(4, 1, c) * 1e3, 9) for c in (0.001, 0.002, 0.010)] == [1.5, 3.0, 3.0]
+    assert math.isclose(topo.wait(4, 4, 0.008), 4 * 0.003)  # four calls, 2 ms before each
+    # measured sizes 2 and 8 only: a group of 4 a third of the way between, 16 at the largest
+    two = planner.Topology(ranks=16, hosts=16, wait_points=((2, 0.0, 0.001), (8, 0.0, 0.004)))
+    assert math.isclose(two.wait(4, 1, 0.0), 0.002) and math.isclose(two.wait(16, 1, 0.0), 0.004)
+
+
+def test_a_flushed_pipeline_fills_and_drains_at_a_whole_core_for_the_hosts_quota():
+    """Under a CPU quota a host that has idled runs its quota at a whole core before it is throttled
+    (Topology.after_idle): a flushed pipeline's fill and drain, each stage's first micro-batch forward and backward
+    after waiting for its neighbour, run so; an asynchronous step does not idle, and one process's step has no fill."""
+    from tessel.planner.span import pipeline
+
+    plan = ParallelPlan(dp=1, pp=2, micro_batches=4, schedule="gpipe")
+    args = dict(compute=[2.0, 5.0], forward=[1.0, 0.5], work=[2.0, 5.0], send=[(0.0, 0.0, 0.0)] * 2, hops=[0, 0])
+    _, bubble = pipeline(plan, **args)
+    _, faster = pipeline(plan, **args, after_idle=lambda t: 0.9 * t)  # every burst 10% shorter after idling
+    assert math.isclose(bubble - faster, 0.1 * (2.0 + 5.0), rel_tol=1e-12)
+    # a host of half a core with 4 ms a period at a whole core: a 6 ms burst (3 ms of a core) runs in 3 ms, a 20 ms
+    # one (10 ms of a core) in 4 + 6 / 0.5 = 16 ms
+    topo = planner.Topology(ranks=2, hosts=2, speed=0.5, quota=0.004)
+    assert (round(topo.after_idle(0.006), 12), round(topo.after_idle(0.020), 12)) == (0.003, 0.016)
+    # two ranks a host share its quota: 2 ms at a whole core, the other 8 ms of a core at half
+    assert math.isclose(planner.Topology(ranks=4, hosts=2, speed=0.5, quota=0.004).after_idle(0.020),
+                        0.002 + 0.008 / 0.5, rel_tol=1e-12)
+    cfg = load_config(None, TINY["classifier"])
+    profile, settings = measure(job_of(cfg), dps=(1,)), settings_of(cfg)
+    bounds = ((0, 2), (2, 4))
+    for plan, changes in ((ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds), True),
+                          (ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds, schedule="gpipe"), True),
+                          (ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds, schedule="async"), False),
+                          (ParallelPlan(dp=2, micro_batches=4), False)):
+        got = [estimate(plan, settings, profile, planner.Topology(ranks=2, hosts=2, speed=0.5, quota=q)).step
+               for q in (0.0, 0.004)]
+        assert (got[1] < got[0]) if changes else got[1] == got[0], (plan.describe(), got)
+
+
+def test_the_probe_reads_the_hosts_cpu_quota(tmp_path, monkeypatch):
+    """The probe reads the host's CFS quota from its cgroup (v1 or v2), or where the emulated cluster says it set one
+    (its namespace hides the cgroup); none set or none readable: 0."""
+    from tessel.planner.probe import cpu_quota
+
+    monkeypatch.delenv("TESSEL_HOST_CFS_QUOTA_US", raising=False)
+    v1 = tmp_path / "v1"
+    (v1 / "cpu" / "job").mkdir(parents=True)
+    (v1 / "cpu" / "job" / "cpu.cfs_quota_us").write_text("25000\n")
+    (v1 / "cpu" / "job" / "cpu.cfs_period_us").write_text("100000\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text("4:memory:/x\n1:cpu,cpuacct:/job\n0::/\n")
+    assert cpu_quota(proc, v1) == 0.025
+    (v1 / "cpu" / "job" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpu_quota(proc, v1) == 0.0
+    v2 = tmp_path / "v2"
+    (v2 / "job").mkdir(parents=True)
+    (v2 / "job" / "cpu.max").write_text("50000 100000\n")
+    proc.write_text("0::/job\n")
+    assert cpu_quota(proc, v2) == 0.05
+    (v2 / "job" / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota(proc, v2) == 0.0
+    assert cpu_quota(tmp_path / "absent", v2) == 0.0
+    monkeypatch.setenv("TESSEL_HOST_CFS_QUOTA_US", "2500")
+    assert cpu_quota(proc, v2) == 0.0025
+
+
+@pytest.mark.parametrize("field,value", [("wait_points", ((2, 0.0, math.nan),)), ("wait_points", ((1, 0.0, 0.0),)),
+                                         ("wait_points", ((2, -1.0, 0.0),)), ("quota", math.nan), ("quota", -1.0),
+                                         ("quota", math.inf)])
+def test_a_topology_refuses_a_bad_wait_or_quota(field, value):
+    from tessel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field.replace("_", " ") if field == "wait_points" else "quota"):
+        planner.Topology(ranks=2, **{field: value})
 
 
 def test_sharded_gathers_lengthen_every_stage_slot():

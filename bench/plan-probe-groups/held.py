@@ -1,13 +1,19 @@
 """What the held-mesh re-pricing scripts share: a saved row's topology, with its probe's latencies or given ones, the
-held mesh's latencies per host count and rate (probes.jsonl), and the count of cells meeting each goal."""
+held mesh's latencies per host count and rate (probes.jsonl), the pricing of a folder's rows on several topologies,
+the count of cells meeting each goal, the printed report and the cache of the profiles."""
 import json
 import os
+import pickle
 import statistics
+import sys
 from pathlib import Path
 
 from tessel.bench import plan_check as pc
 from tessel.cluster.emulate import parse_rate
 from tessel.planner.topology import Topology
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
+from reprice_common import score as pc_score  # noqa: E402
 
 
 def held_latencies() -> dict:
@@ -46,3 +52,59 @@ def summary(label: str, n: list[int], cells: int) -> str:
     """The line that counts, over ``cells``, the cells meeting each of :func:`goals` (``n``, in its order)."""
     return (f"{label}: median <= 10% on {n[0]}, worst <= 30% on {n[1]}, Spearman >= 0.8 on {n[2]}; picks {n[3]} "
             f"within, {n[4]} misses, of {cells} cells")
+
+
+
+def report(name: str, cells: dict, ways: tuple[str, ...], met: dict) -> int:
+    """Print each of a folder's ``cells`` ({cell: [(row, [seconds priced each of ``ways``])]}): per way its score,
+    then each row's prices and measured time; add each way's goals met to ``met``; returns the cells printed."""
+    for cell, rows in cells.items():
+        print(f"{name} {cell}:", flush=True)
+        for k, way in enumerate(ways):
+            rs = [{**r, "predicted": got[k]} for r, got in rows]
+            print(f"  {way:16s}{pc_score(rs)}")
+            met[way] = [m + ok for m, ok in zip(met[way], goals(rs))]
+        for r, got in rows:
+            print(f"    {r['plan']}: " + " -> ".join(f"{g * 1e3:.0f}" for g in got)
+                  + f" ms, measured {r['measured'] * 1e3:.0f}")
+    return len(cells)
+
+
+def load_profiles(path: Path) -> dict:
+    """The profiles cached at ``path`` by an earlier run, {(folder/model/hosts): Profile}."""
+    return {k: pickle.loads(v) for k, v in pickle.loads(path.read_bytes()).items()} if path.exists() else {}
+
+
+def save_profiles(path: Path, profiles: dict) -> None:
+    for p in profiles.values():
+        p.job, p._shards = None, {k: v for k, v in p._shards.items() if k[0] == "timed"}
+    path.write_bytes(pickle.dumps({k: pickle.dumps(p) for k, p in profiles.items()}))
+
+
+def price(folder: Path, profiles: dict, topos) -> dict:
+    """{cell: [(row, [seconds on each topology])]} of a saved folder's measured rows, each priced by the estimate on
+    one profile per (folder, model, hosts) (made and cached in ``profiles`` where missing) on the topologies
+    ``topos(row, topo)`` gives from the row's own (None: the row is left out). A cell run before the probe held a
+    job's mesh starts from the held mesh's latencies (:func:`held_latencies`)."""
+    from reprice_common import measured_rows, plan_of
+
+    from tessel.config import load_config
+    from tessel.planner import choose
+    from tessel.planner.estimate import estimate
+    from tessel.resolve import job_of, settings_of
+
+    held, cells = held_latencies(), {}
+    for r in measured_rows(folder):
+        cfg = load_config(None, [*pc.MODELS[r["model"]], *pc.COMMON])
+        topo = topology(r, None if folder.name.startswith("plan-mesh") else held[(r["hosts"], r["rate"])])
+        ts = topos(r, topo)
+        if ts is None:
+            continue
+        key = f"{folder.name}/{r['model']}/{r['hosts']}"
+        if key not in profiles:
+            profiles[key] = choose(job_of(cfg), topo, cfg.plan.allow_async).profile
+        profiles[key].job = job_of(cfg)
+        plan, settings = plan_of(folder, r, cfg), settings_of(cfg)
+        got = [estimate(plan, settings, profiles[key], t).step for t in ts]
+        cells.setdefault((r["model"], r["hosts"], r["rate"]), []).append((r, got))
+    return cells

@@ -99,7 +99,7 @@ def _cell(model: str, hosts: int, rate: str, cpus: float, out: Path, measured: d
     cfg = load_config(None, [*MODELS[model], *COMMON])
     probed = topology.probed(Topology(ranks=hosts, hosts=hosts, link_mbit=parse_rate(rate) / 1e6,
                                       speed=min(1.0, cpus)), measured,
-                             "emulated cluster, latency, speed, rate and overlap probed")
+                             "emulated cluster, latency, speed, rate, overlap, waits and quota probed")
     planned = calibrate.choose_calibrated(job_of(cfg), lambda cal: cal.apply(probed) if cal else probed, trial,
                                           cfg.plan.allow_async)
     best = planned.best  # (no plan fits: a PlanError saying why, which skips the cell)
@@ -188,7 +188,8 @@ def reprice(rows: list[dict], out: Path) -> list[dict]:
         topo = Topology(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6,
                         latency=r["latency"], tiny_latency=(r.get("probe") or {}).get("tiny_latency", 0.0),
                         speed=r["speed"], rate_mbit=r["rate_mbit"], overlap=r["overlap"],
-                        per_micro=r.get("per_micro", 0.0), source="the saved probe or trial of the cell")
+                        per_micro=r.get("per_micro", 0.0), wait_points=topology.wait_points(r.get("probe") or {}),
+                        quota=(r.get("probe") or {}).get("quota", 0.0), source="the saved probe or trial of the cell")
         if r["model"] not in profiles:  # profiled at every candidate's micro-batch size, as planning does
             profiles[r["model"]] = choose(job_of(cfg), topo, cfg.plan.allow_async).profile
         label = r["plan"].replace(" ", "-")

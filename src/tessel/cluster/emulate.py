@@ -358,7 +358,8 @@ class EmulatedCluster:
         """Run ``commands[i]`` on host i, all at once, and wait for all; one result per host.
 
         Each runs in its host's namespace and cgroup with OMP_NUM_THREADS=1, GLOO_SOCKET_IFNAME=eth0,
-        TESSEL_HOST_CPUS (the host's CPU budget) and, on shaped links, TESSEL_LINK_MBIT.
+        TESSEL_HOST_CPUS (the host's CPU budget), TESSEL_HOST_CFS_QUOTA_US (its quota per CFS period, with the burst it
+        may carry over) and, on shaped links, TESSEL_LINK_MBIT.
         When one fails (or ``timeout`` passes) the others are stopped; with ``check`` that raises HostFailed
         naming the host. ``keep_going``: a failed host does not stop the others (an elastic job that re-forms
         without it); ``check`` then raises only if the last host to end failed. ``capture=False`` lets output
@@ -378,6 +379,9 @@ class EmulatedCluster:
         if self.rate_bits:  # what tessel's cost model (--sparse auto) takes as the link rate
             env.setdefault("TESSEL_LINK_MBIT", f"{self.rate_bits / 1e6:g}")
         env.setdefault("TESSEL_HOST_CPUS", f"{self.cpus:g}")  # the planner's compute speed per host (--plan auto)
+        # the host's CFS quota as the probe reads it from its cgroup, which `ip netns exec`'s own /sys hides: what
+        # a host that has idled runs at a whole core (its quota and the unused quota it may carry over)
+        env.setdefault("TESSEL_HOST_CFS_QUOTA_US", str(int(self.cpus * self.period_us) + self.burst_us))
         if self.memory:  # freed tensors leave the host's count, as on a device (see the class's note)
             env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MALLOC_RETURN))
             env.setdefault("MALLOC_TRIM_THRESHOLD_", str(MALLOC_RETURN))

@@ -27,7 +27,10 @@ imbalance); DDP all-reduces the gradients bucket by bucket, each a call of the r
 backward up to the last bucket, as far as the topology's measured overlap lets it; a pipeline's gradient sync, the
 tp gradient sums and the optimizer step follow the micro-batches. A collective takes the longer of its bytes at its
 group's rate and its ring steps at the topology's latency (Topology.call_seconds; a loss's or a norm's one element at
-the tiny latency). Tables served by rows are priced by the
+the tiny latency), plus, where the probe measured it, what it waits after the compute since its group last
+synchronized (Topology.wait: a tp layer's compute split between its calls, an FSDP unit's between its gathers and
+reduce-scatter, a step's before the data-parallel sync). Under a CPU quota a flushed pipeline's fill and drain run at
+a whole core for the host's quota (Topology.after_idle). Tables served by rows are priced by the
 sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added as exposed time.
 """
 
@@ -103,12 +106,13 @@ def _width(channel: str, profile: Profile, wire: int) -> int:
     return profile.elem if channel in FULL_WIDTH else wire
 
 
-def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float, topo: Topology, wire: int
-                ) -> tuple[dict[str, float], dict[str, float], float]:
+def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float, topo: Topology, wire: int,
+                cpu: list[float]) -> tuple[dict[str, float], dict[str, float], float]:
     """(channel -> elements this rank sends, channel -> calls, seconds) for one micro-batch of ``rows`` tokens
     through ``layers``:
     the linears (``tp``, the head's on ``tp.head``), the norms over split features, the token table, the loss
-    (``tp.loss``)."""
+    (``tp.loss``). ``cpu``: per chain layer, a core's seconds of its compute on the micro-batch, which its calls
+    split between them (each call waits after its share: Topology.wait)."""
     if plan.tp == 1:
         return {}, {}, 0.0
     shards = profile.tp_layers(plan.tp_mode, plan.tp_grid)
@@ -123,7 +127,7 @@ def _tp_traffic(plan: ParallelPlan, profile: Profile, layers: range, rows: float
                  for t in linear_traffic(plan.tp_mode, plan.tp_grid, rows, h, h2, up, plan.regather, i > 0, live,
                                          again, ends)]
         moved += [t for traffic in shards.traffic[i] for t in traffic(rows, again)]
-        seconds += _tally(plan, profile, topo, moved, elems, calls, lambda ch: _width(ch, profile, wire))
+        seconds += _tally(plan, profile, topo, moved, elems, calls, lambda ch: _width(ch, profile, wire), cpu[i])
     return elems, calls, seconds
 
 
@@ -148,11 +152,13 @@ def _tp_step(plan: ParallelPlan, profile: Profile, layers: range, topo: Topology
 
 
 def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: dict[str, float],
-           calls: dict[str, float], width) -> float:
+           calls: dict[str, float], width, cpu: float = 0.0) -> float:
     """Add ``moved`` [(channel, grid axis, elements, ring steps, calls)] to ``elems`` and ``calls``; returns their
-    seconds on ``topo`` (``width``: channel -> bytes per element)."""
+    seconds on ``topo`` (``width``: channel -> bytes per element; ``cpu``: a core's seconds of compute the calls
+    split between them, each waiting after its share)."""
     axes, (tp_size, tp_stride) = _tp_axes(plan), _strides(plan)["tp"]
     seconds = 0.0
+    share = cpu / max(sum(n for *_, n in moved), 1.0)  # the compute before each call
     for channel, axis, e, steps, n in moved:
         size, stride = axes.get(axis, (tp_size, 1))
         # an all-reduce (2(q - 1) steps a call; a gather or reduce-scatter has q - 1) of half-width terms is two
@@ -162,6 +168,7 @@ def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: d
         calls[channel] = calls.get(channel, 0.0) + n
         seconds += topo.call_seconds(e * width(channel), n, steps, topo.group_rate(size, stride * tp_stride),
                                      tiny=channel == "tp.norm2")  # (the squared norm: one fp64 element)
+        seconds += topo.wait(size, n, share * n)
     return seconds
 
 
@@ -218,6 +225,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
                  for t, layer in zip(base, profile.layers)]
     # the forward's part (a recompute runs it again inside the backward, which holds that)
     forward = [t * layer.forward_share for t, layer in zip(base, profile.layers)]
+    cpu = [t * topo.speed for t in per_layer]  # a core's seconds of each layer's compute (what its calls follow)
     bounds = plan.bounds or tuple(balance(per_layer, plan.pieces)) if plan.pp > 1 else ((0, len(per_layer)),)
     if plan.pp > 1 and not plan.bounds:
         plan = plan.with_(bounds=tuple(tuple(x) for x in bounds))
@@ -232,7 +240,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     runtime = topo.per_micro * (1.0 if plan.pp > 1 else (m - 1) / m)
     for k, (lo, hi) in enumerate(bounds):
         c = sum(per_layer[lo:hi]) + runtime
-        e_tp, n_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo, wire)
+        e_tp, n_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo, wire, cpu)
         # a stage sends its output forward and its input's gradient back, this rank's block of each
         out = samples * profile.layers[hi - 1].out_per_sample * share[hi - 1] if k + 1 < len(bounds) else 0.0
         inp = samples * profile.layers[lo - 1].out_per_sample * share[lo - 1] if k > 0 else 0.0
@@ -257,7 +265,8 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     if plan.dp_shard > 1:
         passes = [profile.fsdp_calls(lo, hi) for lo, hi in bounds]  # FSDP's gathers a pass, per stage
         sharded = [_sharded_sync(plan, p, n, settings.compute_dtype.itemsize if settings.precision.compute
-                                 else profile.elem, reduced, topo, dp_stride) for p, n in zip(dense, passes)]
+                                 else profile.elem, reduced, topo, dp_stride, c * topo.speed)
+                   for p, n, c in zip(dense, passes, stage_compute)]
         dp_channels = {ch: max(c.get(ch, 0.0) for c, _, _ in sharded) for ch in sharded[0][0]}  # the busiest rank
         gathers = [g for _, g, _ in sharded]
         dp_s = max(t for _, _, t in sharded)
@@ -274,8 +283,10 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         if plan.pp == 1 and dp_size > 1:  # DDP: buckets go out during backward; the last one cannot hide
             backward = 2 / 3 * compute
             dp_s -= topo.overlap * min(dp_s * (1 - 1 / calls), backward)
+        # the data group last synchronized a step ago: its sync waits after the stage's micro-batches
+        dp_s += topo.wait(dp_size, 1, compute * topo.speed)
     comm_pipe, bubble = pipeline(plan, stage_compute, stage_forward, [w + g for w, g in zip(stage_work, gathers)],
-                                 stage_send, hops)
+                                 stage_send, hops, topo.after_idle if topo.quota else None)
     # a weight two stages hold (a tied one): its copies' gradients summed once a step, one all-reduce each
     tied = weights.tied(profile, plan, bounds)
     tied_bytes = [sum(_ring(g, n) * profile.elem for n, g in t) for t in tied]
@@ -315,19 +326,23 @@ def _layer_seconds(plan: ParallelPlan, profile: Profile, samples: float) -> list
 
 
 def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, elem: int, topo: Topology,
-                  stride: int) -> tuple[dict[str, float], float, float]:
+                  stride: int, cpu: float) -> tuple[dict[str, float], float, float]:
     """(bytes per channel, seconds of one micro-batch's gathers, seconds once a step) of FSDP's traffic on a stage
     of ``params`` dense elements gathered in ``units`` calls a pass: every weight gathered from the s ranks of its
     shard group before each micro-batch's forward and again before its backward (in the compute width), its gradients
     reduce-scattered once a step (the masters' width), and under HSDP each gradient shard summed over its r
     replicas (a ring). gloo runs FSDP's calls one at a time, so nothing overlaps the compute: a micro-batch's
-    gathers lengthen its slot on the stage (and so, in a pipeline, every stage downstream waits for them)."""
+    gathers lengthen its slot on the stage (and so, in a pipeline, every stage downstream waits for them). ``cpu``: a
+    core's seconds of the stage's compute on a micro-batch, which its calls follow (a third of a unit's share before
+    each gather and each reduce-scatter: Topology.wait)."""
     s, r, m = plan.dp_shard, plan.dp_replicate, plan.micro_batches
+    each = cpu / (3 * units)
     shard = params / s
     out = {"dp.gather": 2 * m * (s - 1) * shard * gathered, "dp.scatter": (s - 1) * shard * elem}
     rate = topo.group_rate(s, stride)
-    gather = topo.call_seconds(out["dp.gather"] / m, 2 * units, 2 * units * (s - 1), rate)
-    seconds = topo.call_seconds(out["dp.scatter"], units, units * (s - 1), rate)
+    gather = topo.call_seconds(out["dp.gather"] / m, 2 * units, 2 * units * (s - 1), rate) + topo.wait(
+        s, 2 * units, 2 * units * each)
+    seconds = topo.call_seconds(out["dp.scatter"], units, units * (s - 1), rate) + topo.wait(s, units, units * each)
     if r > 1:
         out["dp.replicate"] = 2 * (r - 1) / r * shard * elem
         seconds += topo.call_seconds(out["dp.replicate"], units, units * 2 * (r - 1), topo.group_rate(r, stride * s))

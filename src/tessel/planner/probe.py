@@ -13,7 +13,10 @@ which an idle probe never sees; before 2026-12-07 this was ``latency``, and ever
 rank moves an 8 MB all-reduce at between bursts: with a CPU quota gloo's copies and sums can fill a fast link only
 partly; its ring steps' latency goes on while the bytes travel, Topology.call_seconds), ``overlap`` (how much of
 that all-reduce, issued asynchronously, hides behind as long a compute burst: 1 when the two overlap fully, 0 when
-they take turns, as gloo's threads and the compute do under a tight CPU quota) and ``idle_latency``.
+they take turns, as gloo's threads and the compute do under a tight CPU quota), ``idle_latency`` and ``wait`` (per
+group size, what a 4 KiB all-reduce costs after compute bursts of a few lengths beyond what it costs back to back:
+:func:`wait_after`) and ``quota`` (a core's seconds per CFS period the host's CPU group allows, read from the
+kernel: :func:`cpu_quota`; 0 where none is set).
 
 Everything is timed with a data-parallel job's mesh built and held (:func:`hold_job_mesh`), as a job's process
 holds its mesh's groups while it trains.
@@ -22,8 +25,10 @@ holds its mesh's groups while it trains.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -88,10 +93,83 @@ def hidden_share(t: torch.Tensor, a: torch.Tensor, w: torch.Tensor, alone: float
     return min(1.0, max(0.0, (c + alone - b) / min(c, alone)))
 
 
+# matmuls before each call :func:`wait_after` times: none, then about 0.4, 1.4, 5.3 and 21 ms of a core
+WAIT_BURSTS = (0, 1, 4, 16, 64)
+
+
+def wait_after(a: torch.Tensor, w: torch.Tensor, rounds: int = 12) -> list[list[float]]:
+    """[[group size, a core's seconds of compute before a call, seconds the call takes beyond its back-to-back
+    time], ...] over groups of 2, 4, 8, ... consecutive ranks (as tensor-parallel groups are, every group calling at
+    once) and the world: a burst, then a 4 KiB all-reduce in the group, the call timed from the end of the rank's own
+    burst (mean over ``rounds`` and over the ranks of full groups).
+
+    Under a CPU quota a host's unused budget is lost at the end of each period, and a rank that waits for a throttled
+    peer idles: a call after compute cost 7-18 ms more than back to back on 8 hosts of a quarter core after 5 ms of
+    CPU, growing with the compute and the group (bench/plan-probe-groups/after_mesh.txt). Back to back it costs
+    ``latency``'s ring steps; :meth:`tessel.planner.topology.Topology.wait` prices the rest."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    small = torch.zeros(SMALL // 4)
+    out = []
+    for size in sorted({s for s in (2, 4, 8, 16, 32) if s < n} | {n}) if n > 1 else []:
+        group, _ = dist.new_subgroups_by_enumeration([list(range(s, min(s + size, n))) for s in range(0, n, size)])
+        full = rank < n - n % size  # a rank of a last, smaller group measures but does not report
+        for _ in range(3):
+            comm.all_reduce(small, "probe", group=group)
+        mine = []
+        for burst in WAIT_BURSTS:
+            comm.barrier("probe")
+            walls, cpus = [], []
+            for _ in range(rounds):
+                c0 = time.thread_time()
+                compute_burst(a, w, burst)
+                cpus.append(time.thread_time() - c0)
+                t0 = time.perf_counter()
+                comm.all_reduce(small, "probe", group=group)
+                walls.append(time.perf_counter() - t0)
+            mine += [statistics.mean(cpus), statistics.mean(walls), float(full)]
+        got = torch.stack(comm.all_gather(torch.tensor(mine, dtype=torch.float64), "probe"))  # (ranks, 3 x bursts)
+        got = got[got[:, 2] > 0].reshape(-1, len(WAIT_BURSTS), 3).mean(0)  # (bursts, 3): over full groups' ranks
+        out += [[size, float(cpu), max(0.0, float(wall - got[0, 1]))] for cpu, wall, _ in got.tolist()]
+    return out
+
+
+def cpu_quota(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> float:
+    """A core's seconds per CFS period this process's CPU group may run (cgroup v1 ``cpu.cfs_quota_us``, v2
+    ``cpu.max``; on an emulated host, whose namespace hides its cgroup, what the cluster says it set:
+    TESSEL_HOST_CFS_QUOTA_US); 0 where no quota is set or none can be read. A host that has idled runs that much at
+    a whole core before its quota throttles it (Topology.after_idle).
+
+    >>> cpu_quota(Path("/nonexistent")) == int(os.environ.get("TESSEL_HOST_CFS_QUOTA_US", 0)) / 1e6
+    True
+    """
+    given = os.environ.get("TESSEL_HOST_CFS_QUOTA_US", "")
+    if given.isdigit():
+        return int(given) / 1e6
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return 0.0
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        names = controllers.split(",")
+        try:
+            if "cpu" in names:
+                quota = int((root / "cpu" / path.lstrip("/") / "cpu.cfs_quota_us").read_text())
+                period = int((root / "cpu" / path.lstrip("/") / "cpu.cfs_period_us").read_text())
+                return quota / 1e6 if quota > 0 and period > 0 else 0.0
+            if controllers == "" and (root / path.lstrip("/") / "cpu.max").exists():
+                quota, _ = (root / path.lstrip("/") / "cpu.max").read_text().split()
+                return int(quota) / 1e6 if quota != "max" else 0.0
+        except (OSError, ValueError):
+            return 0.0
+    return 0.0
+
+
 def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: int = 8 << 20,
-            timeout: float = 30.0) -> dict:
+            timeout: float = 30.0, wait_rounds: int = 12) -> dict:
     """The JSON line's measurements (module docstring), the same on every rank. ``timeout``: the held mesh's
-    collective timeout (a job's ``parallel.timeout``)."""
+    collective timeout (a job's ``parallel.timeout``); ``wait_rounds``: calls :func:`wait_after` times per group and
+    burst."""
     hold_job_mesh(timeout)
     n = dist.get_world_size()
     steps = max(2 * (n - 1), 1)
@@ -125,7 +203,8 @@ def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: 
     stack = torch.stack(comm.all_gather(mine, "probe"))  # (ranks, 6)
     return {"latency": float(stack[:, 0].max()), "tiny_latency": float(stack[:, 5].max()),
             "speed": float(stack[:, 1].min()), "idle_latency": float(stack[:, 2].max()),
-            "mbit": float(stack[:, 3].min()), "overlap": float(stack[:, 4].min()), "ranks": n}
+            "mbit": float(stack[:, 3].min()), "overlap": float(stack[:, 4].min()), "ranks": n,
+            "wait": wait_after(a, w, wait_rounds), "quota": cpu_quota()}
 
 
 def main() -> None:

@@ -32,10 +32,12 @@ def phases(compute: list[float], forward: list[float], work: list[float], send: 
 
 
 def pipeline(plan: ParallelPlan, compute: list[float], forward: list[float], work: list[float],
-             send: list[tuple[float, float, float]], hops: list[float]) -> tuple[float, float]:
+             send: list[tuple[float, float, float]], hops: list[float], after_idle=None) -> tuple[float, float]:
     """(exposed communication, bubble) seconds of a step's micro-batches over the stages: per stage its compute and
     the forward's part of it, its work with the collectives it waits on (tp, FSDP's gathers), its boundary sends
-    (activation, gradient, latency) and one activation's and gradient's trip over its boundary."""
+    (activation, gradient, latency) and one activation's and gradient's trip over its boundary. ``after_idle``:
+    seconds -> seconds a burst of compute takes on a host that has idled (Topology.after_idle): a flushed step's
+    fill and drain (each stage's first micro-batch, forward and backward, after waiting for its neighbour) run so."""
     m = plan.micro_batches
     # a micro-batch's slot on a stage is its work, or its boundary sends where those take longer: sends are posted
     # asynchronously and travel while the stage computes
@@ -50,4 +52,7 @@ def pipeline(plan: ParallelPlan, compute: list[float], forward: list[float], wor
         span = sum(slots) + (m - 1) * max(slots) if flushed else m * max(slots)
     comm = (max(slots) - max(compute)) * m
     # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
-    return comm, span - max(compute) * m - comm + (sum(hops) if flushed else 0.0)
+    bubble = span - max(compute) * m - comm + (sum(hops) if flushed else 0.0)
+    if flushed and after_idle:  # the fill's and drain's bursts, each after the stage idled
+        bubble -= sum(c - after_idle(f) - after_idle(c - f) for c, f in zip(compute, forward))
+    return comm, max(0.0, bubble)

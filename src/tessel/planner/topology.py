@@ -20,6 +20,8 @@ import math
 import os
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..sparse.cost import env_link_mbit
 
@@ -56,6 +58,14 @@ class Topology:
     # 0.68 MiB more of the rest per unit (330 MiB at 2 layers, 344 at 23; bench/local-probes); 0 on a GPU, where
     # it is host memory, not the device's
     unit_memory: float = 0.0
+    # what a call costs after compute beyond its back-to-back time, measured by the probe
+    # (tessel.planner.probe.wait_after): ((group size, a core's seconds of compute before the call, seconds), ...).
+    # Under a CPU quota it grows with the compute since the group last synchronized and with the group (a host's
+    # unused budget is lost at each period's end while it waits for a throttled peer). Empty: not measured, none
+    wait_points: tuple[tuple[int, float, float], ...] = ()
+    # a core's seconds per CFS period a host's CPU group allows (measured by the probe: tessel.planner.probe.cpu_quota;
+    # 0: no quota): a host that has idled runs that much at a whole core before the quota throttles it
+    quota: float = 0.0
     source: str = "defaults"
 
     def __post_init__(self) -> None:
@@ -71,7 +81,11 @@ class Topology:
             raise ConfigError(f"topology headroom is {self.headroom}; it must be a share from 0 to below 1")
         if not 0 <= self.overlap <= 1:
             raise ConfigError(f"topology overlap is {self.overlap}; it must be a share from 0 to 1")
-        for key in ("latency", "tiny_latency", "per_micro", "unit_memory"):
+        if not all(isinstance(g, int) and g >= 2 and math.isfinite(c) and c >= 0 and math.isfinite(v) and v >= 0
+                   for g, c, v in self.wait_points):
+            raise ConfigError(f"topology wait points are {self.wait_points}; each must be (group size >= 2, compute "
+                              "seconds >= 0, seconds >= 0)")
+        for key in ("latency", "tiny_latency", "per_micro", "unit_memory", "quota"):
             v = getattr(self, key)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"topology {key.replace('_', '-')} is {v}; it must be a finite number >= 0")
@@ -125,6 +139,42 @@ class Topology:
             return 0.0
         return max(nbytes / rate, steps * (self.tiny_step if tiny else self.latency))
 
+    def wait(self, size: int, calls: float, cpu: float) -> float:
+        """Seconds ``calls`` collectives of a group of ``size`` ranks wait beyond their back-to-back time
+        (:meth:`call_seconds`) when ``cpu`` seconds of a core's compute are spread before them, each following its
+        share: the probe's measurements (``wait_points``), linear between the compute lengths it timed and held
+        flat past the longest, and between the group sizes (the nearest where outside them); none where not measured.
+
+        >>> t = Topology(ranks=8, wait_points=((2, 0.0, 0.0), (2, 0.002, 0.004), (8, 0.0, 0.0), (8, 0.002, 0.010)))
+        >>> round(t.wait(2, calls=4, cpu=0.004) * 1e3, 3)  # 1 ms of compute before each call: 2 ms each
+        8.0
+        >>> round(t.wait(4, calls=1, cpu=0.01) * 1e3, 3)  # a third of the way from 2 to 8, past the longest burst
+        6.0
+        >>> Topology(ranks=8).wait(8, calls=2, cpu=0.01)  # not measured
+        0.0
+        """
+        if size < 2 or calls <= 0 or not self.wait_points:
+            return 0.0
+        return calls * _wait_at(self.wait_points, size, cpu / calls)
+
+    def after_idle(self, seconds: float) -> float:
+        """Seconds a burst of compute that takes ``seconds`` at ``speed`` takes on a host that has idled: its
+        share of the quota (``quota`` over the host's ranks) at a whole core, the rest at ``speed``. A pipeline
+        stage computes so while it fills and drains (its first micro-batch each way, after waiting for its
+        neighbour): on the emulated hosts such bursts ran at a full core (bench/local-probes/burst-2026-12-01).
+
+        >>> t = Topology(ranks=4, hosts=4, speed=0.5, quota=0.005)
+        >>> round(t.after_idle(0.004) * 1e3, 9)  # 2 ms of a core, at once
+        2.0
+        >>> round(t.after_idle(0.030) * 1e3, 9)  # 15 ms of a core: 5 at once, then 10 at half a core
+        25.0
+        >>> Topology(ranks=4, speed=0.5).after_idle(0.004)  # no quota: the speed throughout
+        0.004
+        """
+        budget = self.quota / self.per_host
+        cpu = seconds * self.speed
+        return min(cpu, budget) + max(0.0, cpu - budget) / self.speed
+
     def describe(self) -> str:
         mem = "unbounded" if math.isinf(self.memory) else f"{self.memory / 2**30:.1f} GiB" + (
             f" ({self.headroom:.0%} kept free)" if self.headroom else "") + (
@@ -137,8 +187,41 @@ class Topology:
                 f"{self.latency * 1e6:.0f} us" + (f" ({self.tiny_latency * 1e6:.0f} us for a one-element call)"
                                                   if self.tiny_latency else "")
                 + f", compute {self.speed:.3g}x one core"
+                + (f" ({self.quota * 1e3:.3g} ms a CFS period at a whole core after idling)" if self.quota else "")
+                + (f", a call's wait after compute measured in {len({g for g, _, _ in self.wait_points})} group "
+                   "sizes" if self.wait_points else "")
                 + (f", {self.per_micro * 1e3:.2f} ms per extra micro-batch" if self.per_micro else "")
                 + f", memory per rank {mem} ({self.source})")
+
+
+def _wait_at(points: tuple[tuple[int, float, float], ...], size: int, cpu: float) -> float:
+    """One call's measured wait in a group of ``size`` after ``cpu`` seconds of compute (Topology.wait)."""
+    def at(g: int) -> float:
+        pts = sorted((c, v) for s, c, v in points if s == g)
+        return float(np.interp(cpu, [c for c, _ in pts], _rising([v for _, v in pts])))
+    sizes = sorted({s for s, _, _ in points})
+    lo = max([s for s in sizes if s <= size], default=sizes[0])
+    hi = min([s for s in sizes if s >= size], default=sizes[-1])
+    return at(lo) if lo == hi else at(lo) + (at(hi) - at(lo)) * (size - lo) / (hi - lo)
+
+
+def _rising(values: list[float]) -> list[float]:
+    """The non-decreasing sequence nearest ``values`` (least squares, pooling adjacent violators): a mean over a few
+    calls can come out lower after a longer burst than after a shorter one, which the wait cannot be."""
+    blocks: list[list[float]] = []  # [sum, count] per pooled block
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, n = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += n
+    return [s / n for s, n in blocks for _ in range(n)]
+
+
+def wait_points(measured: dict) -> tuple[tuple[int, float, float], ...]:
+    """A probe's ``wait`` measurements as :attr:`Topology.wait_points` holds them (none from a probe before
+    2026-12-07's second session)."""
+    return tuple((int(g), float(c), float(v)) for g, c, v in measured.get("wait", ()))
 
 
 def probed(topo: Topology, measured: dict, source: str) -> Topology:
@@ -147,7 +230,7 @@ def probed(topo: Topology, measured: dict, source: str) -> Topology:
     bytes at and the share of it that hides behind compute."""
     return replace(topo, latency=measured["latency"], tiny_latency=measured.get("tiny_latency", 0.0),
                    speed=min(topo.speed, measured["speed"]), rate_mbit=measured["mbit"], overlap=measured["overlap"],
-                   source=source)
+                   wait_points=wait_points(measured), quota=measured.get("quota", 0.0), source=source)
 
 
 def from_environment(ranks: int, hosts: int = 0, link_mbit: float = 0.0, cpus: float = 0.0,
