@@ -81,11 +81,12 @@ def save_profiles(path: Path, profiles: dict) -> None:
     path.write_bytes(pickle.dumps({k: pickle.dumps(p) for k, p in profiles.items()}))
 
 
-def price(folder: Path, profiles: dict, topos) -> dict:
+def price(folder: Path, profiles: dict, topos, latencies: dict | None = None) -> dict:
     """{cell: [(row, [seconds on each topology])]} of a saved folder's measured rows, each priced by the estimate on
     one profile per (folder, model, hosts) (made and cached in ``profiles`` where missing) on the topologies
-    ``topos(row, topo)`` gives from the row's own (None: the row is left out). A cell run before the probe held a
-    job's mesh starts from the held mesh's latencies (:func:`held_latencies`)."""
+    ``topos(row, topo)`` gives from the row's own, without a wait or a quota (None: the row is left out). A cell run
+    before the probe held a job's mesh starts from the held mesh's latencies (:func:`held_latencies`), or, for a host
+    count and rate they were not measured at, ``latencies`` {(hosts, rate): {"latency", "tiny_latency"}}."""
     from reprice_common import measured_rows, plan_of
 
     from tessel.config import load_config
@@ -93,10 +94,11 @@ def price(folder: Path, profiles: dict, topos) -> dict:
     from tessel.planner.estimate import estimate
     from tessel.resolve import job_of, settings_of
 
-    held, cells = held_latencies(), {}
+    held, cells = {**(latencies or {}), **held_latencies()}, {}
     for r in measured_rows(folder):
         cfg = load_config(None, [*pc.MODELS[r["model"]], *pc.COMMON])
-        topo = topology(r, None if folder.name.startswith("plan-mesh") else held[(r["hosts"], r["rate"])])
+        own = folder.name.startswith("plan-mesh") or "wait" in (r.get("probe") or {})  # probed with the mesh held
+        topo = topology(r, None if own else held[(r["hosts"], r["rate"])])
         ts = topos(r, topo)
         if ts is None:
             continue

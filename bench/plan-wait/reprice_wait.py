@@ -1,11 +1,16 @@
 """Saved cells priced three ways by the estimate on one profile per (folder, model, hosts): without the probe's wait
-after compute and quota (as the cells were priced), with the wait (Topology.wait_points), and with the wait and the
-quota (Topology.quota: a flushed pipeline's fill and drain at a whole core for the host's quota, shape b). The wait and
-quota come from a probe of the same host count and rate run afresh (bench/plan-wait/probes.jsonl, the first line of
-each). Cells run before the probe held a job's mesh are priced at the held mesh's latencies, as
-bench/plan-probe-groups/reprice_groups.py prices them.
+after compute and quota (as cells before 2026-12-07's second session were priced), with the wait
+(Topology.wait_points), and with the wait and the quota (Topology.quota: a flushed pipeline's fill and drain at a whole
+core for the host's quota, shape b). The wait and quota come from the cell's own probe where it measured them, else
+from a probe of the same host count and rate run afresh (bench/plan-wait/probes.jsonl, the first line of each). Cells
+run before the probe held a job's mesh are priced at the held mesh's latencies, as
+bench/plan-probe-groups/reprice_groups.py prices them, or, where those were not measured, at the latencies of the probe
+run afresh.
 
-    python bench/plan-wait/reprice_wait.py --profiles /tmp/pg.pkl bench/plan-mesh-4h-200 ... > reprice.txt
+    python bench/plan-wait/reprice_wait.py --profiles /tmp/pg.pkl bench/plan-latency-4h-200 bench/plan-tail-4h-1g \
+        bench/plan-tail-6h-200 bench/plan-tail-8h-1g bench/plan-tail-8h-200 bench/plan-mesh-4h-200 \
+        bench/plan-mesh-6h-1g bench/plan-mesh-8h-1g bench/plan-mesh-8h-200 bench/plan-wait-8h-500 \
+        > bench/plan-wait/reprice.txt
 """
 import argparse
 import json
@@ -37,17 +42,20 @@ def main():
     ap.add_argument("--profiles", required=True)
     args = ap.parse_args()
     points = probes()
+    # (cells run before the probe held a job's mesh, at a host count and rate that held-mesh probes of then missed:
+    # the latencies of the probe run afresh there, which holds the mesh)
+    latencies = {k: {"latency": d["latency"], "tiny_latency": d["tiny_latency"]} for k, d in points.items()}
     cache = Path(args.profiles)
     profiles = load_profiles(cache)
     met = {w: [0] * 5 for w in WAYS}
     ncells = 0
 
     def ways(r, topo):  # without, with the wait, with the wait and the quota; None: no probe there
-        d = points.get((r["hosts"], r["rate"]))
+        d = r["probe"] if "wait" in (r.get("probe") or {}) else points.get((r["hosts"], r["rate"]))
         waited = d and replace(topo, wait_points=wait_points(d))
         return d and [topo, waited, replace(waited, quota=d["quota"])]
     for name in args.folders:
-        ncells += report(name, price(Path(name), profiles, ways), WAYS, met)
+        ncells += report(name, price(Path(name), profiles, ways, latencies), WAYS, met)
     for way, n in met.items():
         print(summary(way, n, ncells))
     save_profiles(cache, profiles)
