@@ -391,18 +391,21 @@ def test_plan_auto_under_torchrun_plans_on_rank_0_after_the_trial(tmp_path):
 
 
 def _probe():
+    from torch.distributed import distributed_c10d as c10d
+
     from tessel.planner import probe
 
     out = probe.measure(rounds=5, burst=2, bulk_rounds=3, bulk_bytes=1 << 16, wait_rounds=2)
+    groups = len(c10d._world.pg_map)
     probe.measure(rounds=1, burst=1, bulk_rounds=1, bulk_bytes=1 << 12, wait_rounds=1)
     held = probe._held
-    return out, len(held), held[0].mesh_dim_names, tuple(held[0].shape)
+    return out, len(held), held[0].mesh_dim_names, tuple(held[0].shape), len(c10d._world.pg_map) - groups
 
 
 def test_probe_measures_latency_and_speed(world4):
     got = world4.run(_probe)
     # timed with a data-parallel job's mesh built and held, once per process however often the probe runs
-    assert all(g[1:] == (1, ("pp", "dp", "tp"), (1, 4, 1)) for g in got)
+    assert all(g[1:] == (1, ("pp", "dp", "tp"), (1, 4, 1), 0) for g in got)  # (the wait's groups destroyed)
     out = [g[0] for g in got]
     assert out[0] == out[3]  # every rank returns the group's worst
     assert out[0]["ranks"] == 4 and out[0]["latency"] > 0 and 0 < out[0]["speed"] <= 1.5
@@ -419,6 +422,14 @@ def test_probe_measures_latency_and_speed(world4):
         cpu = [c for s, c, _ in wait if s == g]
         assert cpu == sorted(cpu) and cpu[0] < 1e-3 < cpu[-1] and [v for s, _, v in wait if s == g][0] == 0.0
     assert topo.wait_points == tuple(tuple(p) for p in wait) and topo.quota == out[0]["quota"] >= 0
+    # with a calibration trial (which times neither), the probe's wait and quota are kept beside it
+    from tessel.planner import calibrate
+    from tessel.resolve import topology_of
+
+    cal = calibrate.Calibration(speed=0.5, per_micro=0.0, latency=1e-4, rate_mbit=100.0, overlap=0.0, seconds=1.0,
+                                setup=1.0, when="now")
+    both = topology_of(load_config(None, TINY["classifier"]), 4, {"wait": wait, "quota": 0.002}, cal)
+    assert (both.wait_points, both.quota, both.latency) == (topo.wait_points, 0.002, 1e-4)
 
 
 def _trial(base):
@@ -625,12 +636,22 @@ def test_a_call_waits_after_the_compute_before_it():
                                                                   latency=0.0, overlap=0.0, wait_points=points))
 
     flat = ((2, 0.0, v), (2, 1.0, v), (4, 0.0, v), (4, 1.0, v))  # v after any compute, in groups of 2 and 4
-    tp = ParallelPlan(dp=1, tp=2, tp_mode="1d", micro_batches=2)
-    base, waited = step(tp, 2, ()), step(tp, 2, flat)
-    # every call of a micro-batch's linears, norms, table and loss waits once; the step's gradient sums follow the
-    # last backward's calls at once
-    per_micro = sum(n for ch, n in waited.calls.items() if ch != "tp.grads")
-    assert per_micro > 0 and math.isclose(waited.step - base.step, per_micro * v, rel_tol=1e-9)
+    for tp in (ParallelPlan(dp=1, tp=2, tp_mode="1d", tp_grid=(2,), micro_batches=2),
+               ParallelPlan(dp=1, tp=4, tp_mode="2d", tp_grid=(2, 2), micro_batches=2)):
+        base, waited = step(tp, tp.tp, ()), step(tp, tp.tp, flat)
+        # every call of a micro-batch's linears, norms, table and loss waits once; the step's gradient sums and norm
+        # follow the last backward's calls with no compute between, so they do not
+        per_micro = sum(n for ch, n in waited.calls.items() if ch != "tp.grads")
+        assert per_micro > 0 and waited.calls.get("tp.grads", 0) > 0, waited.calls
+        assert math.isclose(waited.step - base.step, per_micro * v, rel_tol=1e-9), tp.describe()
+    # under bf16-mixed a half-width all-reduce is two calls, a reduce-scatter and an all-gather that follows it at
+    # once: the pair waits once, as the fp32 call does
+    tp = ParallelPlan(dp=1, tp=2, tp_mode="1d", tp_grid=(2,), micro_batches=2)
+    half = settings_of(load_config(None, [*TINY["transformer_lm"], *BF16]))
+    both = [estimate(tp, half, profile, planner.Topology(ranks=2, hosts=2, link_mbit=1e9, latency=0.0, overlap=0.0,
+                                                         wait_points=pts)) for pts in ((), flat)]
+    assert sum(both[1].calls.values()) > sum(step(tp, 2, flat).calls.values())  # (the pairs counted as two calls)
+    assert math.isclose(both[1].step - both[0].step, step(tp, 2, flat).step - step(tp, 2, ()).step, rel_tol=1e-9)
     for dp in (2, 4):  # DDP: its sync's wait, once a step
         plan = ParallelPlan(dp=dp, bucket_mb=0.01)
         assert math.isclose(step(plan, dp, flat).step - step(plan, dp, ()).step, v, rel_tol=1e-9)
@@ -638,14 +659,14 @@ def test_a_call_waits_after_the_compute_before_it():
     units = profile.fsdp_calls(0, len(profile.layers))
     plan = ParallelPlan(dp=2, dp_shard=2)
     assert units > 1 and math.isclose(step(plan, 2, flat).step - step(plan, 2, ()).step, 3 * units * v, rel_tol=1e-9)
-    # after 2 ms of a core the wait is 3 ms, twice that of after 1 ms, and no more after 10 ms
-    rising = ((4, 0.0, 0.0), (4, 0.002, 0.003))
+    # after 2 ms of a core the wait is 3 ms, twice that of after 1 ms, and no more after 10 ms; none with no compute
+    rising = ((4, 0.0, 0.001), (4, 0.002, 0.003))
     topo = planner.Topology(ranks=4, hosts=4, wait_points=rising)
-    assert [round(topo.wait(4, 1, c) * 1e3, 9) for c in (0.001, 0.002, 0.010)] == [1.5, 3.0, 3.0]
+    assert [round(topo.wait(4, 1, c) * 1e3, 9) for c in (0.0, 0.001, 0.002, 0.010)] == [0.0, 2.0, 3.0, 3.0]
     assert math.isclose(topo.wait(4, 4, 0.008), 4 * 0.003)  # four calls, 2 ms before each
     # measured sizes 2 and 8 only: a group of 4 a third of the way between, 16 at the largest
     two = planner.Topology(ranks=16, hosts=16, wait_points=((2, 0.0, 0.001), (8, 0.0, 0.004)))
-    assert math.isclose(two.wait(4, 1, 0.0), 0.002) and math.isclose(two.wait(16, 1, 0.0), 0.004)
+    assert math.isclose(two.wait(4, 1, 1e-3), 0.002) and math.isclose(two.wait(16, 1, 1e-3), 0.004)
 
 
 def test_a_flushed_pipeline_fills_and_drains_at_a_whole_core_for_the_hosts_quota():
@@ -681,6 +702,7 @@ def test_a_flushed_pipeline_fills_and_drains_at_a_whole_core_for_the_hosts_quota
 def test_the_probe_reads_the_hosts_cpu_quota(tmp_path, monkeypatch):
     """The probe reads the host's CFS quota from its cgroup (v1 or v2), or where the emulated cluster says it set one
     (its namespace hides the cgroup); none set or none readable: 0."""
+    from tessel.errors import ConfigError
     from tessel.planner.probe import cpu_quota
 
     monkeypatch.delenv("TESSEL_HOST_CFS_QUOTA_US", raising=False)
@@ -701,8 +723,23 @@ def test_the_probe_reads_the_hosts_cpu_quota(tmp_path, monkeypatch):
     (v2 / "job" / "cpu.max").write_text("max 100000\n")
     assert cpu_quota(proc, v2) == 0.0
     assert cpu_quota(tmp_path / "absent", v2) == 0.0
+    # with the unused quota it may carry over (v2 cpu.max.burst, v1 cpu.cfs_burst_us)
+    (v2 / "job" / "cpu.max").write_text("50000 100000\n")
+    (v2 / "job" / "cpu.max.burst").write_text("10000\n")
+    assert cpu_quota(proc, v2) == 0.06
+    # a container on v1 without a cgroup namespace: its group's path (the host's) is not mounted; the mount's root is
+    # its group
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("40000\n")
+    proc.write_text("1:cpu,cpuacct:/docker/abc\n")
+    assert cpu_quota(proc, v1) == 0.04
+    # a hybrid host: no v1 cpu group readable, the v2 line holds it
+    proc.write_text("1:cpu,cpuacct:/job\n0::/job\n")
+    assert cpu_quota(proc, tmp_path / "v2") == 0.06
     monkeypatch.setenv("TESSEL_HOST_CFS_QUOTA_US", "2500")
     assert cpu_quota(proc, v2) == 0.0025
+    monkeypatch.setenv("TESSEL_HOST_CFS_QUOTA_US", "2500.0")
+    with pytest.raises(ConfigError, match="TESSEL_HOST_CFS_QUOTA_US is '2500.0'"):
+        cpu_quota(proc, v2)
 
 
 @pytest.mark.parametrize("field,value", [("wait_points", ((2, 0.0, math.nan),)), ("wait_points", ((1, 0.0, 0.0),)),

@@ -161,6 +161,7 @@ def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: d
     share = cpu / max(sum(n for *_, n in moved), 1.0)  # the compute before each call
     for channel, axis, e, steps, n in moved:
         size, stride = axes.get(axis, (tp_size, 1))
+        seconds += topo.wait(size, n, share * n)  # (before the split below: an all-gather follows its pair at once)
         # an all-reduce (2(q - 1) steps a call; a gather or reduce-scatter has q - 1) of half-width terms is two
         # calls: tessel.comm's reduce-scatter and all-gather, the sum in fp32
         n *= 2 if width(channel) <= 2 and steps == 2 * (size - 1) * n else 1
@@ -168,7 +169,6 @@ def _tally(plan: ParallelPlan, profile: Profile, topo: Topology, moved, elems: d
         calls[channel] = calls.get(channel, 0.0) + n
         seconds += topo.call_seconds(e * width(channel), n, steps, topo.group_rate(size, stride * tp_stride),
                                      tiny=channel == "tp.norm2")  # (the squared norm: one fp64 element)
-        seconds += topo.wait(size, n, share * n)
     return seconds
 
 
@@ -333,10 +333,10 @@ def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, 
     reduce-scattered once a step (the masters' width), and under HSDP each gradient shard summed over its r
     replicas (a ring). gloo runs FSDP's calls one at a time, so nothing overlaps the compute: a micro-batch's
     gathers lengthen its slot on the stage (and so, in a pipeline, every stage downstream waits for them). ``cpu``: a
-    core's seconds of the stage's compute on a micro-batch, which its calls follow (a third of a unit's share before
-    each gather and each reduce-scatter: Topology.wait)."""
+    core's seconds of the stage's compute on a micro-batch, which its calls follow (Topology.wait): a third of a
+    unit's share before each of its gathers, and, in the last micro-batch's backward, before its reduce-scatter."""
     s, r, m = plan.dp_shard, plan.dp_replicate, plan.micro_batches
-    each = cpu / (3 * units)
+    each = cpu / (3 * units) if units else 0.0
     shard = params / s
     out = {"dp.gather": 2 * m * (s - 1) * shard * gathered, "dp.scatter": (s - 1) * shard * elem}
     rate = topo.group_rate(s, stride)

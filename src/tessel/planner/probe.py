@@ -28,12 +28,14 @@ import json
 import os
 import statistics
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from .. import comm, mesh
+from ..errors import ConfigError
 
 # bytes of the all-reduce whose ring steps price a call's latency: 4 KiB to 256 KiB took the same time on the emulated
 # hosts, one element a quarter to a tenth of it (bench/plan-latency/calls.txt)
@@ -97,7 +99,7 @@ def hidden_share(t: torch.Tensor, a: torch.Tensor, w: torch.Tensor, alone: float
 WAIT_BURSTS = (0, 1, 4, 16, 64)
 
 
-def wait_after(a: torch.Tensor, w: torch.Tensor, rounds: int = 12) -> list[list[float]]:
+def wait_after(a: torch.Tensor, w: torch.Tensor, rounds: int = 12, timeout: float = 30.0) -> list[list[float]]:
     """[[group size, a core's seconds of compute before a call, seconds the call takes beyond its back-to-back
     time], ...] over groups of 2, 4, 8, ... consecutive ranks (as tensor-parallel groups are, every group calling at
     once) and the world: a burst, then a 4 KiB all-reduce in the group, the call timed from the end of the rank's own
@@ -106,12 +108,14 @@ def wait_after(a: torch.Tensor, w: torch.Tensor, rounds: int = 12) -> list[list[
     Under a CPU quota a host's unused budget is lost at the end of each period, and a rank that waits for a throttled
     peer idles: a call after compute cost 7-18 ms more than back to back on 8 hosts of a quarter core after 5 ms of
     CPU, growing with the compute and the group (bench/plan-probe-groups/after_mesh.txt). Back to back it costs
-    ``latency``'s ring steps; :meth:`tessel.planner.topology.Topology.wait` prices the rest."""
+    ``latency``'s ring steps; :meth:`tessel.planner.topology.Topology.wait` prices the rest. Each size's groups (their
+    collectives time out after ``timeout`` seconds) are destroyed once timed."""
     n, rank = dist.get_world_size(), dist.get_rank()
     small = torch.zeros(SMALL // 4)
     out = []
     for size in sorted({s for s in (2, 4, 8, 16, 32) if s < n} | {n}) if n > 1 else []:
-        group, _ = dist.new_subgroups_by_enumeration([list(range(s, min(s + size, n))) for s in range(0, n, size)])
+        group, made = dist.new_subgroups_by_enumeration(
+            [list(range(s, min(s + size, n))) for s in range(0, n, size)], timeout=timedelta(seconds=timeout))
         full = rank < n - n % size  # a rank of a last, smaller group measures but does not report
         for _ in range(3):
             comm.all_reduce(small, "probe", group=group)
@@ -130,20 +134,34 @@ def wait_after(a: torch.Tensor, w: torch.Tensor, rounds: int = 12) -> list[list[
         got = torch.stack(comm.all_gather(torch.tensor(mine, dtype=torch.float64), "probe"))  # (ranks, 3 x bursts)
         got = got[got[:, 2] > 0].reshape(-1, len(WAIT_BURSTS), 3).mean(0)  # (bursts, 3): over full groups' ranks
         out += [[size, float(cpu), max(0.0, float(wall - got[0, 1]))] for cpu, wall, _ in got.tolist()]
+        for g in made:  # (every rank has passed the gather: no call is left in these groups)
+            dist.destroy_process_group(g)
     return out
 
 
-def cpu_quota(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> float:
-    """A core's seconds per CFS period this process's CPU group may run (cgroup v1 ``cpu.cfs_quota_us``, v2
-    ``cpu.max``; on an emulated host, whose namespace hides its cgroup, what the cluster says it set:
-    TESSEL_HOST_CFS_QUOTA_US); 0 where no quota is set or none can be read. A host that has idled runs that much at
-    a whole core before its quota throttles it (Topology.after_idle).
+def waits(rounds: int = 12, timeout: float = 30.0) -> dict:
+    """What a CPU quota does to a step, the same on every rank: ``wait`` (:func:`wait_after`) and ``quota`` (the
+    smallest host's :func:`cpu_quota`). Timed with a data-parallel job's mesh held, as :func:`measure` times; a
+    calibration trial, which measures the rest, runs this beside it."""
+    hold_job_mesh(timeout)
+    a, w = torch.randn(64, 512), torch.randn(512, 512)
+    wait = wait_after(a, w, rounds, timeout)
+    quota = torch.tensor([cpu_quota()], dtype=torch.float64)
+    return {"wait": wait, "quota": float(torch.stack(comm.all_gather(quota, "probe")).min())}
 
-    >>> cpu_quota(Path("/nonexistent")) == int(os.environ.get("TESSEL_HOST_CFS_QUOTA_US", 0)) / 1e6
-    True
-    """
+
+def cpu_quota(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> float:
+    """A core's seconds per CFS period this process's CPU group may run, with the unused quota it may carry into a
+    period: cgroup v1 ``cpu.cfs_quota_us`` (+ ``cpu.cfs_burst_us``), v2 ``cpu.max`` (+ ``cpu.max.burst``), in the
+    process's own group or, where that path is not mounted (a container on v1 without a cgroup namespace), the
+    mount's root; on an emulated host, whose namespace hides its cgroup, what the cluster says it set
+    (TESSEL_HOST_CFS_QUOTA_US). 0 where no quota is set or none can be read. A host that has idled runs that much at
+    a whole core before its quota throttles it (Topology.after_idle)."""
     given = os.environ.get("TESSEL_HOST_CFS_QUOTA_US", "")
-    if given.isdigit():
+    if given:
+        if not given.isdigit():
+            raise ConfigError(f"TESSEL_HOST_CFS_QUOTA_US is '{given}'; it must be a whole number of microseconds, or "
+                              "unset")
         return int(given) / 1e6
     try:
         lines = proc.read_text().splitlines()
@@ -151,18 +169,33 @@ def cpu_quota(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs
         return 0.0
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        names = controllers.split(",")
-        try:
-            if "cpu" in names:
-                quota = int((root / "cpu" / path.lstrip("/") / "cpu.cfs_quota_us").read_text())
-                period = int((root / "cpu" / path.lstrip("/") / "cpu.cfs_period_us").read_text())
-                return quota / 1e6 if quota > 0 and period > 0 else 0.0
-            if controllers == "" and (root / path.lstrip("/") / "cpu.max").exists():
-                quota, _ = (root / path.lstrip("/") / "cpu.max").read_text().split()
-                return int(quota) / 1e6 if quota != "max" else 0.0
-        except (OSError, ValueError):
-            return 0.0
+        if "cpu" in controllers.split(","):
+            got = _quota_in(root / "cpu", path, "cpu.cfs_quota_us", "cpu.cfs_burst_us")
+        elif controllers == "":
+            got = _quota_in(root, path, "cpu.max", "cpu.max.burst")
+        else:
+            continue
+        if got is not None:
+            return got
     return 0.0
+
+
+def _quota_in(mount: Path, path: str, quota_file: str, burst_file: str) -> float | None:
+    """The quota (with its burst) in seconds a period in the group at ``path`` under ``mount`` (or the mount's root
+    where that path is absent); 0 for no quota; None where neither holds ``quota_file``."""
+    for group in (mount / path.lstrip("/"), mount):
+        try:
+            text = (group / quota_file).read_text().split()
+        except OSError:
+            continue
+        if not text or text[0] in ("max", "-1"):
+            return 0.0
+        try:
+            burst = int((group / burst_file).read_text().split()[0]) if (group / burst_file).exists() else 0
+            return (int(text[0]) + burst) / 1e6
+        except (OSError, ValueError, IndexError):
+            return 0.0
+    return None
 
 
 def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: int = 8 << 20,
@@ -204,7 +237,7 @@ def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: 
     return {"latency": float(stack[:, 0].max()), "tiny_latency": float(stack[:, 5].max()),
             "speed": float(stack[:, 1].min()), "idle_latency": float(stack[:, 2].max()),
             "mbit": float(stack[:, 3].min()), "overlap": float(stack[:, 4].min()), "ranks": n,
-            "wait": wait_after(a, w, wait_rounds), "quota": cpu_quota()}
+            **waits(wait_rounds, timeout)}
 
 
 def main() -> None:

@@ -153,7 +153,7 @@ class Topology:
         >>> Topology(ranks=8).wait(8, calls=2, cpu=0.01)  # not measured
         0.0
         """
-        if size < 2 or calls <= 0 or not self.wait_points:
+        if size < 2 or calls <= 0 or cpu <= 0 or not self.wait_points:  # (no compute before: back to back)
             return 0.0
         return calls * _wait_at(self.wait_points, size, cpu / calls)
 
@@ -188,8 +188,9 @@ class Topology:
                                                   if self.tiny_latency else "")
                 + f", compute {self.speed:.3g}x one core"
                 + (f" ({self.quota * 1e3:.3g} ms a CFS period at a whole core after idling)" if self.quota else "")
-                + (f", a call's wait after compute measured in {len({g for g, _, _ in self.wait_points})} group "
-                   "sizes" if self.wait_points else "")
+                + (f", a call's wait after compute measured in groups of "
+                   f"{', '.join(str(g) for g in sorted({g for g, _, _ in self.wait_points}))}" if self.wait_points
+                   else "")
                 + (f", {self.per_micro * 1e3:.2f} ms per extra micro-batch" if self.per_micro else "")
                 + f", memory per rank {mem} ({self.source})")
 
@@ -224,13 +225,19 @@ def wait_points(measured: dict) -> tuple[tuple[int, float, float], ...]:
     return tuple((int(g), float(c), float(v)) for g, c, v in measured.get("wait", ()))
 
 
+def waited(topo: Topology, measured: dict) -> Topology:
+    """``topo`` with a probe's wait after compute and the hosts' quota (tessel.planner.probe.waits; none from a probe
+    before 2026-12-07's second session), which a calibration trial does not measure."""
+    return replace(topo, wait_points=wait_points(measured), quota=measured.get("quota", 0.0))
+
+
 def probed(topo: Topology, measured: dict, source: str) -> Topology:
     """``topo`` with a probe's measurements (tessel.planner.probe): its loaded latencies (of a 4 KiB all-reduce's ring
     step; of a tiny one's, none from a probe before 2026-12-07), speed (at most the topology's), the rate a rank moves
-    bytes at and the share of it that hides behind compute."""
-    return replace(topo, latency=measured["latency"], tiny_latency=measured.get("tiny_latency", 0.0),
-                   speed=min(topo.speed, measured["speed"]), rate_mbit=measured["mbit"], overlap=measured["overlap"],
-                   wait_points=wait_points(measured), quota=measured.get("quota", 0.0), source=source)
+    bytes at, the share of it that hides behind compute, and what a CPU quota does (:func:`waited`)."""
+    return waited(replace(topo, latency=measured["latency"], tiny_latency=measured.get("tiny_latency", 0.0),
+                          speed=min(topo.speed, measured["speed"]), rate_mbit=measured["mbit"],
+                          overlap=measured["overlap"], source=source), measured)
 
 
 def from_environment(ranks: int, hosts: int = 0, link_mbit: float = 0.0, cpus: float = 0.0,
