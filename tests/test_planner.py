@@ -422,14 +422,19 @@ def test_probe_measures_latency_and_speed(world4):
         cpu = [c for s, c, _ in wait if s == g]
         assert cpu == sorted(cpu) and cpu[0] < 1e-3 < cpu[-1] and [v for s, _, v in wait if s == g][0] == 0.0
     assert topo.wait_points == tuple(tuple(p) for p in wait) and topo.quota == out[0]["quota"] >= 0
+    # FSDP's all-gather and reduce-scatter, timed in groups of 2 and the world
+    fsdp = out[0]["fsdp"]
+    assert [g for g, _, _ in fsdp] == [2, 4] and all(0 < r < math.inf for _, *rates in fsdp for r in rates)
+    assert topo.fsdp_points == tuple(tuple(p) for p in fsdp)
     # with a calibration trial (which times neither), the probe's wait and quota are kept beside it
     from tessel.planner import calibrate
     from tessel.resolve import topology_of
 
     cal = calibrate.Calibration(speed=0.5, per_micro=0.0, latency=1e-4, rate_mbit=100.0, overlap=0.0, seconds=1.0,
                                 setup=1.0, when="now")
-    both = topology_of(load_config(None, TINY["classifier"]), 4, {"wait": wait, "quota": 0.002}, cal)
-    assert (both.wait_points, both.quota, both.latency) == (topo.wait_points, 0.002, 1e-4)
+    both = topology_of(load_config(None, TINY["classifier"]), 4, {"wait": wait, "quota": 0.002, "fsdp": fsdp}, cal)
+    assert (both.wait_points, both.quota, both.fsdp_points, both.latency) == (topo.wait_points, 0.002,
+                                                                              topo.fsdp_points, 1e-4)
 
 
 def _trial(base):
@@ -744,11 +749,13 @@ def test_the_probe_reads_the_hosts_cpu_quota(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("field,value", [("wait_points", ((2, 0.0, math.nan),)), ("wait_points", ((1, 0.0, 0.0),)),
                                          ("wait_points", ((2, -1.0, 0.0),)), ("quota", math.nan), ("quota", -1.0),
-                                         ("quota", math.inf)])
-def test_a_topology_refuses_a_bad_wait_or_quota(field, value):
+                                         ("quota", math.inf), ("fsdp_points", ((2, 0.0, 100.0),)),
+                                         ("fsdp_points", ((2, 100.0, math.inf),)), ("fsdp_points", ((1, 1.0, 1.0),))])
+def test_a_topology_refuses_a_bad_wait_quota_or_fsdp_rate(field, value):
     from tessel.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=field.replace("_", " ") if field == "wait_points" else "quota"):
+    with pytest.raises(ConfigError, match=field.replace("_", " ").replace(" points", "") if field != "quota"
+                       else "quota"):
         planner.Topology(ranks=2, **{field: value})
 
 
@@ -777,6 +784,19 @@ def test_sharded_gathers_lengthen_every_stage_slot():
     got = est.estimate(plan, settings, profile, topo).step
     assert min(gathers) > 0.01
     assert math.isclose(got - without, sum(gathers) + (m - 1) * max(gathers), rel_tol=1e-9), (got, without, gathers)
+    # where the probe measured FSDP's gathers at half the link in pairs and its reduce-scatter at a quarter, each
+    # moves at that: the gathers take twice as long, and the step's reduce-scatter (the busiest stage's, once a
+    # step: (s - 1)/s of its weights, 8 bytes each) four times
+    slow = replace(topo, fsdp_points=((2, 4.0, 2.0),))
+    try:
+        est._sharded_sync = lambda *a, **k: (lambda out, g, t: (out, 0.0, t))(*sync(*a, **k))
+        without_slow = est.estimate(plan, settings, profile, slow).step
+    finally:
+        est._sharded_sync = sync
+    assert math.isclose(est.estimate(plan, settings, profile, slow).step - without_slow,
+                        2 * (sum(gathers) + (m - 1) * max(gathers)), rel_tol=1e-9)
+    scatter = max((s - 1) * sum(layer.params for layer in profile.layers[lo:hi]) / s * 8 for lo, hi in bounds) / 1e6
+    assert math.isclose(without_slow - without, 3 * scatter, rel_tol=1e-9)
 
 def test_tensor_parallel_compute_is_the_blocks_timed_on_stand_in_groups():
     """A tensor-parallel rank's compute is its layers as timed on stand-in groups (what a rank's block costs at

@@ -1,9 +1,10 @@
-"""Saved cells priced three ways by the estimate on one profile per (folder, model, hosts): without the probe's wait
-after compute and quota (as cells before 2026-12-07's second session were priced), with the wait
-(Topology.wait_points), and with the wait and the quota (Topology.quota: a flushed pipeline's fill and drain at a whole
-core for the host's quota, shape b). The wait and quota come from the cell's own probe where it measured them, else
-from a probe of the same host count and rate run afresh (bench/plan-wait/probes.jsonl, the first line of each). Cells
-run before the probe held a job's mesh are priced at the held mesh's latencies, as
+"""Saved cells priced four ways by the estimate on one profile per (folder, model, hosts): without the probe's wait
+after compute and quota (as cells before 2026-12-07's second session were priced); with the wait
+(Topology.wait_points); with the wait and the quota (Topology.quota: a flushed pipeline's fill and drain at a whole
+core for the host's quota, shape b); and with those and FSDP's measured rates (Topology.fsdp_points). The wait and
+quota come from the cell's own probe where it measured them, else from a probe of the same host count and rate run
+afresh (bench/plan-wait/probes.jsonl, the first line of each); FSDP's rates from the first probe there that measured
+them (a later run). Cells run before the probe held a job's mesh are priced at the held mesh's latencies, as
 bench/plan-probe-groups/reprice_groups.py prices them, or, where those were not measured, at the latencies of the probe
 run afresh.
 
@@ -24,16 +25,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for what
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan-probe-groups"))
 from held import load_profiles, price, report, save_profiles, summary  # noqa: E402
 
-WAYS = ("as priced", "with the wait", "wait and quota")
+WAYS = ("as priced", "with the wait", "wait and quota", "and FSDP's rates")
 
 
 def probes() -> dict:
-    """(hosts, rate) -> the first probe run there."""
-    out = {}
+    """(hosts, rate) -> the first probe run there, with the FSDP rates of the first that measured them."""
+    out, fsdp = {}, {}
     for line in (Path(__file__).resolve().parent / "probes.jsonl").read_text().splitlines():
         d = json.loads(line)
         out.setdefault((d["hosts"], d["rate"]), d)
-    return out
+        if "fsdp" in d:
+            fsdp.setdefault((d["hosts"], d["rate"]), d["fsdp"])
+    return {k: {**d, "fsdp": fsdp.get(k, ())} for k, d in out.items()}
 
 
 def main():
@@ -50,10 +53,14 @@ def main():
     met = {w: [0] * 5 for w in WAYS}
     ncells = 0
 
-    def ways(r, topo):  # without, with the wait, with the wait and the quota; None: no probe there
+    def ways(r, topo):  # without, with the wait, with the wait and the quota, and FSDP's rates; None: no probe there
         d = r["probe"] if "wait" in (r.get("probe") or {}) else points.get((r["hosts"], r["rate"]))
-        waited = d and replace(topo, wait_points=wait_points(d))
-        return d and [topo, waited, replace(waited, quota=d["quota"])]
+        if not d:
+            return None
+        waited = replace(topo, wait_points=wait_points(d))
+        fsdp = d.get("fsdp") or points.get((r["hosts"], r["rate"]), {}).get("fsdp", ())
+        return [topo, waited, replace(waited, quota=d["quota"]),
+                replace(waited, quota=d["quota"], fsdp_points=tuple((int(g), a, b) for g, a, b in fsdp))]
     for name in args.folders:
         ncells += report(name, price(Path(name), profiles, ways, latencies), WAYS, met)
     for way, n in met.items():

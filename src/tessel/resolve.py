@@ -143,10 +143,10 @@ def on_cpu(cfg: Config) -> bool:
 
 def topology_of(cfg: Config, ranks: int, measured: dict | None = None, calibration=None):
     """The topology the config and environment describe; ``measured``: a probe's latencies, speed, rate, overlap,
-    wait after compute and quota (see :mod:`tessel.planner.probe`), or ``calibration``: a trial's
-    (:mod:`tessel.planner.calibrate`), with ``measured`` then holding only the wait and quota, which a trial does not
-    time; they replace the defaults but not values given in ``plan.*``."""
-    from .planner.topology import CPU_UNIT_MEMORY, from_environment, probed, waited
+    wait after compute, quota and FSDP's rates (see :mod:`tessel.planner.probe`), or ``calibration``: a trial's
+    (:mod:`tessel.planner.calibrate`), with ``measured`` then holding only what a trial does not time
+    (probe.beside_trial); they replace the defaults but not values given in ``plan.*``."""
+    from .planner.topology import CPU_UNIT_MEMORY, beside_trial, from_environment, probed
 
     p = cfg.plan
     memory = p.memory_gib * 2**30 if p.memory_gib else math.inf
@@ -158,7 +158,7 @@ def topology_of(cfg: Config, ranks: int, measured: dict | None = None, calibrati
     if measured and "latency" in measured and calibration is None:
         topo = probed(topo, measured, topo.source + ", latency, speed, rate, overlap, waits and quota measured")
     elif measured:  # (beside a trial, the probe measures only what the trial does not)
-        topo = replace(waited(topo, measured), source=topo.source + ", waits and quota probed")
+        topo = replace(beside_trial(topo, measured), source=topo.source + ", waits, quota and FSDP's rates probed")
     if p.latency_us:  # a given value wins over a measured one, for every call
         topo = replace(topo, latency=p.latency_us * 1e-6, tiny_latency=0.0, source=topo.source + ", latency given")
     if p.speed:

@@ -110,14 +110,14 @@ def _resume_point(cfg: Config, plan: ParallelPlan, settings: Settings) -> tuple[
 def _auto_plan(cfg: Config, world: int) -> ParallelPlan:
     """``--plan auto`` under plain torchrun: the planner run once on rank 0, its winner handed to every rank. Every
     rank first takes part in the probe, or with ``plan.trial``, in the calibration trial (the model's steps and
-    each kind of collective, timed on the job's own hosts; the probe where the trial fails) and the probe's wait
-    after compute and quota, which the trial does not time."""
+    each kind of collective, timed on the job's own hosts; the probe where the trial fails) and what of the probe's
+    the trial does not time (its wait after compute, the quota, FSDP's rates)."""
     chosen = None
     job = job_of(cfg) if cfg.plan.trial or dist.get_rank() == 0 else None  # the trial runs the model on every rank
     trial = calibrate.attempt(lambda: calibrate.run_trial(job)) if cfg.plan.trial else None
     # a call's latency, its wait after compute and the share of a core each gets, timed with a data-parallel mesh held
     # as a job holds one
-    measured = probe.measure(timeout=cfg.parallel.timeout) if trial is None else probe.waits(
+    measured = probe.measure(timeout=cfg.parallel.timeout) if trial is None else probe.beside_trial(
         timeout=cfg.parallel.timeout)
     if dist.get_rank() == 0:
         planned = calibrate.choose_calibrated(job, lambda cal: topology_of(cfg, world, measured, cal), trial,

@@ -188,8 +188,9 @@ def reprice(rows: list[dict], out: Path) -> list[dict]:
         topo = Topology(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6,
                         latency=r["latency"], tiny_latency=(r.get("probe") or {}).get("tiny_latency", 0.0),
                         speed=r["speed"], rate_mbit=r["rate_mbit"], overlap=r["overlap"],
-                        per_micro=r.get("per_micro", 0.0), wait_points=topology.wait_points(r.get("probe") or {}),
-                        quota=(r.get("probe") or {}).get("quota", 0.0), source="the saved probe or trial of the cell")
+                        per_micro=r.get("per_micro", 0.0),
+                        source="the saved probe or trial of the cell")
+        topo = topology.beside_trial(topo, r.get("probe") or {})
         if r["model"] not in profiles:  # profiled at every candidate's micro-batch size, as planning does
             profiles[r["model"]] = choose(job_of(cfg), topo, cfg.plan.allow_async).profile
         label = r["plan"].replace(" ", "-")

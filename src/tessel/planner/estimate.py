@@ -334,15 +334,16 @@ def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, 
     replicas (a ring). gloo runs FSDP's calls one at a time, so nothing overlaps the compute: a micro-batch's
     gathers lengthen its slot on the stage (and so, in a pipeline, every stage downstream waits for them). ``cpu``: a
     core's seconds of the stage's compute on a micro-batch, which its calls follow (Topology.wait): a third of a
-    unit's share before each of its gathers, and, in the last micro-batch's backward, before its reduce-scatter."""
+    unit's share before each of its gathers, and, in the last micro-batch's backward, before its reduce-scatter. Each
+    collective moves at the rate the probe measured it to in groups of that size, where it did (Topology.fsdp_rate)."""
     s, r, m = plan.dp_shard, plan.dp_replicate, plan.micro_batches
     each = cpu / (3 * units) if units else 0.0
     shard = params / s
     out = {"dp.gather": 2 * m * (s - 1) * shard * gathered, "dp.scatter": (s - 1) * shard * elem}
-    rate = topo.group_rate(s, stride)
-    gather = topo.call_seconds(out["dp.gather"] / m, 2 * units, 2 * units * (s - 1), rate) + topo.wait(
-        s, 2 * units, 2 * units * each)
-    seconds = topo.call_seconds(out["dp.scatter"], units, units * (s - 1), rate) + topo.wait(s, units, units * each)
+    gather = topo.call_seconds(out["dp.gather"] / m, 2 * units, 2 * units * (s - 1), topo.fsdp_rate(
+        s, stride, "gather")) + topo.wait(s, 2 * units, 2 * units * each)
+    seconds = topo.call_seconds(out["dp.scatter"], units, units * (s - 1), topo.fsdp_rate(
+        s, stride, "scatter")) + topo.wait(s, units, units * each)
     if r > 1:
         out["dp.replicate"] = 2 * (r - 1) / r * shard * elem
         seconds += topo.call_seconds(out["dp.replicate"], units, units * 2 * (r - 1), topo.group_rate(r, stride * s))

@@ -15,8 +15,9 @@ partly; its ring steps' latency goes on while the bytes travel, Topology.call_se
 that all-reduce, issued asynchronously, hides behind as long a compute burst: 1 when the two overlap fully, 0 when
 they take turns, as gloo's threads and the compute do under a tight CPU quota), ``idle_latency`` and ``wait`` (per
 group size, what a 4 KiB all-reduce costs after compute bursts of a few lengths beyond what it costs back to back:
-:func:`wait_after`) and ``quota`` (a core's seconds per CFS period the host's CPU group allows, read from the
-kernel: :func:`cpu_quota`; 0 where none is set).
+:func:`wait_after`), ``quota`` (a core's seconds per CFS period the host's CPU group allows, read from the
+kernel: :func:`cpu_quota`; 0 where none is set) and ``fsdp`` (per group size, the rates FSDP's all-gather and
+reduce-scatter move at: :func:`fsdp_rates`).
 
 Everything is timed with a data-parallel job's mesh built and held (:func:`hold_job_mesh`), as a job's process
 holds its mesh's groups while it trains.
@@ -139,15 +140,57 @@ def wait_after(a: torch.Tensor, w: torch.Tensor, rounds: int = 12, timeout: floa
     return out
 
 
-def waits(rounds: int = 12, timeout: float = 30.0) -> dict:
-    """What a CPU quota does to a step, the same on every rank: ``wait`` (:func:`wait_after`) and ``quota`` (the
-    smallest host's :func:`cpu_quota`). Timed with a data-parallel job's mesh held, as :func:`measure` times; a
-    calibration trial, which measures the rest, runs this beside it."""
+# bytes of the gathered tensor :func:`fsdp_rates` times: an FSDP unit's gather on the benchmarks' models
+FSDP_BYTES = 4 << 20
+
+
+def fsdp_rates(a: torch.Tensor, w: torch.Tensor, rounds: int = 3, timeout: float = 30.0) -> list[list[float]]:
+    """[[group size, Mbit/s of the all-gather, of the reduce-scatter], ...] over groups of 2, 4, 8, ... consecutive
+    ranks, every group calling at once, and the world: FSDP's two collectives as tessel.comm runs them for FSDP2
+    (tessel.fsdp), a 4 MiB tensor gathered or reduce-scattered after a compute burst, the slowest rank's median of
+    ``rounds``; a rank sends (g - 1)/g of the tensor.
+
+    On the emulated hosts neither moves at the all-reduce's rate that prices the rest: in pairs at 2-4 MiB the
+    all-gather moved 0.73-0.84 of it, the reduce-scatter (an all-to-all and a local sum on gloo) 0.67-0.86
+    (bench/plan-wait/fsdp_rates.jsonl)."""
+    n = dist.get_world_size()
+    out = []
+    for size in sorted({s for s in (2, 4, 8, 16, 32) if s < n} | {n}) if n > 1 else []:
+        group, made = dist.new_subgroups_by_enumeration(
+            [list(range(s, min(s + size, n))) for s in range(0, n, size)], timeout=timedelta(seconds=timeout))
+        mine_size = dist.get_world_size(group)  # (a last, smaller group measures but does not report)
+        part = torch.zeros(FSDP_BYTES // 4 // size)
+        whole = torch.zeros(part.numel() * mine_size)
+        mine = []
+        for call, out_in in ((comm.all_gather_into, (whole, part)), (comm.reduce_scatter, (part, whole))):
+            call(*out_in, "probe", group=group)  # (gloo's first call at a size sets up its buffers)
+            walls = []
+            for _ in range(rounds):
+                compute_burst(a, w, 6)
+                comm.barrier("probe")
+                t0 = time.perf_counter()
+                call(*out_in, "probe", group=group)
+                walls.append(time.perf_counter() - t0)
+            mine.append((mine_size - 1) / mine_size * whole.numel() * 4 * 8 / 1e6 / max(statistics.median(walls), 1e-9))
+        mine.append(float(mine_size == size))
+        got = torch.stack(comm.all_gather(torch.tensor(mine, dtype=torch.float64), "probe"))  # (ranks, 3)
+        got = got[got[:, 2] > 0]
+        out.append([size, float(got[:, 0].min()), float(got[:, 1].min())])
+        for g in made:  # (every rank has passed the gather: no call is left in these groups)
+            dist.destroy_process_group(g)
+    return out
+
+
+def beside_trial(rounds: int = 12, timeout: float = 30.0) -> dict:
+    """What a calibration trial does not measure, the same on every rank: ``wait`` (:func:`wait_after`), ``quota``
+    (the smallest host's :func:`cpu_quota`) and ``fsdp`` (:func:`fsdp_rates`). Timed with a data-parallel job's mesh
+    held, as :func:`measure` times the rest; ``--plan auto`` with a trial runs this beside it."""
     hold_job_mesh(timeout)
     a, w = torch.randn(64, 512), torch.randn(512, 512)
     wait = wait_after(a, w, rounds, timeout)
+    rates = fsdp_rates(a, w, timeout=timeout)
     quota = torch.tensor([cpu_quota()], dtype=torch.float64)
-    return {"wait": wait, "quota": float(torch.stack(comm.all_gather(quota, "probe")).min())}
+    return {"wait": wait, "quota": float(torch.stack(comm.all_gather(quota, "probe")).min()), "fsdp": rates}
 
 
 def cpu_quota(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> float:
@@ -237,7 +280,7 @@ def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: 
     return {"latency": float(stack[:, 0].max()), "tiny_latency": float(stack[:, 5].max()),
             "speed": float(stack[:, 1].min()), "idle_latency": float(stack[:, 2].max()),
             "mbit": float(stack[:, 3].min()), "overlap": float(stack[:, 4].min()), "ranks": n,
-            **waits(wait_rounds, timeout)}
+            **beside_trial(wait_rounds, timeout)}
 
 
 def main() -> None:

@@ -66,6 +66,10 @@ class Topology:
     # a core's seconds per CFS period a host's CPU group allows (measured by the probe: tessel.planner.probe.cpu_quota;
     # 0: no quota): a host that has idled runs that much at a whole core before the quota throttles it
     quota: float = 0.0
+    # the rates FSDP's all-gather and reduce-scatter move at, measured by the probe per group size
+    # (tessel.planner.probe.fsdp_rates): ((group size, gather Mbit/s, reduce-scatter Mbit/s), ...); on gloo neither
+    # moves at the all-reduce's rate (``rate_mbit``). Empty: not measured, FSDP's calls at the group's rate
+    fsdp_points: tuple[tuple[int, float, float], ...] = ()
     source: str = "defaults"
 
     def __post_init__(self) -> None:
@@ -85,6 +89,10 @@ class Topology:
                    for g, c, v in self.wait_points):
             raise ConfigError(f"topology wait points are {self.wait_points}; each must be (group size >= 2, compute "
                               "seconds >= 0, seconds >= 0)")
+        if not all(isinstance(g, int) and g >= 2 and a > 0 and b > 0 and math.isfinite(a) and math.isfinite(b)
+                   for g, a, b in self.fsdp_points):
+            raise ConfigError(f"topology fsdp points are {self.fsdp_points}; each must be (group size >= 2, gather "
+                              "Mbit/s > 0, reduce-scatter Mbit/s > 0)")
         for key in ("latency", "tiny_latency", "per_micro", "unit_memory", "quota"):
             v = getattr(self, key)
             if not (math.isfinite(v) and v >= 0):
@@ -111,6 +119,27 @@ class Topology:
             return min(self.local_mbit, self.rate_mbit) * 1e6 / 8
         sharing = min(stride, self.per_host)
         return min(self.link_mbit / sharing, self.rate_mbit) * 1e6 / 8
+
+    def fsdp_rate(self, size: int, stride: int, kind: str) -> float:
+        """Bytes/s one rank of an FSDP shard group sends at in its ``kind`` ("gather" or "scatter") calls: the
+        group's rate (:meth:`group_rate`), capped by what the probe measured that collective to move at in groups of
+        that size (``fsdp_points``: linear between the sizes measured, the nearest where outside them).
+
+        >>> t = Topology(ranks=8, hosts=8, link_mbit=1000, fsdp_points=((2, 600.0, 500.0), (8, 900.0, 700.0)))
+        >>> t.fsdp_rate(2, 1, "gather") * 8 / 1e6, round(t.fsdp_rate(4, 1, "scatter") * 8 / 1e6, 6)
+        (600.0, 566.666667)
+        >>> Topology(ranks=8, hosts=8, link_mbit=1000).fsdp_rate(2, 1, "gather") * 8 / 1e6  # not measured
+        1000.0
+        """
+        rate = self.group_rate(size, stride)
+        if not self.fsdp_points:
+            return rate
+        at = {g: gather if kind == "gather" else scatter for g, gather, scatter in self.fsdp_points}
+        sizes = sorted(at)
+        lo = max([g for g in sizes if g <= size], default=sizes[0])
+        hi = min([g for g in sizes if g >= size], default=sizes[-1])
+        mbit = at[lo] if lo == hi else at[lo] + (at[hi] - at[lo]) * (size - lo) / (hi - lo)
+        return min(rate, mbit * 1e6 / 8)
 
     @property
     def tiny_step(self) -> float:
@@ -225,17 +254,18 @@ def wait_points(measured: dict) -> tuple[tuple[int, float, float], ...]:
     return tuple((int(g), float(c), float(v)) for g, c, v in measured.get("wait", ()))
 
 
-def waited(topo: Topology, measured: dict) -> Topology:
-    """``topo`` with a probe's wait after compute and the hosts' quota (tessel.planner.probe.waits; none from a probe
-    before 2026-12-07's second session), which a calibration trial does not measure."""
-    return replace(topo, wait_points=wait_points(measured), quota=measured.get("quota", 0.0))
+def beside_trial(topo: Topology, measured: dict) -> Topology:
+    """``topo`` with what of a probe's a calibration trial does not measure (tessel.planner.probe.beside_trial; none
+    from a probe before 2026-12-07's second session): the wait after compute, the hosts' quota, FSDP's rates."""
+    return replace(topo, wait_points=wait_points(measured), quota=measured.get("quota", 0.0),
+                   fsdp_points=tuple((int(g), float(a), float(b)) for g, a, b in measured.get("fsdp", ())))
 
 
 def probed(topo: Topology, measured: dict, source: str) -> Topology:
     """``topo`` with a probe's measurements (tessel.planner.probe): its loaded latencies (of a 4 KiB all-reduce's ring
     step; of a tiny one's, none from a probe before 2026-12-07), speed (at most the topology's), the rate a rank moves
-    bytes at, the share of it that hides behind compute, and what a CPU quota does (:func:`waited`)."""
-    return waited(replace(topo, latency=measured["latency"], tiny_latency=measured.get("tiny_latency", 0.0),
+    bytes at, the share of it that hides behind compute, and what the trial does not measure (:func:`beside_trial`)."""
+    return beside_trial(replace(topo, latency=measured["latency"], tiny_latency=measured.get("tiny_latency", 0.0),
                           speed=min(topo.speed, measured["speed"]), rate_mbit=measured["mbit"],
                           overlap=measured["overlap"], source=source), measured)
 
