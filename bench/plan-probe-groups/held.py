@@ -60,9 +60,10 @@ def report(name: str, cells: dict, ways: tuple[str, ...], met: dict) -> int:
     then each row's prices and measured time; add each way's goals met to ``met``; returns the cells printed."""
     for cell, rows in cells.items():
         print(f"{name} {cell}:", flush=True)
+        width = max(16, max(map(len, ways)) + 1)
         for k, way in enumerate(ways):
             rs = [{**r, "predicted": got[k]} for r, got in rows]
-            print(f"  {way:16s}{pc_score(rs)}")
+            print(f"  {way:{width}s}{pc_score(rs)}")
             met[way] = [m + ok for m, ok in zip(met[way], goals(rs))]
         for r, got in rows:
             print(f"    {r['plan']}: " + " -> ".join(f"{g * 1e3:.0f}" for g in got)

@@ -11,7 +11,7 @@ run afresh.
     python bench/plan-wait/reprice_wait.py --profiles /tmp/pg.pkl bench/plan-latency-4h-200 bench/plan-tail-4h-1g \
         bench/plan-tail-6h-200 bench/plan-tail-8h-1g bench/plan-tail-8h-200 bench/plan-mesh-4h-200 \
         bench/plan-mesh-6h-1g bench/plan-mesh-8h-1g bench/plan-mesh-8h-200 bench/plan-wait-8h-500 \
-        bench/plan-wait-6h-400 > bench/plan-wait/reprice.txt
+        bench/plan-wait-6h-400 bench/plan-fsdp-4h-500 > bench/plan-wait/reprice.txt
 """
 import argparse
 import json
