@@ -100,6 +100,20 @@ def hidden_share(t: torch.Tensor, a: torch.Tensor, w: torch.Tensor, alone: float
 WAIT_BURSTS = (0, 1, 4, 16, 64)
 
 
+def _groups_by_size(timeout: float):
+    """For groups of 2, 4, 8, ... consecutive ranks and the world, each size's groups made at once (every group
+    calling together, as a mesh dim's do): (size, this rank's group, whether that group is a full one; a last,
+    smaller group measures but does not report). Each size's groups are destroyed once the caller's loop body is
+    done with them, which ends with a gather over the world, so no call is left in them."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    for size in sorted({s for s in (2, 4, 8, 16, 32) if s < n} | {n}) if n > 1 else []:
+        group, made = dist.new_subgroups_by_enumeration(
+            [list(range(s, min(s + size, n))) for s in range(0, n, size)], timeout=timedelta(seconds=timeout))
+        yield size, group, rank < n - n % size
+        for g in made:
+            dist.destroy_process_group(g)
+
+
 def wait_after(a: torch.Tensor, w: torch.Tensor, rounds: int = 12, timeout: float = 30.0) -> list[list[float]]:
     """[[group size, a core's seconds of compute before a call, seconds the call takes beyond its back-to-back
     time], ...] over groups of 2, 4, 8, ... consecutive ranks (as tensor-parallel groups are, every group calling at
@@ -111,13 +125,9 @@ def wait_after(a: torch.Tensor, w: torch.Tensor, rounds: int = 12, timeout: floa
     CPU, growing with the compute and the group (bench/plan-probe-groups/after_mesh.txt). Back to back it costs
     ``latency``'s ring steps; :meth:`tessel.planner.topology.Topology.wait` prices the rest. Each size's groups (their
     collectives time out after ``timeout`` seconds) are destroyed once timed."""
-    n, rank = dist.get_world_size(), dist.get_rank()
     small = torch.zeros(SMALL // 4)
     out = []
-    for size in sorted({s for s in (2, 4, 8, 16, 32) if s < n} | {n}) if n > 1 else []:
-        group, made = dist.new_subgroups_by_enumeration(
-            [list(range(s, min(s + size, n))) for s in range(0, n, size)], timeout=timedelta(seconds=timeout))
-        full = rank < n - n % size  # a rank of a last, smaller group measures but does not report
+    for size, group, full in _groups_by_size(timeout):
         for _ in range(3):
             comm.all_reduce(small, "probe", group=group)
         mine = []
@@ -135,8 +145,6 @@ def wait_after(a: torch.Tensor, w: torch.Tensor, rounds: int = 12, timeout: floa
         got = torch.stack(comm.all_gather(torch.tensor(mine, dtype=torch.float64), "probe"))  # (ranks, 3 x bursts)
         got = got[got[:, 2] > 0].reshape(-1, len(WAIT_BURSTS), 3).mean(0)  # (bursts, 3): over full groups' ranks
         out += [[size, float(cpu), max(0.0, float(wall - got[0, 1]))] for cpu, wall, _ in got.tolist()]
-        for g in made:  # (every rank has passed the gather: no call is left in these groups)
-            dist.destroy_process_group(g)
     return out
 
 
@@ -153,12 +161,9 @@ def fsdp_rates(a: torch.Tensor, w: torch.Tensor, rounds: int = 3, timeout: float
     On the emulated hosts neither moves at the all-reduce's rate that prices the rest: in pairs at 2-4 MiB the
     all-gather moved 0.73-0.84 of it, the reduce-scatter (an all-to-all and a local sum on gloo) 0.67-0.86
     (bench/plan-wait/fsdp_rates.jsonl)."""
-    n = dist.get_world_size()
     out = []
-    for size in sorted({s for s in (2, 4, 8, 16, 32) if s < n} | {n}) if n > 1 else []:
-        group, made = dist.new_subgroups_by_enumeration(
-            [list(range(s, min(s + size, n))) for s in range(0, n, size)], timeout=timedelta(seconds=timeout))
-        mine_size = dist.get_world_size(group)  # (a last, smaller group measures but does not report)
+    for size, group, full in _groups_by_size(timeout):
+        mine_size = dist.get_world_size(group)
         part = torch.zeros(FSDP_BYTES // 4 // size)
         whole = torch.zeros(part.numel() * mine_size)
         mine = []
@@ -171,13 +176,12 @@ def fsdp_rates(a: torch.Tensor, w: torch.Tensor, rounds: int = 3, timeout: float
                 t0 = time.perf_counter()
                 call(*out_in, "probe", group=group)
                 walls.append(time.perf_counter() - t0)
-            mine.append((mine_size - 1) / mine_size * whole.numel() * 4 * 8 / 1e6 / max(statistics.median(walls), 1e-9))
-        mine.append(float(mine_size == size))
+            sent = (mine_size - 1) / mine_size * whole.numel() * 4
+            mine.append(sent * 8 / 1e6 / max(statistics.median(walls), 1e-9))
+        mine.append(float(full))
         got = torch.stack(comm.all_gather(torch.tensor(mine, dtype=torch.float64), "probe"))  # (ranks, 3)
         got = got[got[:, 2] > 0]
         out.append([size, float(got[:, 0].min()), float(got[:, 1].min())])
-        for g in made:  # (every rank has passed the gather: no call is left in these groups)
-            dist.destroy_process_group(g)
     return out
 
 

@@ -135,11 +135,7 @@ class Topology:
         if not self.fsdp_points:
             return rate
         at = {g: gather if kind == "gather" else scatter for g, gather, scatter in self.fsdp_points}
-        sizes = sorted(at)
-        lo = max([g for g in sizes if g <= size], default=sizes[0])
-        hi = min([g for g in sizes if g >= size], default=sizes[-1])
-        mbit = at[lo] if lo == hi else at[lo] + (at[hi] - at[lo]) * (size - lo) / (hi - lo)
-        return min(rate, mbit * 1e6 / 8)
+        return min(rate, _across_sizes(at, size, at.get) * 1e6 / 8)
 
     @property
     def tiny_step(self) -> float:
@@ -229,9 +225,15 @@ def _wait_at(points: tuple[tuple[int, float, float], ...], size: int, cpu: float
     def at(g: int) -> float:
         pts = sorted((c, v) for s, c, v in points if s == g)
         return float(np.interp(cpu, [c for c, _ in pts], _rising([v for _, v in pts])))
-    sizes = sorted({s for s, _, _ in points})
-    lo = max([s for s in sizes if s <= size], default=sizes[0])
-    hi = min([s for s in sizes if s >= size], default=sizes[-1])
+    return _across_sizes({s for s, _, _ in points}, size, at)
+
+
+def _across_sizes(sizes, size: int, at) -> float:
+    """``at(g)`` for a group of ``size`` ranks from the group sizes measured: linear between the two around it, the
+    nearest where it lies outside them."""
+    sizes = sorted(sizes)
+    lo = max([g for g in sizes if g <= size], default=sizes[0])
+    hi = min([g for g in sizes if g >= size], default=sizes[-1])
     return at(lo) if lo == hi else at(lo) + (at(hi) - at(lo)) * (size - lo) / (hi - lo)
 
 
