@@ -156,7 +156,8 @@ def topology_of(cfg: Config, ranks: int, measured: dict | None = None, calibrati
     if calibration is not None:
         topo = calibration.apply(topo)
     if measured and "latency" in measured and calibration is None:
-        topo = probed(topo, measured, topo.source + ", latency, speed, rate, overlap, waits and quota measured")
+        topo = probed(topo, measured,
+                      topo.source + ", latency, speed, rate, overlap, waits, quota and FSDP's rates measured")
     elif measured:  # (beside a trial, the probe measures only what the trial does not)
         topo = replace(beside_trial(topo, measured), source=topo.source + ", waits, quota and FSDP's rates probed")
     if p.latency_us:  # a given value wins over a measured one, for every call

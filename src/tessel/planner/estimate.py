@@ -29,8 +29,9 @@ tp gradient sums and the optimizer step follow the micro-batches. A collective t
 group's rate and its ring steps at the topology's latency (Topology.call_seconds; a loss's or a norm's one element at
 the tiny latency), plus, where the probe measured it, what it waits after the compute since its group last
 synchronized (Topology.wait: a tp layer's compute split between its calls, an FSDP unit's between its gathers and
-reduce-scatter, a step's before the data-parallel sync). Under a CPU quota a flushed pipeline's fill and drain run at
-a whole core for the host's quota (Topology.after_idle). Tables served by rows are priced by the
+reduce-scatter, a step's before the data-parallel sync); FSDP's gathers and reduce-scatters move at the rates the
+probe measured in the shard group's size (Topology.fsdp_rate). Under a CPU quota a flushed pipeline's fill and drain
+run at a whole core for the host's quota (Topology.after_idle). Tables served by rows are priced by the
 sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added as exposed time.
 """
 
