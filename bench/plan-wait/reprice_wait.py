@@ -1,71 +1,58 @@
-"""Saved cells priced four ways by the estimate on one profile per (folder, model, hosts): without the probe's wait
-after compute and quota (as cells before 2026-12-07's second session were priced); with the wait
-(Topology.wait_points); with the wait and the quota (Topology.quota: a flushed pipeline's fill and drain at a whole
-core for the host's quota, shape b); and with those and FSDP's measured rates (Topology.fsdp_points). The wait and
-quota come from the cell's own probe where it measured them, else from a probe of the same host count and rate run
-afresh (bench/plan-wait/probes.jsonl, the first line of each); FSDP's rates from the first probe there that measured
-them (a later run). Cells run before the probe held a job's mesh are priced at the held mesh's latencies, as
-bench/plan-probe-groups/reprice_groups.py prices them, or, where those were not measured, at the latencies of the probe
-run afresh.
+"""Every cell's latest saved run priced twice on one fresh profile per (model, hosts): each collective's ring steps
+at the probe's loaded figure (before), and a wait per call plus each ring step at the idle figure, both from the
+cell's own saved probe (now; Topology.call). The runs' measurements are the saved ones; only the prices change.
+Per cell: median and worst error, Spearman, and the pick (the cheapest-priced candidate of those run) judged by
+its paired interval over the best measured, as `tessel bench plan` judges it.
 
-    python bench/plan-wait/reprice_wait.py --profiles /tmp/pg.pkl bench/plan-latency-4h-200 bench/plan-tail-4h-1g \
-        bench/plan-tail-6h-200 bench/plan-tail-8h-1g bench/plan-tail-8h-200 bench/plan-mesh-4h-200 \
-        bench/plan-mesh-6h-1g bench/plan-mesh-8h-1g bench/plan-mesh-8h-200 bench/plan-wait-8h-500 \
-        bench/plan-wait-6h-400 bench/plan-fsdp-4h-500 > bench/plan-wait/reprice.txt
-"""
-import argparse
-import json
+Needs the code of commit d91cb76, where Topology has the wait (idle_latency, Topology.call); the next commit took
+that pricing out again, as this re-pricing found it worse (docs/benchmarks.md, "A wait per call, priced flat").
+Run: git worktree add /tmp/d91 d91cb76 && PYTHONPATH=/tmp/d91/src python bench/plan-wait/reprice_wait.py \
+    bench/plan bench/plan-lstm-again ...   (the folders in reprice_wait.txt, in its order)
+The profile is taken afresh by each run, so a rerun's figures move with it (shape d): run alone on
+bench/plan-unseen-5h-150-cls, the cell came out 26%, +86%, 0.00 before and 48%, +105%, 0.52 with the wait, against
+25%, +86%, 0.38 and 38%, +104%, 0.52 in reprice_wait.txt."""
+import dataclasses
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-from tessel.planner.topology import wait_points
+from tessel.bench import plan_check as pc
+from tessel.cluster.emulate import parse_rate
+from tessel.config import load_config
+from tessel.planner import choose
+from tessel.planner.estimate import estimate
+from tessel.planner.topology import Topology
+from tessel.resolve import job_of, settings_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for what the re-pricing scripts share
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan-probe-groups"))
-from held import load_profiles, price, report, save_profiles, summary  # noqa: E402
+from reprice_common import measured_rows, plan_of, score  # noqa: E402
 
-WAYS = ("as priced", "with the wait", "wait and quota", "and FSDP's rates")
-
-
-def probes() -> dict:
-    """(hosts, rate) -> the first probe run there, with the FSDP rates of the first that measured them."""
-    out, fsdp = {}, {}
-    for line in (Path(__file__).resolve().parent / "probes.jsonl").read_text().splitlines():
-        d = json.loads(line)
-        out.setdefault((d["hosts"], d["rate"]), d)
-        if "fsdp" in d:
-            fsdp.setdefault((d["hosts"], d["rate"]), d["fsdp"])
-    return {k: {**d, "fsdp": fsdp.get(k, ())} for k, d in out.items()}
+profiles = {}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("folders", nargs="+")
-    ap.add_argument("--profiles", required=True)
-    args = ap.parse_args()
-    points = probes()
-    # (cells run before the probe held a job's mesh, at a host count and rate that held-mesh probes of then missed:
-    # the latencies of the probe run afresh there, which holds the mesh)
-    latencies = {k: {"latency": d["latency"], "tiny_latency": d["tiny_latency"]} for k, d in points.items()}
-    cache = Path(args.profiles)
-    profiles = load_profiles(cache)
-    met = {w: [0] * 5 for w in WAYS}
-    ncells = 0
-
-    def ways(r, topo):  # without, with the wait, with the wait and the quota, and FSDP's rates; None: no probe there
-        d = r["probe"] if "wait" in (r.get("probe") or {}) else points.get((r["hosts"], r["rate"]))
-        if not d:
-            return None
-        waited = replace(topo, wait_points=wait_points(d))
-        fsdp = d.get("fsdp") or points.get((r["hosts"], r["rate"]), {}).get("fsdp", ())
-        return [topo, waited, replace(waited, quota=d["quota"]),
-                replace(waited, quota=d["quota"], fsdp_points=tuple((int(g), a, b) for g, a, b in fsdp))]
-    for name in args.folders:
-        ncells += report(name, price(Path(name), profiles, ways, latencies), WAYS, met)
-    for way, n in met.items():
-        print(summary(way, n, ncells))
-    save_profiles(cache, profiles)
+def priced(r, folder):
+    cfg = load_config(None, [*pc.MODELS[r["model"]], *pc.COMMON])
+    now = Topology(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6, latency=r["latency"],
+                   idle_latency=(r.get("probe") or {}).get("idle_latency", 0.0), speed=r["speed"],
+                   rate_mbit=r["rate_mbit"], overlap=r["overlap"], per_micro=r.get("per_micro", 0.0), source="saved")
+    before = dataclasses.replace(now, idle_latency=0.0)
+    key = (r["model"], r["hosts"])
+    if key not in profiles:
+        profiles[key] = choose(job_of(cfg), before, cfg.plan.allow_async).profile
+    plan = plan_of(folder, r, cfg)
+    return [estimate(plan, settings_of(cfg), profiles[key], t).step for t in (before, now)], now.wait
 
 
-main()
+for name in sys.argv[1:]:
+    folder = Path(name)
+    rows = measured_rows(folder)
+    cells = {}
+    for r in rows:
+        (b, n), wait = priced(r, folder)
+        cells.setdefault((r["model"], r["hosts"], r["rate"]), []).append((r, b, n, wait))
+    for cell, got in cells.items():
+        before = [{**r, "predicted": b} for r, b, _, _ in got]
+        now = [{**r, "predicted": n} for r, _, n, _ in got]
+        print(f"{name} {cell} (wait {got[0][3] * 1e3:.1f} ms a call):\n  before {score(before)}\n  now    {score(now)}",
+              flush=True)
+        for r, b, n, _ in got:
+            print(f"    {r['plan']}: {b * 1e3:.0f} -> {n * 1e3:.0f} ms, measured {r['measured'] * 1e3:.0f}")
