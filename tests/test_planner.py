@@ -830,8 +830,10 @@ def test_recompute_is_priced_at_what_the_profile_timed_it_adding():
     cfg = load_config(None, TINY["transformer_lm"])
     job, settings = job_of(cfg), settings_of(cfg)
     profile = measure(job, dps=(1,))
-    assert all(set(layer.again) == {"layers", "selective"} and min(layer.again.values()) >= 0
-               for layer in profile.layers)
+    # each kind timed at the smallest and the largest micro-batch the profile took (1 sample and the global batch)
+    sizes = {1, settings.global_batch}
+    assert all(set(layer.again) == {"layers", "selective"} and all(set(at) == sizes for at in layer.again.values())
+               and min(v for at in layer.again.values() for v in at.values()) >= 0 for layer in profile.layers)
     run = measure_memory(job, settings.global_batch)
     for mine, theirs in zip(profile.layers, run.layers):
         for f in ("saved_per_sample", "work_per_sample", "ahead_per_sample", "selective_per_sample"):
@@ -840,11 +842,38 @@ def test_recompute_is_priced_at_what_the_profile_timed_it_adding():
     ms = 1e-3
     for layer, share in zip(profile.layers, (0.5, 1.0, 2.0, 0.25)):
         layer.measured, layer.fixed, layer.per_sample = {}, 1 * ms, 0.0
-        layer.again = {"layers": share, "selective": share / 10}
+        layer.again = {"layers": {settings.global_batch: share}, "selective": {settings.global_batch: share / 10}}
     topo = planner.Topology(ranks=1, hosts=1, link_mbit=1e9, latency=0.0)
     for kind, scale in (("none", 0.0), ("layers", 1.0), ("selective", 0.1)):
         got = estimate(ParallelPlan(dp=1, recompute=kind), settings, profile, topo).compute
         assert math.isclose(got, sum(1 + scale * s for s in (0.5, 1.0, 2.0, 0.25)) * ms, rel_tol=1e-9), kind
+    # a kind the profile did not time: its assumed share
+    for layer in profile.layers:
+        layer.again = {}
+    got = estimate(ParallelPlan(dp=1, recompute="layers"), settings, profile, topo).compute
+    assert math.isclose(got, 4 * (1 + 1 / 3) * ms, rel_tol=1e-9)
+
+
+def test_recompute_share_is_taken_at_the_micro_batch_size():
+    """A recompute's share is priced at the plan's micro-batch: as timed where it was timed, and between two timed
+    sizes the seconds it adds on the line through theirs, over the layer's seconds there (a recompute's fixed cost
+    per call makes the share fall as the micro-batch grows)."""
+    cfg = load_config(None, TINY["classifier"])
+    settings = settings_of(cfg)
+    profile = measure(job_of(cfg), dps=(1,))
+    profile.step_factor, profile.optimizer_per_elem = 1.0, 0.0
+    b, ms = settings.global_batch, 1e-3
+    small = b // 4
+    for layer in profile.layers:  # 1 ms + 0.5 ms a sample; recomputing adds 2 ms at a quarter batch, 0.5 of it at b
+        layer.measured, layer.fixed, layer.per_sample = {}, 1 * ms, 0.5 * ms
+        layer.again = {"layers": {small: 2 * ms / (1 * ms + 0.5 * ms * small), b: 0.5}}
+    topo = planner.Topology(ranks=1, hosts=1, link_mbit=1e9, latency=0.0)
+    n = len(profile.layers)
+    at_b = 0.5 * (1 + 0.5 * b)  # ms recomputing adds at the global batch
+    for m, added in ((1, at_b), (4, 2.0), (2, 2.0 + (at_b - 2.0) * (b / 2 - small) / (b - small))):
+        got = estimate(ParallelPlan(dp=1, micro_batches=m, recompute="layers"), settings, profile, topo).compute
+        want = m * n * (1 + 0.5 * b / m + added) * ms
+        assert math.isclose(got, want, rel_tol=1e-9), (m, got, want)
 
 
 def test_paper_projections():

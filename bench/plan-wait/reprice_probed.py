@@ -39,7 +39,22 @@ def probes() -> dict:
     return {k: {**d, "fsdp": fsdp.get(k, ())} for k, d in out.items()}
 
 
-def main():
+def probed_ways(r: dict, topo, points: dict) -> list | None:
+    """A saved row's topology ``topo`` four ways (:data:`WAYS`): without, with the wait, with the wait and the
+    quota, and with those and FSDP's rates, from the row's own probe or ``points`` (:func:`probes`); None: no probe
+    there."""
+    d = r["probe"] if "wait" in (r.get("probe") or {}) else points.get((r["hosts"], r["rate"]))
+    if not d:
+        return None
+    waited = replace(topo, wait_points=wait_points(d))
+    fsdp = d.get("fsdp") or points.get((r["hosts"], r["rate"]), {}).get("fsdp", ())
+    return [topo, waited, replace(waited, quota=d["quota"]),
+            replace(waited, quota=d["quota"], fsdp_points=tuple((int(g), a, b) for g, a, b in fsdp))]
+
+
+def setup() -> tuple:
+    """(the command line's folders and profile cache, :func:`probes`, the latencies a cell probed before the
+    probe held a job's mesh is priced at, the cached profiles)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("folders", nargs="+")
     ap.add_argument("--profiles", required=True)
@@ -48,19 +63,17 @@ def main():
     # (cells run before the probe held a job's mesh, at a host count and rate that held-mesh probes of then missed:
     # the latencies of the probe run afresh there, which holds the mesh)
     latencies = {k: {"latency": d["latency"], "tiny_latency": d["tiny_latency"]} for k, d in points.items()}
+    return args, points, latencies, load_profiles(Path(args.profiles))
+
+
+def main():
+    args, points, latencies, profiles = setup()
     cache = Path(args.profiles)
-    profiles = load_profiles(cache)
     met = {w: [0] * 5 for w in WAYS}
     ncells = 0
 
-    def ways(r, topo):  # without, with the wait, with the wait and the quota, and FSDP's rates; None: no probe there
-        d = r["probe"] if "wait" in (r.get("probe") or {}) else points.get((r["hosts"], r["rate"]))
-        if not d:
-            return None
-        waited = replace(topo, wait_points=wait_points(d))
-        fsdp = d.get("fsdp") or points.get((r["hosts"], r["rate"]), {}).get("fsdp", ())
-        return [topo, waited, replace(waited, quota=d["quota"]),
-                replace(waited, quota=d["quota"], fsdp_points=tuple((int(g), a, b) for g, a, b in fsdp))]
+    def ways(r, topo):
+        return probed_ways(r, topo, points)
     for name in args.folders:
         ncells += report(name, price(Path(name), profiles, ways, latencies), WAYS, met)
     for way, n in met.items():
@@ -68,4 +81,5 @@ def main():
     save_profiles(cache, profiles)
 
 
-main()
+if __name__ == "__main__":
+    main()

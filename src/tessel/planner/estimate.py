@@ -218,12 +218,12 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     samples = b / (plan.dp * m)  # per micro-batch on a dp rank
     rows = samples * profile.tokens_per_sample
     # the layers' profile times the measured ratio of a real step to it (autograd glue, loss, norm, clip)
-    # (under recompute each layer's forward runs again in its backward: what that added where the profile timed
-    # it, else the kind's assumed share)
+    # (under recompute each layer's forward runs again in its backward: what that added on a micro-batch of this
+    # size where the profile timed it, else the kind's assumed share)
     r = plan.recompute
     base = [t * profile.step_factor / topo.speed for t in _layer_seconds(plan, profile, samples)]
-    per_layer = [t * (1 + (layer.again.get(r.name, r.again) if r.layers else 0.0))
-                 for t, layer in zip(base, profile.layers)]
+    again = [_again(layer, r, samples) if r.layers else 0.0 for layer in profile.layers]
+    per_layer = [t * (1 + a) for t, a in zip(base, again)]
     # the forward's part (a recompute runs it again inside the backward, which holds that)
     forward = [t * layer.forward_share for t, layer in zip(base, profile.layers)]
     cpu = [t * topo.speed for t in per_layer]  # a core's seconds of each layer's compute (what its calls follow)
@@ -314,6 +314,13 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     tp_grads_s = max(s for _, _, s in tp_step)
     return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s + tied_s, bubble,
                     {k: v for k, v in nbytes.items() if v}, mem, picks, held, {k: v for k, v in ncalls.items() if v})
+
+
+def _again(layer, recompute, samples: float) -> float:
+    """The share of ``layer``'s time that ``recompute`` adds on a micro-batch of ``samples``: as the profile timed
+    it, else the kind's assumed share."""
+    timed = layer.again_at(recompute.name, samples)
+    return recompute.again if timed is None else timed
 
 
 def _layer_seconds(plan: ParallelPlan, profile: Profile, samples: float) -> list[float]:

@@ -60,8 +60,11 @@ class LayerProfile:
     work_per_sample: float = 0.0  # bytes its backward holds at once beyond those and its gradients, per sample
     ahead_per_sample: float = 0.0  # bytes its forward holds at once beyond what it saves and hands on, per sample
     selective_per_sample: float = 0.0  # bytes a selective recompute keeps (its matrix products' outputs), per sample
-    # recompute kind -> the share of the layer's forward + backward time that recomputing adds, timed at the
-    # global batch (where not timed, the kind's assumed share: a forward, a third)
+    # recompute kind -> {samples: the share of the layer's forward + backward time that recomputing adds there},
+    # timed at the smallest and the largest profiled micro-batch: a recompute costs a fixed time per call beside
+    # its per-sample work, so its share falls as the micro-batch grows (an LSTM layer's 1.23 at 4 samples, 0.64
+    # at 32: docs/benchmarks.md, "A recompute's share at the micro-batch's size"); where not timed, the kind's
+    # assumed share (a forward, a third)
     again: dict = field(default_factory=dict)
     # the share of its forward + backward spent in the forward (with the loss on the last layer), timed at the
     # global batch: GPipe runs every forward before any backward, so its phases are paced by different stages
@@ -79,6 +82,29 @@ class LayerProfile:
             if hi[0] != lo[0]:
                 return max(lo[1] + (hi[1] - lo[1]) * (samples - lo[0]) / (hi[0] - lo[0]), 0.0)
         return max(self.fixed + self.per_sample * samples, 0.0)
+
+    def again_at(self, kind: str, samples: float) -> float | None:
+        """The share of the layer's time that recomputing it (``kind``) adds on a micro-batch of ``samples``: as
+        timed at a timed size; between two, the seconds it adds on the line through theirs (each size's share of
+        the layer's seconds there) over the layer's seconds; beyond them, the nearest's share. None: not timed.
+
+            >>> shares = {"layers": {2: 1.0, 32: 0.5}}  # recomputing adds 1 s at 2 samples, 5 s at 32
+            >>> layer = LayerProfile("h", 0.0, 0.0, 0, 0, measured={2: 1.0, 32: 10.0}, again=shares)
+            >>> layer.again_at("layers", 2), round(layer.again_at("layers", 8), 6), layer.again_at("layers", 64)
+            (1.0, 0.642857, 0.5)
+        """
+        shares = self.again.get(kind)
+        if not shares:
+            return None
+        pts = sorted(shares.items())
+        if samples <= pts[0][0] or samples >= pts[-1][0] or samples in shares:
+            return shares.get(samples, pts[0][1] if samples <= pts[0][0] else pts[-1][1])
+        (a, share_a) = max(p for p in pts if p[0] < samples)
+        (b, share_b) = min(p for p in pts if p[0] > samples)
+        added_a, added_b = share_a * self.seconds(a), share_b * self.seconds(b)
+        base = self.seconds(samples)
+        added = added_a + (added_b - added_a) * (samples - a) / (b - a)
+        return max(added, 0.0) / base if base > 0 else share_a
 
 
 @dataclass
@@ -298,7 +324,7 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
             with settings.autocast():  # timed and counted as the run computes (bf16 under mixed precision)
                 costs, real = _rounds(model, chain, settings, x, y, sizes)
                 selective = _selective(model, chain, x, y)
-                again = _recompute_shares(model, chain, x, y)
+                again = _recompute_shares(model, chain, x, y, (sizes[0], sizes[-1]))
             tables = _tables(job, model, dps)
             spec = spec_of(model)
             linears = spec.linears(model) if spec.linears else [[] for _ in chain.layers]
@@ -359,15 +385,23 @@ def _selective(model, chain, x, y) -> list[int]:
                                     memory=True)]
 
 
-def _recompute_shares(model, chain, x, y, rounds: int = 5) -> list[dict]:
-    """Per chain layer, recompute kind -> the share of the layer's time at this micro-batch that running it
+def _recompute_shares(model, chain, x, y, sizes: tuple[int, ...], rounds: int = 5) -> list[dict]:
+    """Per chain layer, recompute kind -> {size: the share of the layer's time on a micro-batch of that many samples
+    (the first of ``x``, ``y``) that running it recomputed adds}, at each of ``sizes`` (:func:`_shares_at`)."""
+    kinds = {"none": chain, "layers": recomputed(chain, model),
+             "selective": recomputed(chain, model, keep_matmuls=True)}
+    at = {n: _shares_at(model, kinds, x[:n], y[:n], rounds) for n in dict.fromkeys(sizes)}
+    return [{k: {n: shares[i][k] for n, shares in at.items()} for k in ("layers", "selective")}
+            for i in range(len(chain.layers))]
+
+
+def _shares_at(model, kinds: dict, x, y, rounds: int) -> list[dict]:
+    """Per chain layer, recompute kind -> the share of the layer's time on this micro-batch that running it
     recomputed adds: the median over ``rounds`` of each round's ratio to that round's plain run. A round times the
     layers plain and under each kind in turn, one run each (the order reversed every other round; warmed in the
     first round only), so a ratio is taken within one of this machine's slow spells (seconds long, up to 1.9x)
     rather than across them, as each kind's fastest run was (docs/benchmarks.md, "The profile's recompute
     shares"). Equal layers (same modules, shapes, input) are timed as one."""
-    kinds = {"none": chain, "layers": recomputed(chain, model),
-             "selective": recomputed(chain, model, keep_matmuls=True)}
     ratios: dict[str, list[list[float]]] = {"layers": [], "selective": []}
     for r in range(rounds):
         secs = {}
@@ -377,7 +411,7 @@ def _recompute_shares(model, chain, x, y, rounds: int = 5) -> list[dict]:
             per_round.append([t / base - 1 if base > 0 else 0.0 for t, base in zip(secs[kind], secs["none"])])
     # never cheaper for recomputing
     return [{k: max(statistics.median(rnd[i] for rnd in ratios[k]), 0.0) for k in ratios}
-            for i in range(len(chain.layers))]
+            for i in range(len(secs["none"]))]
 
 
 def _steady(points: dict[int, float]) -> dict[int, float]:
