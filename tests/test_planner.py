@@ -262,19 +262,29 @@ def test_profile_times_the_sizes_in_turn_and_the_real_step_beside_the_global_bat
         return [LayerCost("a", took[(r, x.shape[0])], 10, (1,), "float32", 4, saved=7 if memory else 0,
                           forward=took[(r, x.shape[0])] / 4)]
 
-    def fake_step(*_):
-        return lambda: (order.append(("step",)), 20.0 + next(rounds))[1]
+    def fake_step(model, settings, x, y, micro=1):
+        label = ("step",) if micro == 1 else ("step", micro)
+        return lambda: (order.append(label), 20.0 + next(rounds))[1]
 
     monkeypatch.setattr(prof, "profile", fake_profile)
     monkeypatch.setattr(prof, "_real_step", fake_step)
     monkeypatch.setattr(prof, "_optimizer_step", lambda *_: lambda: (order.append(("opt",)), 1.0)[1])
-    costs, real = prof._rounds(None, None, None, torch.zeros(8, 1), torch.zeros(8), [2, 8])
+    costs, real, many = prof._rounds(None, None, None, torch.zeros(8, 1), torch.zeros(8), [2, 8])
     assert order == [(2, False, True, 1), (8, True, True, 1), ("step",), ("opt",),  # round 0: up, memory at 8
                      (8, False, False, 1), ("step",), ("opt",), (2, False, False, 1),  # round 1: down
                      (2, False, False, 1), (8, False, False, 1), ("step",), ("opt",)]  # round 2: up
     assert [c.seconds for c in costs[2]] == [3.0] and [c.seconds for c in costs[8]] == [8.0]  # medians
     assert costs[8][0].forward == 2.0 and costs[8][0].saved == 7  # the median round's forward, round 0's memory
-    assert real == [(20.0, [9.0], 1.0), (21.0, [7.0], 1.0), (22.0, [8.0], 1.0)]
+    assert real == [(20.0, [9.0], 1.0), (21.0, [7.0], 1.0), (22.0, [8.0], 1.0)] and many == []
+    # with a step in 4 micro-batches of 2 timed right after each round's optimizer step, beside its round's layers
+    # at 2 samples
+    order.clear()
+    rounds = iter(range(100))
+    costs, real, many = prof._rounds(None, None, None, torch.zeros(8, 1), torch.zeros(8), [2, 8], micro=4)
+    assert [o for o in order if o[0] in ("step", "opt")] == [("step",), ("opt",), ("step", 4)] * 3
+    assert real == [(20.0, [9.0], 1.0), (22.0, [7.0], 1.0), (24.0, [8.0], 1.0)]
+    assert many == [(21.0, 4.0), (23.0, 2.0), (25.0, 3.0)]
+    assert prof._many(8, [2, 8]) == 4 and prof._many(8, [1, 8]) == 1 and prof._many(6, [2, 3, 6]) == 3
 
 
 def test_the_profiles_real_step_runs_its_forward_under_the_runs_autocast():
@@ -539,6 +549,28 @@ def test_per_micro_batch_cost_is_priced_per_stage_slot():
                         (ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds, schedule="async"), 4)):
         got = [estimate(plan, settings, profile, t).step for t in (fast, costly)]
         assert math.isclose(got[1] - got[0], slots * 0.01, rel_tol=1e-6), (plan.describe(), got)
+
+
+def test_the_profiles_per_micro_batch_cost_is_priced_beyond_the_first():
+    """Without a trial, the profile's per-micro-batch cost (a core's seconds, timed in one process) is priced at
+    the host's speed for each micro-batch beyond the first: (m - 1)/m of it in each of a step's slots, in a
+    pipeline too; a trial's own per_micro replaces it."""
+    cfg = load_config(None, TINY["classifier"])
+    profile, settings = measure(job_of(cfg), dps=(1,)), settings_of(cfg)
+    profile.per_micro = 0.0
+    half = planner.Topology(ranks=2, hosts=2, link_mbit=1e9, latency=0.0, speed=0.5)
+    bounds = ((0, 2), (2, 4))
+    plans = ((ParallelPlan(dp=1, micro_batches=4), 4), (ParallelPlan(dp=1, micro_batches=1), 1),
+             (ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds), 2 + 4 - 1),
+             (ParallelPlan(dp=1, pp=2, micro_batches=1, bounds=bounds), 2))
+    before = [estimate(plan, settings, profile, half).step for plan, _ in plans]
+    profile.per_micro = 0.003
+    for (plan, slots), was in zip(plans, before):
+        m = plan.micro_batches
+        got = estimate(plan, settings, profile, half).step
+        assert math.isclose(got - was, slots * (m - 1) / m * 0.003 / 0.5, rel_tol=1e-6, abs_tol=1e-12), plan.describe()
+    trial = replace(half, per_micro=0.01)  # the trial's rule: every slot of a pipeline stage
+    assert math.isclose(estimate(plans[3][0], settings, profile, trial).step - before[3], 2 * 0.01, rel_tol=1e-6)
 
 
 def test_a_ddp_step_pays_the_ring_latency_once_per_bucket_ddp_makes():

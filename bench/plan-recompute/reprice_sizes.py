@@ -32,25 +32,26 @@ def at_global_batch(profile):
     return flat
 
 
-def main():
+def paired(variant, ways: tuple[str, str]) -> None:
+    """Price the command line's folders on each cell's profile made afresh and on ``variant(profile)`` (the first
+    of ``ways``), at today's topology (the probe's wait, quota and FSDP rates); print the report and the goals met."""
     args, points, latencies, profiles = setup()
-    met = {w: [0] * 5 for w in WAYS}
+    met = {w: [0] * 5 for w in ways}
     ncells = 0
 
     def today(r, topo):
-        ways = probed_ways(r, topo, points)
-        return ways and ways[-1:]
+        probed = probed_ways(r, topo, points)
+        return probed and probed[-1:]
     for name in args.folders:
-        sized = price(Path(name), profiles, today, latencies)  # makes and caches the folder's profiles
-        flat = {k: at_global_batch(p) for k, p in profiles.items()}
-        before = price(Path(name), flat, today, latencies)
-        cells = {cell: [(r, [old[0], new[0]]) for (r, new), (_, old) in zip(rows, before[cell])]
-                 for cell, rows in sized.items()}
-        ncells += report(name, cells, WAYS, met)
+        new = price(Path(name), profiles, today, latencies)  # makes and caches the folder's profiles
+        old = price(Path(name), {k: variant(p) for k, p in profiles.items()}, today, latencies)
+        cells = {cell: [(r, [was[0], got[0]]) for (r, got), (_, was) in zip(rows, old[cell])]
+                 for cell, rows in new.items()}
+        ncells += report(name, cells, ways, met)
     for way, n in met.items():
         print(summary(way, n, ncells))
     save_profiles(Path(args.profiles), profiles)
 
 
 if __name__ == "__main__":
-    main()
+    paired(at_global_batch, WAYS)

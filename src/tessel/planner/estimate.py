@@ -236,9 +236,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     stage_compute, stage_work, stage_send, tp_elems, pp_elems, tp_step, hops = [], [], [], [], [], [], []
     tp_calls, pp_calls = [], []  # per stage: channel -> calls a step; the boundary's sends and receives
     stage_forward = []  # per stage: the forward's part of its compute (``c`` below)
-    # what the runtime adds to each micro-batch on a stage beyond its layers (a calibration trial's per_micro): a
-    # pipeline stage pays it for every micro-batch; one process's step already holds the first in step_factor
-    runtime = topo.per_micro * (1.0 if plan.pp > 1 else (m - 1) / m)
+    runtime = _runtime(plan, profile, topo)
     for k, (lo, hi) in enumerate(bounds):
         c = sum(per_layer[lo:hi]) + runtime
         e_tp, n_tp, s_tp = _tp_traffic(plan, profile, range(lo, hi), rows, topo, wire, cpu)
@@ -314,6 +312,19 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     tp_grads_s = max(s for _, _, s in tp_step)
     return Estimate(plan, compute + opt_s, comm_pipe + dp_s + table_s + tail_s + tp_grads_s + tied_s, bubble,
                     {k: v for k, v in nbytes.items() if v}, mem, picks, held, {k: v for k, v in ncalls.items() if v})
+
+
+def _runtime(plan: ParallelPlan, profile: Profile, topo: Topology) -> float:
+    """Seconds the runtime adds to each micro-batch on a stage beyond its layers. A calibration trial's per_micro,
+    measured on the job's hosts: a pipeline stage pays it for every micro-batch, and one process's step already
+    holds the first in step_factor. Without a trial, the profile's, timed on this machine's core at the host's
+    speed: each micro-batch beyond the first, in a pipeline too (charged for every micro-batch it priced the
+    saved cells' pipelines of one or two micro-batches 20-47% slow: docs/benchmarks.md, "The runtime's cost per
+    micro-batch, profiled")."""
+    m = plan.micro_batches
+    if topo.per_micro:
+        return topo.per_micro * (1.0 if plan.pp > 1 else (m - 1) / m)
+    return profile.per_micro / topo.speed * (m - 1) / m
 
 
 def _again(layer, recompute, samples: float) -> float:

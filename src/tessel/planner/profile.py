@@ -127,6 +127,10 @@ class Profile:
     tokens_per_sample: int  # rows a sample feeds each linear (seq_len for the LMs, 1 for the classifier)
     seconds: float = 0.0  # how long measuring took
     step_factor: float = 1.0  # a real single-process training step's CPU time over the layers' and optimizer's sum
+    # a core's seconds each micro-batch beyond the first adds to a one-process step beyond its layers (autograd
+    # set-up, the loss, the engine's bookkeeping), timed at up to 4 micro-batches: at the global batch's ratio the
+    # step factor misses it, as it is not in proportion to the micro-batch's size
+    per_micro: float = 0.0
     job: Job | None = None  # what was measured (its model is rebuilt on the meta device for shard sizes)
     memory_samples: int = 0  # the micro-batch its layers' memory was measured at (0: not measured)
     # its layers ran under the run's autocast (bf16-mixed): their memory is what such a run holds (fp32 and bf16
@@ -322,7 +326,8 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
             sizes = sorted(set(sizes or (1, b)) | {b})
             x, y = job.batch(b, 1)
             with settings.autocast():  # timed and counted as the run computes (bf16 under mixed precision)
-                costs, real = _rounds(model, chain, settings, x, y, sizes)
+                micro = _many(b, sizes)
+                costs, real, many = _rounds(model, chain, settings, x, y, sizes, micro)
                 selective = _selective(model, chain, x, y)
                 again = _recompute_shares(model, chain, x, y, (sizes[0], sizes[-1]))
             tables = _tables(job, model, dps)
@@ -348,8 +353,8 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
     finally:
         torch.set_num_threads(threads)
     elem = next(model.parameters()).element_size()
-    return Profile(layers, tables, elem, opt, tokens, time.perf_counter() - t_start, factor, job, b,
-                   autocast=bool(settings.precision.compute))
+    return Profile(layers, tables, elem, opt, tokens, time.perf_counter() - t_start, factor,
+                   _per_micro(real, many, micro), job, b, autocast=bool(settings.precision.compute))
 
 
 def measure_memory(job: Job, samples: int) -> Profile:
@@ -435,10 +440,12 @@ def _steady(points: dict[int, float]) -> dict[int, float]:
 ROUNDS = 3  # the micro-batch sizes are timed in turn, this many times over
 
 
-def _rounds(model, chain, settings: Settings, x, y, sizes: list[int]
-            ) -> tuple[dict[int, list], list[tuple[float, list[float], float]]]:
+def _rounds(model, chain, settings: Settings, x, y, sizes: list[int], micro: int = 1
+            ) -> tuple[dict[int, list], list[tuple[float, list[float], float]], list[tuple[float, float]]]:
     """(size -> the layers' costs, per round (a real step's CPU seconds, the layers' at the global batch just
-    before it, an optimizer step's just after)).
+    before it, an optimizer step's just after), per round (the real step's seconds in ``micro`` micro-batches, run
+    right after the optimizer's, the layers' seconds at 1/micro of the batch in that round); the last empty where
+    ``micro`` is 1).
 
     Every size is timed once a round, in turn (the order reversed every other round), and a layer's time at a
     size is the median over the rounds of each round's fastest run. This machine runs for seconds at a time up to
@@ -449,15 +456,45 @@ def _rounds(model, chain, settings: Settings, x, y, sizes: list[int]
     two is taken within one spell."""
     b = sizes[-1]
     step, optimizer = _real_step(model, settings, x, y), _optimizer_step(model, settings)
+    step_many = _real_step(model, settings, x, y, micro) if micro > 1 else None
     runs: dict[int, list] = {n: [] for n in sizes}
-    real = []
+    real, many = [], []
     for r in range(ROUNDS):
         for n in sizes if r % 2 == 0 else sizes[::-1]:
             runs[n].append(profile(model, chain, x[:n], y[:n], repeats=1, memory=n == b and r == 0, pool=True,
                                    warm=r == 0))
             if n == b:
                 real.append((step(), [c.seconds for c in runs[n][-1]], optimizer()))
-    return {n: [_median_run(per) for per in zip(*rounds)] for n, rounds in runs.items()}, real
+                if step_many:
+                    many.append(step_many())
+    many = [(t, sum(c.seconds for c in per)) for t, per in zip(many, runs[b // micro])]
+    return {n: [_median_run(per) for per in zip(*rounds)] for n, rounds in runs.items()}, real, many
+
+
+def _many(b: int, sizes: list[int]) -> int:
+    """The micro-batches a step is timed in for :func:`_per_micro`: the most, up to 4, that cut the global batch
+    ``b`` into a profiled size (1: none does)."""
+    return next((m for m in (4, 3, 2) if b % m == 0 and b // m in sizes), 1)
+
+
+def _per_micro(real: list[tuple[float, list[float], float]], many: list[tuple[float, float]], micro: int) -> float:
+    """A core's seconds each micro-batch beyond the first adds to a one-process step beyond its layers, from
+    :func:`_rounds`: per round, the real step in ``micro`` micro-batches against its price at that round's step
+    factor (``micro`` times its layers at 1/micro of the batch, and the optimizer), over ``micro`` - 1; the median
+    of the rounds, at least 0.
+
+        >>> # a step of 1 micro-batch: 1.0 s for 0.9 s of layers and 0.1 of optimizer (factor 1); in 4 micro-batches
+        >>> # 1.2 s where its layers (0.2 s each) and optimizer price 0.9
+        >>> round(_per_micro([(1.0, [0.5, 0.4], 0.1)] * 3, [(1.2, 0.2)] * 3, 4), 9)
+        0.1
+    """
+    if micro < 2 or not many:
+        return 0.0
+    per = []
+    for (step, layers, opt), (step_many, layers_many) in zip(real, many):
+        factor = step / max(sum(layers) + opt, 1e-9)
+        per.append((step_many - factor * (micro * layers_many + opt)) / (micro - 1))
+    return max(0.0, statistics.median(per))
 
 
 def _step_factor(real: list[tuple[float, list[float], float]], params: int) -> tuple[float, float]:
@@ -482,13 +519,14 @@ def _median_run(costs: tuple[LayerCost, ...]) -> LayerCost:
     return dataclasses.replace(costs[0], seconds=mid.seconds, forward=mid.forward)
 
 
-def _real_step(model, settings: Settings, x, y):
-    """A callable timing one real training step of a copy of the plain model (CPU seconds), under the run's
-    autocast as the layers are; its first step, which makes the optimizer's state, is run here untimed."""
+def _real_step(model, settings: Settings, x, y, micro: int = 1):
+    """A callable timing one real training step of a copy of the plain model in ``micro`` micro-batches (CPU
+    seconds), under the run's autocast as the layers are; its first step, which makes the optimizer's state, is
+    run here untimed."""
     model = copy.deepcopy(model)
     runner = Runner(model, chain_of(model))
     optimizer = build_optimizer(list(runner.parameters()), settings)
-    engine = Engine(runner, StepTail(list(runner.parameters()), optimizer, settings.clip), 1, settings.lr_at,
+    engine = Engine(runner, StepTail(list(runner.parameters()), optimizer, settings.clip), micro, settings.lr_at,
                     autocast=settings.autocast)
     steps = iter(range(10**9))
 
