@@ -31,3 +31,20 @@ def score(rs: list[dict]) -> str:
     said = f"{ratio.value:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}) {verdict}" if ratio and ratio.n > 1 else verdict
     return (f"{statistics.median(abs(e) for e in errs):.0%}, {max(errs, key=abs):+.0%}, "
             f"{pc._spearman([r['predicted'] for r in rs], [r['measured'] for r in rs]):.2f}, pick {pick}: {said}")
+
+
+def built(name: str):
+    """(job, model, chain, inputs, targets) of `tessel bench plan`'s model ``name``: built at seed 0, its global
+    batch, one thread (as the profile times it)."""
+    import torch
+
+    from tessel.chain import chain_of
+    from tessel.config import load_config
+    from tessel.resolve import job_of
+
+    torch.set_num_threads(1)
+    job = job_of(load_config(None, pc.MODELS[name] + pc.COMMON))
+    torch.manual_seed(0)
+    model = job.build()
+    x, y = job.batch(job.settings.global_batch, 1)
+    return job, model, chain_of(model), x, y

@@ -1,7 +1,8 @@
 """Saved cells priced two ways by today's estimate (the probe's wait, quota and FSDP rates) on one profile per
 (folder, model, hosts), made afresh: without the runtime's cost per micro-batch (Profile.per_micro at 0, as the
-estimate priced a plan without a calibration trial before 2026-12-07's third session) and with the profile's.
-Each profile's per_micro is printed last.
+estimate priced a plan without a calibration trial before 2026-12-07's third session) and with the profile's. Each
+profile's per_micro is printed last. `reprice_micro-4.txt` is commit 9000c97's output, the step timed in up to 4
+micro-batches; `reprice_micro.txt` this one's, in up to 16.
 
     python bench/plan-micro/reprice_micro.py --profiles /tmp/pg-micro.pkl bench/plan-latency-4h-200 \
         bench/plan-tail-4h-1g bench/plan-tail-6h-200 bench/plan-tail-8h-1g bench/plan-tail-8h-200 \

@@ -8,23 +8,18 @@ profile timed those two sizes).
 """
 import statistics
 import sys
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for reprice_common
 
-from tessel.bench.plan_check import COMMON, MODELS
-from tessel.chain import chain_of, recomputed
-from tessel.config import load_config
+from reprice_common import built  # noqa: E402
+
+from tessel.chain import recomputed
 from tessel.planner.profile import profile
-from tessel.resolve import job_of
 
 SIZES = (1, 2, 4, 8, 16, 32)
-torch.set_num_threads(1)
 for name in sys.argv[1:]:
-    job = job_of(load_config(None, MODELS[name] + COMMON))
-    torch.manual_seed(0)
-    model = job.build()
-    chain = chain_of(model)
-    x, y = job.batch(job.settings.global_batch, 1)
+    job, model, chain, x, y = built(name)
     kinds = {"none": chain, "layers": recomputed(chain, model)}
     added_at = {}
     for n in SIZES:

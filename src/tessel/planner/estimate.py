@@ -315,12 +315,11 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
 
 
 def _runtime(plan: ParallelPlan, profile: Profile, topo: Topology) -> float:
-    """Seconds the runtime adds to each micro-batch on a stage beyond its layers. A calibration trial's per_micro,
-    measured on the job's hosts: a pipeline stage pays it for every micro-batch, and one process's step already
-    holds the first in step_factor. Without a trial, the profile's, timed on this machine's core at the host's
-    speed: each micro-batch beyond the first, in a pipeline too (charged for every micro-batch it priced the
-    saved cells' pipelines of one or two micro-batches 20-47% slow: docs/benchmarks.md, "The runtime's cost per
-    micro-batch, profiled")."""
+    """Seconds the runtime adds to each micro-batch on a stage beyond its layers. A calibration trial's per_micro
+    (where it measured one), on the job's hosts: a pipeline stage pays it for every micro-batch, and one process's
+    step already holds the first in step_factor. Without a trial, the profile's, a core's seconds on this machine
+    at the host's speed, for each micro-batch beyond the first as the profile timed it (the first's is in the step
+    factor), in a pipeline too (docs/benchmarks.md, "The runtime's cost per micro-batch, profiled")."""
     m = plan.micro_batches
     if topo.per_micro:
         return topo.per_micro * (1.0 if plan.pp > 1 else (m - 1) / m)

@@ -128,7 +128,7 @@ class Profile:
     seconds: float = 0.0  # how long measuring took
     step_factor: float = 1.0  # a real single-process training step's CPU time over the layers' and optimizer's sum
     # a core's seconds each micro-batch beyond the first adds to a one-process step beyond its layers (autograd
-    # set-up, the loss, the engine's bookkeeping), timed at up to 4 micro-batches: at the global batch's ratio the
+    # set-up, the loss, the engine's bookkeeping), timed at up to 16 micro-batches: at the global batch's ratio the
     # step factor misses it, as it is not in proportion to the micro-batch's size
     per_micro: float = 0.0
     job: Job | None = None  # what was measured (its model is rebuilt on the meta device for shard sizes)
@@ -472,9 +472,10 @@ def _rounds(model, chain, settings: Settings, x, y, sizes: list[int], micro: int
 
 
 def _many(b: int, sizes: list[int]) -> int:
-    """The micro-batches a step is timed in for :func:`_per_micro`: the most, up to 4, that cut the global batch
-    ``b`` into a profiled size (1: none does)."""
-    return next((m for m in (4, 3, 2) if b % m == 0 and b // m in sizes), 1)
+    """The micro-batches a step is timed in for :func:`_per_micro`: the most, up to 16, that cut the global batch
+    ``b`` into a profiled size (1: none does). The most, as what each adds is about a millisecond, inside a step's
+    noise on this machine at a few micro-batches (bench/plan-micro/noise.txt)."""
+    return next((m for m in range(16, 1, -1) if b % m == 0 and b // m in sizes), 1)
 
 
 def _per_micro(real: list[tuple[float, list[float], float]], many: list[tuple[float, float]], micro: int) -> float:
