@@ -537,42 +537,37 @@ def test_a_failed_trial_falls_back_with_one_line():
     assert calibrate.attempt(lambda: {"ok": 1}, said.append) == {"ok": 1} and len(said) == 1
 
 
-def test_per_micro_batch_cost_is_priced_per_stage_slot():
-    """What a trial measures per extra micro-batch: m - 1 times in one process's step, once per slot of every
-    stage in a pipeline (a flushed step has pp + m - 1 slots, an asynchronous one m)."""
-    cfg = load_config(None, TINY["classifier"])
-    profile, settings = measure(job_of(cfg), dps=(1,)), settings_of(cfg)
-    profile.per_micro = 0.0  # (the profile's own, which a trial's replaces, priced in the test below)
-    fast = planner.Topology(ranks=2, hosts=2, link_mbit=1e9, latency=0.0)
-    costly = planner.Topology(ranks=2, hosts=2, link_mbit=1e9, latency=0.0, per_micro=0.01)
-    bounds = ((0, 2), (2, 4))
-    for plan, slots in ((ParallelPlan(dp=1, micro_batches=4), 3),
-                        (ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds), 2 + 4 - 1),
-                        (ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds, schedule="async"), 4)):
-        got = [estimate(plan, settings, profile, t).step for t in (fast, costly)]
-        assert math.isclose(got[1] - got[0], slots * 0.01, rel_tol=1e-6), (plan.describe(), got)
+def test_per_micro_batch_cost_is_priced_beyond_the_first_in_every_slot():
+    """What each micro-batch beyond the first adds to a one-process step (a trial's on the job's hosts, else the
+    profile's, a core's seconds, at the host's speed) is priced at (m - 1)/m of it in each slot a stage runs: m - 1
+    times in one process's step, (pp + m - 1)(m - 1)/m in a flushed pipeline, m - 1 in an asynchronous one; a
+    trial that measured 0 prices 0, whatever the profile's. And ``measure`` times it with the step in the most
+    micro-batches, up to 16, that cut the batch into a profiled size."""
+    from tessel.planner import profile as prof
 
-
-def test_the_profiles_per_micro_batch_cost_is_priced_beyond_the_first():
-    """Without a trial, the profile's per-micro-batch cost (a core's seconds, timed in one process) is priced at
-    the host's speed for each micro-batch beyond the first: (m - 1)/m of it in each of a step's slots, in a
-    pipeline too; a trial's own per_micro replaces it."""
     cfg = load_config(None, TINY["classifier"])
-    profile, settings = measure(job_of(cfg), dps=(1,)), settings_of(cfg)
-    profile.per_micro = 0.0
+    seen = []
+    timed = prof._per_micro
+    try:
+        prof._per_micro = lambda real, many, micro: (seen.append((len(real), len(many), micro)), 0.003)[1]
+        profile = measure(job_of(cfg), sizes=(2, 8), dps=(1,))  # the global batch, 8: 4 micro-batches of 2
+    finally:
+        prof._per_micro = timed
+    assert seen == [(prof.ROUNDS, prof.ROUNDS, 4)] and profile.per_micro == 0.003
+    settings = settings_of(cfg)
     half = planner.Topology(ranks=2, hosts=2, link_mbit=1e9, latency=0.0, speed=0.5)
     bounds = ((0, 2), (2, 4))
     plans = ((ParallelPlan(dp=1, micro_batches=4), 4), (ParallelPlan(dp=1, micro_batches=1), 1),
              (ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds), 2 + 4 - 1),
+             (ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds, schedule="async"), 4),
              (ParallelPlan(dp=1, pp=2, micro_batches=1, bounds=bounds), 2))
-    before = [estimate(plan, settings, profile, half).step for plan, _ in plans]
-    profile.per_micro = 0.003
-    for (plan, slots), was in zip(plans, before):
-        m = plan.micro_batches
-        got = estimate(plan, settings, profile, half).step
-        assert math.isclose(got - was, slots * (m - 1) / m * 0.003 / 0.5, rel_tol=1e-6, abs_tol=1e-12), plan.describe()
-    trial = replace(half, per_micro=0.01)  # the trial's rule: every slot of a pipeline stage
-    assert math.isclose(estimate(plans[3][0], settings, profile, trial).step - before[3], 2 * 0.01, rel_tol=1e-6)
+    none = replace(half, per_micro=0.0)  # a trial that measured no cost
+    trial = replace(half, per_micro=0.01)
+    for plan, slots in plans:
+        m, base = plan.micro_batches, estimate(plan, settings, profile, none).step
+        for topo, each in ((half, 0.003 / 0.5), (trial, 0.01)):
+            got = estimate(plan, settings, profile, topo).step - base
+            assert math.isclose(got, slots * (m - 1) / m * each, rel_tol=1e-6, abs_tol=1e-12), plan.describe()
 
 
 def test_a_ddp_step_pays_the_ring_latency_once_per_bucket_ddp_makes():
@@ -889,9 +884,10 @@ def test_recompute_is_priced_at_what_the_profile_timed_it_adding():
 
 
 def test_recompute_share_is_taken_at_the_micro_batch_size():
-    """A recompute's share is priced at the plan's micro-batch: as timed where it was timed, and between two timed
-    sizes the seconds it adds on the line through theirs, over the layer's seconds there (a recompute's fixed cost
-    per call makes the share fall as the micro-batch grows)."""
+    """A recompute's share is priced at the plan's micro-batch: as timed where it was timed, between two timed
+    sizes the seconds it adds on the line through theirs over the layer's seconds there, and below the smallest
+    timed size that size's share (a recompute's fixed cost per call makes the share fall as the micro-batch
+    grows)."""
     cfg = load_config(None, TINY["classifier"])
     settings = settings_of(cfg)
     profile = measure(job_of(cfg), dps=(1,))
@@ -904,7 +900,9 @@ def test_recompute_share_is_taken_at_the_micro_batch_size():
     topo = planner.Topology(ranks=1, hosts=1, link_mbit=1e9, latency=0.0)
     n = len(profile.layers)
     at_b = 0.5 * (1 + 0.5 * b)  # ms recomputing adds at the global batch
-    for m, added in ((1, at_b), (4, 2.0), (2, 2.0 + (at_b - 2.0) * (b / 2 - small) / (b - small))):
+    between = 2.0 + (at_b - 2.0) * (b / 2 - small) / (b - small)
+    below = 2.0 / (1 + 0.5 * small) * (1 + 0.5 * b / 8)  # a micro-batch under the smallest timed: its share
+    for m, added in ((1, at_b), (4, 2.0), (2, between), (8, below)):
         got = estimate(ParallelPlan(dp=1, micro_batches=m, recompute="layers"), settings, profile, topo).compute
         want = m * n * (1 + 0.5 * b / m + added) * ms
         assert math.isclose(got, want, rel_tol=1e-9), (m, got, want)

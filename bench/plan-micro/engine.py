@@ -1,7 +1,8 @@
 """A one-process step of each of `tessel bench plan`'s models (tessel's Engine, as the profile's real step) in 1, 2, 4,
 8 and 16 micro-batches of the global batch, against its layers timed at that micro-batch times the count; 7 rounds
-in alternating order, medians; "beyond" is the step's time beyond the layers at the 1-micro-batch step's ratio, per
-micro-batch (ms of a core).
+in alternating order, medians; "beyond" is the step's time beyond the layers at the 1-micro-batch step's ratio (the
+optimizer scaled with the layers, which Profile.per_micro does not), per micro-batch beyond the first (ms of a
+core). (Before 2026-12-07's third session's review it divided by all the micro-batches.)
 
     python bench/plan-micro/engine.py transformer_lm lstm_lm classifier > bench/plan-micro/engine.txt
 """
@@ -45,4 +46,5 @@ for name in sys.argv[1:]:
     for m in COUNTS:
         step, lay = statistics.median(steps[m]), statistics.median(layers[m])
         print(f"{name} m{m:2d}: step {step * 1e3:6.1f} ms, layers x m {lay * 1e3:6.1f} ms, ratio {step / lay:.2f}, "
-              f"beyond per micro-batch {(step - ratio * lay) / m * 1e3:.2f} ms", flush=True)
+              f"beyond, per micro-batch beyond the first {(step - ratio * lay) / max(m - 1, 1) * 1e3:.2f} ms",
+              flush=True)

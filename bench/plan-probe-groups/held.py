@@ -72,8 +72,14 @@ def report(name: str, cells: dict, ways: tuple[str, ...], met: dict) -> int:
 
 
 def load_profiles(path: Path) -> dict:
-    """The profiles cached at ``path`` by an earlier run, {(folder/model/hosts): Profile}."""
-    return {k: pickle.loads(v) for k, v in pickle.loads(path.read_bytes()).items()} if path.exists() else {}
+    """The profiles cached at ``path`` by an earlier run, {(folder/model/hosts): Profile}. A profile cached before
+    2026-12-07's third session holds each recompute share as one number, timed at the global batch: it is read as
+    that size's."""
+    profiles = {k: pickle.loads(v) for k, v in pickle.loads(path.read_bytes()).items()} if path.exists() else {}
+    for p in profiles.values():
+        for layer in p.layers:
+            layer.again = {k: v if isinstance(v, dict) else {p.memory_samples: v} for k, v in layer.again.items()}
+    return profiles
 
 
 def save_profiles(path: Path, profiles: dict) -> None:

@@ -188,7 +188,7 @@ def reprice(rows: list[dict], out: Path) -> list[dict]:
         topo = Topology(ranks=r["hosts"], hosts=r["hosts"], link_mbit=parse_rate(r["rate"]) / 1e6,
                         latency=r["latency"], tiny_latency=(r.get("probe") or {}).get("tiny_latency", 0.0),
                         speed=r["speed"], rate_mbit=r["rate_mbit"], overlap=r["overlap"],
-                        per_micro=r.get("per_micro", 0.0),
+                        per_micro=r.get("per_micro") if r.get("calibrated") else None,  # (a trial's, measured)
                         source="the saved probe or trial of the cell")
         topo = topology.beside_trial(topo, r.get("probe") or {})
         if r["model"] not in profiles:  # profiled at every candidate's micro-batch size, as planning does

@@ -48,7 +48,7 @@ from ..sparse.cost import estimate as table_estimate
 from ..sparse.plan import AUTO_OPTIONS, follows
 from ..tensor.cost import grad_sum_traffic, linear_traffic, norm_sum_traffic
 from . import memory, weights
-from .profile import Profile
+from .profile import LayerProfile, Profile
 from .shards import first_use
 from .span import pipeline
 from .topology import Topology
@@ -315,18 +315,18 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
 
 
 def _runtime(plan: ParallelPlan, profile: Profile, topo: Topology) -> float:
-    """Seconds the runtime adds to each micro-batch on a stage beyond its layers. A calibration trial's per_micro
-    (where it measured one), on the job's hosts: a pipeline stage pays it for every micro-batch, and one process's
-    step already holds the first in step_factor. Without a trial, the profile's, a core's seconds on this machine
-    at the host's speed, for each micro-batch beyond the first as the profile timed it (the first's is in the step
-    factor), in a pipeline too (docs/benchmarks.md, "The runtime's cost per micro-batch, profiled")."""
+    """Seconds the runtime adds to each micro-batch on a stage beyond its layers: what each micro-batch beyond the
+    first adds to a one-process step (a calibration trial's, on the job's hosts; else the profile's, a core's
+    seconds on this machine, at the host's speed), (m - 1)/m of it a micro-batch, in a pipeline too. The first's is
+    in the step factor; charged for every micro-batch of a pipeline stage, fixed costs per model priced pipelines
+    of one or two micro-batches up to 47% slow (docs/benchmarks.md, "The runtime's cost per micro-batch,
+    profiled")."""
     m = plan.micro_batches
-    if topo.per_micro:
-        return topo.per_micro * (1.0 if plan.pp > 1 else (m - 1) / m)
-    return profile.per_micro / topo.speed * (m - 1) / m
+    each = profile.per_micro / topo.speed if topo.per_micro is None else topo.per_micro
+    return each * (m - 1) / m
 
 
-def _again(layer, recompute, samples: float) -> float:
+def _again(layer: LayerProfile, recompute: choices.Recompute, samples: float) -> float:
     """The share of ``layer``'s time that ``recompute`` adds on a micro-batch of ``samples``: as the profile timed
     it, else the kind's assumed share."""
     timed = layer.again_at(recompute.name, samples)

@@ -61,10 +61,11 @@ class LayerProfile:
     ahead_per_sample: float = 0.0  # bytes its forward holds at once beyond what it saves and hands on, per sample
     selective_per_sample: float = 0.0  # bytes a selective recompute keeps (its matrix products' outputs), per sample
     # recompute kind -> {samples: the share of the layer's forward + backward time that recomputing adds there},
-    # timed at the smallest and the largest profiled micro-batch: a recompute costs a fixed time per call beside
-    # its per-sample work, so its share falls as the micro-batch grows (an LSTM layer's 1.23 at 4 samples, 0.64
-    # at 32: docs/benchmarks.md, "A recompute's share at the micro-batch's size"); where not timed, the kind's
-    # assumed share (a forward, a third)
+    # timed at the smallest profiled micro-batch and the global batch: a recompute costs a fixed time per call
+    # beside its per-sample work, so its share falls as the micro-batch grows (an LSTM layer's 1.31 at 4 samples,
+    # 0.65 at 32: docs/benchmarks.md, "A recompute's share at the micro-batch's size"); where not timed, the
+    # kind's assumed share (a forward, a third). A tensor-parallel rank's block takes the plain layer's share at
+    # the micro-batch's samples, though its fixed part weighs more at 1/tp of the work
     again: dict = field(default_factory=dict)
     # the share of its forward + backward spent in the forward (with the loss on the last layer), timed at the
     # global batch: GPipe runs every forward before any backward, so its phases are paced by different stages
@@ -97,8 +98,12 @@ class LayerProfile:
         if not shares:
             return None
         pts = sorted(shares.items())
-        if samples <= pts[0][0] or samples >= pts[-1][0] or samples in shares:
-            return shares.get(samples, pts[0][1] if samples <= pts[0][0] else pts[-1][1])
+        if samples in shares:
+            return shares[samples]
+        if samples < pts[0][0]:
+            return pts[0][1]
+        if samples > pts[-1][0]:
+            return pts[-1][1]
         (a, share_a) = max(p for p in pts if p[0] < samples)
         (b, share_b) = min(p for p in pts if p[0] > samples)
         added_a, added_b = share_a * self.seconds(a), share_b * self.seconds(b)
@@ -127,16 +132,16 @@ class Profile:
     tokens_per_sample: int  # rows a sample feeds each linear (seq_len for the LMs, 1 for the classifier)
     seconds: float = 0.0  # how long measuring took
     step_factor: float = 1.0  # a real single-process training step's CPU time over the layers' and optimizer's sum
-    # a core's seconds each micro-batch beyond the first adds to a one-process step beyond its layers (autograd
-    # set-up, the loss, the engine's bookkeeping), timed at up to 16 micro-batches: at the global batch's ratio the
-    # step factor misses it, as it is not in proportion to the micro-batch's size
-    per_micro: float = 0.0
     job: Job | None = None  # what was measured (its model is rebuilt on the meta device for shard sizes)
     memory_samples: int = 0  # the micro-batch its layers' memory was measured at (0: not measured)
     # its layers ran under the run's autocast (bf16-mixed): their memory is what such a run holds (fp32 and bf16
     # tensors mixed, the weights' bf16 copies the products save), taken as measured; False: measured in the
     # parameters' dtype, and the estimate scales activations to the wire width
     autocast: bool = False
+    # a core's seconds each micro-batch beyond the first adds to a one-process step beyond its layers (autograd
+    # set-up, the loss, the engine's bookkeeping), timed at up to 16 micro-batches: the step factor, a ratio at the
+    # global batch, misses it, as it is not in proportion to the micro-batch's size (0: not timed)
+    per_micro: float = 0.0
     _shards: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -353,8 +358,8 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
     finally:
         torch.set_num_threads(threads)
     elem = next(model.parameters()).element_size()
-    return Profile(layers, tables, elem, opt, tokens, time.perf_counter() - t_start, factor,
-                   _per_micro(real, many, micro), job, b, autocast=bool(settings.precision.compute))
+    return Profile(layers, tables, elem, opt, tokens, time.perf_counter() - t_start, factor, job, b,
+                   autocast=bool(settings.precision.compute), per_micro=_per_micro(real, many, micro))
 
 
 def measure_memory(job: Job, samples: int) -> Profile:
@@ -416,7 +421,7 @@ def _shares_at(model, kinds: dict, x, y, rounds: int) -> list[dict]:
             per_round.append([t / base - 1 if base > 0 else 0.0 for t, base in zip(secs[kind], secs["none"])])
     # never cheaper for recomputing
     return [{k: max(statistics.median(rnd[i] for rnd in ratios[k]), 0.0) for k in ratios}
-            for i in range(len(secs["none"]))]
+            for i in range(len(kinds["none"].layers))]
 
 
 def _steady(points: dict[int, float]) -> dict[int, float]:
@@ -473,8 +478,9 @@ def _rounds(model, chain, settings: Settings, x, y, sizes: list[int], micro: int
 
 def _many(b: int, sizes: list[int]) -> int:
     """The micro-batches a step is timed in for :func:`_per_micro`: the most, up to 16, that cut the global batch
-    ``b`` into a profiled size (1: none does). The most, as what each adds is about a millisecond, inside a step's
-    noise on this machine at a few micro-batches (bench/plan-micro/noise.txt)."""
+    ``b`` into a profiled size (1: none does, as with ``measure``'s default sizes, 1 sample and a global batch
+    over 16: planning passes every candidate's). The most, as what each adds is about a millisecond, inside a
+    step's noise on this machine at a few micro-batches (bench/plan-micro/noise.txt)."""
     return next((m for m in range(16, 1, -1) if b % m == 0 and b // m in sizes), 1)
 
 
@@ -482,12 +488,19 @@ def _per_micro(real: list[tuple[float, list[float], float]], many: list[tuple[fl
     """A core's seconds each micro-batch beyond the first adds to a one-process step beyond its layers, from
     :func:`_rounds`: per round, the real step in ``micro`` micro-batches against its price at that round's step
     factor (``micro`` times its layers at 1/micro of the batch, and the optimizer), over ``micro`` - 1; the median
-    of the rounds, at least 0.
+    of the rounds, at least 0. Each round's own factor, not the profile's median: the step in micro-batches runs
+    in the same spell as that round's step and layers (see :func:`_rounds`).
 
         >>> # a step of 1 micro-batch: 1.0 s for 0.9 s of layers and 0.1 of optimizer (factor 1); in 4 micro-batches
         >>> # 1.2 s where its layers (0.2 s each) and optimizer price 0.9
         >>> round(_per_micro([(1.0, [0.5, 0.4], 0.1)] * 3, [(1.2, 0.2)] * 3, 4), 9)
         0.1
+        >>> # rounds of 0.1, -0.1 and 0.2 s: their median; every round below 0: 0; one micro-batch: not timed
+        >>> real = [(1.0, [0.5, 0.4], 0.1)] * 3
+        >>> round(_per_micro(real, [(1.2, 0.2), (0.6, 0.2), (1.5, 0.2)], 4), 9), _per_micro(real, [(0.6, 0.2)] * 3, 4)
+        (0.1, 0.0)
+        >>> _per_micro([(1.0, [0.9], 0.1)], [], 1)
+        0.0
     """
     if micro < 2 or not many:
         return 0.0

@@ -51,8 +51,9 @@ class Topology:
     # under a tight CPU quota gloo's threads and the compute take turns, so little hides)
     overlap: float = 1.0
     # seconds each micro-batch beyond the first adds to a step beyond its layers' work (autograd set-up, the loss,
-    # the runtime's bookkeeping), measured by a calibration trial (tessel.planner.calibrate; 0: not measured)
-    per_micro: float = 0.0
+    # the runtime's bookkeeping), measured by a calibration trial (tessel.planner.calibrate; None: not measured,
+    # the profile's is priced; a trial's 0 is a measurement)
+    per_micro: float | None = None
     # bytes a worker holds beside its tensors for each FSDP unit it runs, where that counts against a rank's
     # memory: on the CPU (the host's memory), where 8 local ranks of the memory benchmark's Transformer LM held
     # 0.68 MiB more of the rest per unit (330 MiB at 2 layers, 344 at 23; bench/local-probes); 0 on a GPU, where
@@ -95,6 +96,8 @@ class Topology:
                               "Mbit/s > 0, reduce-scatter Mbit/s > 0)")
         for key in ("latency", "tiny_latency", "per_micro", "unit_memory", "quota"):
             v = getattr(self, key)
+            if v is None and key == "per_micro":
+                continue
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"topology {key.replace('_', '-')} is {v}; it must be a finite number >= 0")
 
