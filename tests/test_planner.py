@@ -437,6 +437,8 @@ def test_probe_measures_latency_and_speed(world4):
     fsdp = out[0]["fsdp"]
     assert [g for g, _, _ in fsdp] == [2, 4] and all(0 < r < math.inf for _, *rates in fsdp for r in rates)
     assert topo.fsdp_points == tuple(tuple(p) for p in fsdp)
+    # the bytes the link between the first and last ranks passes at once after idling, within the message it sent
+    assert 0 <= out[0]["link_burst"] <= 8 << 20 and topo.link_burst == out[0]["link_burst"]
     # with a calibration trial (which times neither), the probe's wait and quota are kept beside it
     from tessel.planner import calibrate
     from tessel.resolve import topology_of
@@ -786,6 +788,40 @@ def test_a_topology_refuses_a_bad_wait_quota_or_fsdp_rate(field, value):
     with pytest.raises(ConfigError, match=field.replace("_", " ").replace(" points", "") if field != "quota"
                        else "quota"):
         planner.Topology(ranks=2, **{field: value})
+
+
+@pytest.mark.parametrize("field,value", [("link_burst", math.nan), ("link_burst", -1.0), ("link_burst", math.inf),
+                                         ("per_micro", math.nan), ("per_micro", -1e-3)])
+def test_a_topology_refuses_a_bad_link_burst_or_per_micro(field, value):
+    from tessel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"topology {field.replace('_', '-')} is {value}"):
+        planner.Topology(ranks=2, **{field: value})
+    assert planner.Topology(ranks=2).per_micro is None  # (not measured: the profile's is priced)
+
+
+def test_a_links_burst_is_taken_off_a_pipelines_first_crossings():
+    """A flushed pipeline's first micro-batch crosses each boundary after its stage idled, each way: a link that
+    passes ``link_burst`` bytes at once takes that much off each crossing's bytes (none below nothing), where the
+    stages' boundary spans hosts; an asynchronous schedule, which does not flush, and one host's ranks keep theirs."""
+    cfg = load_config(None, TINY["classifier"])
+    profile, settings = measure(job_of(cfg), dps=(1,)), settings_of(cfg)
+    profile.step_factor, profile.optimizer_per_elem, profile.per_micro = 1.0, 0.0, 0.0
+    for layer in profile.layers:  # stages whose compute outlasts their sends, so the crossings show in the bubble
+        layer.measured, layer.fixed, layer.per_sample, layer.again = {}, 1.0, 0.0, {}
+    topo = planner.Topology(ranks=2, hosts=2, link_mbit=8, latency=0.0)  # 1e6 bytes/s
+    bounds = ((0, 2), (2, 4))
+    plan = ParallelPlan(dp=1, pp=2, micro_batches=4, bounds=bounds)
+    # one crossing's bytes: a micro-batch's activation at the boundary (8 bytes an element)
+    crossing = settings.global_batch / 4 * profile.layers[1].out_per_sample * 8
+    assert crossing > 100
+    base = estimate(plan, settings, profile, topo).step
+    for burst, saved in ((crossing / 4, crossing / 4), (10 * crossing, crossing)):
+        got = estimate(plan, settings, profile, replace(topo, link_burst=burst)).step
+        assert math.isclose(base - got, 2 * saved / 1e6, rel_tol=1e-9), burst
+    for other, t in ((plan.with_(schedule="async"), topo), (plan, replace(topo, hosts=1, local_mbit=8))):
+        assert estimate(other, settings, profile, replace(t, link_burst=crossing)).step == \
+            estimate(other, settings, profile, t).step
 
 
 def test_sharded_gathers_lengthen_every_stage_slot():

@@ -232,6 +232,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         plan = plan.with_(bounds=tuple(tuple(x) for x in bounds))
     strides = _strides(plan)
     pp_rate = topo.group_rate(*strides["pp"])
+    burst = topo.link_burst if topo.spans_hosts(*strides["pp"]) else 0.0
     share = weights.out_share(profile, plan)
     stage_compute, stage_work, stage_send, tp_elems, pp_elems, tp_step, hops = [], [], [], [], [], [], []
     tp_calls, pp_calls = [], []  # per stage: channel -> calls a step; the boundary's sends and receives
@@ -248,7 +249,8 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         stage_forward.append(sum(forward[lo:hi]) + runtime / 2)  # the runtime's cost a micro-batch: half each way
         # (its activation forward, its input's gradient back: seconds each, latency of the pair)
         stage_send.append((out * wire / pp_rate, inp * wire / pp_rate, topo.latency if out or inp else 0.0))
-        hops.append(2 * out * wire / pp_rate)  # one activation forward and its gradient back
+        # one activation forward and its gradient back, each after its stage idled: a link's burst crosses at once
+        hops.append(2 * max(0.0, out * wire - burst) / pp_rate)
         tp_elems.append({ch: e * m for ch, e in e_tp.items()})
         tp_calls.append({ch: n * m for ch, n in n_tp.items()})
         tp_step.append(_tp_step(plan, profile, range(lo, hi), topo))  # once per step, after the micro-batches

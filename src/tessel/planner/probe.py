@@ -16,8 +16,9 @@ that all-reduce, issued asynchronously, hides behind as long a compute burst: 1 
 they take turns, as gloo's threads and the compute do under a tight CPU quota), ``idle_latency`` and ``wait`` (per
 group size, what a 4 KiB all-reduce costs after compute bursts of a few lengths beyond what it costs back to back:
 :func:`wait_after`), ``quota`` (a core's seconds per CFS period the host's CPU group allows, read from the
-kernel: :func:`cpu_quota`; 0 where none is set) and ``fsdp`` (per group size, the rates FSDP's all-gather and
-reduce-scatter move at: :func:`fsdp_rates`).
+kernel: :func:`cpu_quota`; 0 where none is set), ``fsdp`` (per group size, the rates FSDP's all-gather and
+reduce-scatter move at: :func:`fsdp_rates`) and ``link_burst`` (bytes a link passes at once after idling, beyond
+its rate: :func:`link_burst`; not measured beside a calibration trial).
 
 Everything is timed with a data-parallel job's mesh built and held (:func:`hold_job_mesh`), as a job's process
 holds its mesh's groups while it trains.
@@ -185,6 +186,56 @@ def fsdp_rates(a: torch.Tensor, w: torch.Tensor, rounds: int = 3, timeout: float
     return out
 
 
+# seconds a link is left idle before :func:`link_burst` sends: a token bucket refills in its size over its rate (the
+# emulated links' in 1/250 s, or 32 KiB's time at a slow rate: 5 ms at 50 Mbit/s)
+IDLE = 0.05
+
+
+def link_burst(mbit: float, rounds: int = 3, idle: float = IDLE) -> float:
+    """Bytes a link passes at once after idling, beyond what its rate moves: the first and last ranks (on different
+    hosts where there are several) exchange a message after ``idle`` seconds of quiet, one of 1 MiB or of 20 ms at
+    ``mbit`` (the larger, at most 8 MiB) and one of one element; the burst is the big message's bytes less what its
+    extra seconds move at ``mbit`` (:func:`burst_of`), the median of ``rounds``, the same on every rank. A shaped link
+    with a token bucket passes its bucket at once (the emulated cluster's tbf: 1/250 s of its rate, at least 32 KiB),
+    so a pipeline's first activation crosses a boundary after the stage idled faster than its bytes over the rate."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    if n < 2 or not mbit < float("inf"):
+        return 0.0
+    size = int(min(8 << 20, max(1 << 20, mbit * 1e6 / 8 * 0.02))) // 4 * 4
+    big, tiny, ack = torch.zeros(size // 4), torch.zeros(1), torch.zeros(1)
+    peer = {0: n - 1, n - 1: 0}.get(rank)
+    got = []
+    for _ in range(rounds):
+        secs = []
+        for msg in (tiny, big):
+            comm.barrier("probe")
+            time.sleep(idle)
+            t0 = time.perf_counter()
+            if rank == 0:  # the message there, its one-element answer back
+                comm.send(msg, peer, "probe")
+                comm.recv(ack, peer, "probe")
+            elif rank == n - 1:
+                comm.recv(msg, peer, "probe")
+                comm.send(ack, peer, "probe")
+            secs.append(time.perf_counter() - t0)
+        got.append(burst_of(size, secs[1], secs[0], mbit))
+    mine = torch.tensor([statistics.median(got) if rank == 0 else 0.0], dtype=torch.float64)
+    return float(torch.stack(comm.all_gather(mine, "probe")).max())
+
+
+def burst_of(size: int, seconds: float, tiny: float, mbit: float) -> float:
+    """The bytes of a ``size``-byte message that crossed at once: what its ``seconds`` beyond a one-element message's
+    (``tiny``) did not move at ``mbit``, from none to all of it.
+
+        >>> # 1 MiB in 22 ms where one element takes 2 ms, at 400 Mbit/s (50 MB/s): 1 MB moved at the rate
+        >>> round(burst_of(1 << 20, 0.022, 0.002, 400.0))
+        48576
+        >>> burst_of(1 << 20, 0.002, 0.002, 400.0), burst_of(1 << 20, 0.5, 0.002, 400.0)
+        (1048576.0, 0.0)
+    """
+    return float(min(size, max(0.0, size - (seconds - tiny) * mbit * 1e6 / 8)))
+
+
 def beside_trial(rounds: int = 12, timeout: float = 30.0) -> dict:
     """What a calibration trial does not measure, the same on every rank: ``wait`` (:func:`wait_after`), ``quota``
     (the smallest host's :func:`cpu_quota`) and ``fsdp`` (:func:`fsdp_rates`). Timed with a data-parallel job's mesh
@@ -284,7 +335,7 @@ def measure(rounds: int = 40, burst: int = 6, bulk_rounds: int = 6, bulk_bytes: 
     return {"latency": float(stack[:, 0].max()), "tiny_latency": float(stack[:, 5].max()),
             "speed": float(stack[:, 1].min()), "idle_latency": float(stack[:, 2].max()),
             "mbit": float(stack[:, 3].min()), "overlap": float(stack[:, 4].min()), "ranks": n,
-            **beside_trial(wait_rounds, timeout)}
+            "link_burst": link_burst(float(stack[:, 3].min())), **beside_trial(wait_rounds, timeout)}
 
 
 def main() -> None:

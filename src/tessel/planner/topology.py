@@ -71,6 +71,10 @@ class Topology:
     # (tessel.planner.probe.fsdp_rates): ((group size, gather Mbit/s, reduce-scatter Mbit/s), ...); on gloo neither
     # moves at the all-reduce's rate (``rate_mbit``). Empty: not measured, FSDP's calls at the group's rate
     fsdp_points: tuple[tuple[int, float, float], ...] = ()
+    # bytes a link between hosts passes at once after idling, beyond its rate (measured by the probe:
+    # tessel.planner.probe.link_burst; 0: none): a shaped link's token bucket, which a pipeline's first activation
+    # and its gradient cross after their stage idled
+    link_burst: float = 0.0
     source: str = "defaults"
 
     def __post_init__(self) -> None:
@@ -94,7 +98,7 @@ class Topology:
                    for g, a, b in self.fsdp_points):
             raise ConfigError(f"topology fsdp points are {self.fsdp_points}; each must be (group size >= 2, gather "
                               "Mbit/s > 0, reduce-scatter Mbit/s > 0)")
-        for key in ("latency", "tiny_latency", "per_micro", "unit_memory", "quota"):
+        for key in ("latency", "tiny_latency", "per_micro", "unit_memory", "quota", "link_burst"):
             v = getattr(self, key)
             if v is None and key == "per_micro":
                 continue
@@ -220,6 +224,7 @@ class Topology:
                    f"{', '.join(str(g) for g in sorted({g for g, _, _ in self.wait_points}))}" if self.wait_points
                    else "")
                 + (f", {self.per_micro * 1e3:.2f} ms per extra micro-batch" if self.per_micro else "")
+                + (f", {self.link_burst / 1024:.0f} KiB across a link at once after idling" if self.link_burst else "")
                 + f", memory per rank {mem} ({self.source})")
 
 
@@ -261,9 +266,11 @@ def wait_points(measured: dict) -> tuple[tuple[int, float, float], ...]:
 
 def beside_trial(topo: Topology, measured: dict) -> Topology:
     """``topo`` with what of a probe's a calibration trial does not measure (tessel.planner.probe.beside_trial; none
-    from a probe before 2026-12-07's second session): the wait after compute, the hosts' quota, FSDP's rates."""
+    from a probe before 2026-12-07's second session): the wait after compute, the hosts' quota, FSDP's rates, and
+    the bytes a link passes at once after idling (none from a probe before its third session, nor beside a trial)."""
     return replace(topo, wait_points=wait_points(measured), quota=measured.get("quota", 0.0),
-                   fsdp_points=tuple((int(g), float(a), float(b)) for g, a, b in measured.get("fsdp", ())))
+                   fsdp_points=tuple((int(g), float(a), float(b)) for g, a, b in measured.get("fsdp", ())),
+                   link_burst=measured.get("link_burst", 0.0))
 
 
 def probed(topo: Topology, measured: dict, source: str) -> Topology:
