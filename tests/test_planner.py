@@ -691,10 +691,11 @@ def test_a_call_waits_after_the_compute_before_it():
     for dp in (2, 4):  # DDP: its sync's wait, once a step
         plan = ParallelPlan(dp=dp, bucket_mb=0.01)
         assert math.isclose(step(plan, dp, flat).step - step(plan, dp, ()).step, v, rel_tol=1e-9)
-    # FSDP over 2 ranks, one micro-batch: each unit's gathers (forward, backward) and its reduce-scatter wait once
+    # FSDP over 2 ranks: its gathers and reduce-scatters are charged no wait (charged one each, after a third of a
+    # unit's compute, they priced the saved cells' FSDP plans a median 13% slow)
     units = profile.fsdp_calls(0, len(profile.layers))
     plan = ParallelPlan(dp=2, dp_shard=2)
-    assert units > 1 and math.isclose(step(plan, 2, flat).step - step(plan, 2, ()).step, 3 * units * v, rel_tol=1e-9)
+    assert units > 1 and step(plan, 2, flat).step == step(plan, 2, ()).step
     # after 2 ms of a core the wait is 3 ms, twice that of after 1 ms, and no more after 10 ms; none with no compute
     rising = ((4, 0.0, 0.001), (4, 0.002, 0.003))
     topo = planner.Topology(ranks=4, hosts=4, wait_points=rising)

@@ -28,10 +28,11 @@ backward up to the last bucket, as far as the topology's measured overlap lets i
 tp gradient sums and the optimizer step follow the micro-batches. A collective takes the longer of its bytes at its
 group's rate and its ring steps at the topology's latency (Topology.call_seconds; a loss's or a norm's one element at
 the tiny latency), plus, where the probe measured it, what it waits after the compute since its group last
-synchronized (Topology.wait: a tp layer's compute split between its calls, an FSDP unit's between its gathers and
-reduce-scatter, a step's before the data-parallel sync); FSDP's gathers and reduce-scatters move at the rates the
-probe measured in the shard group's size (Topology.fsdp_rate). Under a CPU quota a flushed pipeline's fill and drain
-run at a whole core for the host's quota (Topology.after_idle). Tables served by rows are priced by the
+synchronized (Topology.wait: a tp layer's compute split between its calls, a step's before the data-parallel sync;
+not FSDP's calls); FSDP's gathers and reduce-scatters move at the rates the probe measured in the shard group's
+size (Topology.fsdp_rate). Under a CPU quota a flushed pipeline's fill and drain run at a whole core for the host's
+quota (Topology.after_idle), and its first crossings of a boundary carry only their bytes beyond a link's burst
+(Topology.link_burst). Tables served by rows are priced by the
 sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added as exposed time.
 """
 
@@ -266,8 +267,7 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
     if plan.dp_shard > 1:
         passes = [profile.fsdp_calls(lo, hi) for lo, hi in bounds]  # FSDP's gathers a pass, per stage
         sharded = [_sharded_sync(plan, p, n, settings.compute_dtype.itemsize if settings.precision.compute
-                                 else profile.elem, reduced, topo, dp_stride, c * topo.speed)
-                   for p, n, c in zip(dense, passes, stage_compute)]
+                                 else profile.elem, reduced, topo, dp_stride) for p, n in zip(dense, passes)]
         dp_channels = {ch: max(c.get(ch, 0.0) for c, _, _ in sharded) for ch in sharded[0][0]}  # the busiest rank
         gathers = [g for _, g, _ in sharded]
         dp_s = max(t for _, _, t in sharded)
@@ -346,24 +346,23 @@ def _layer_seconds(plan: ParallelPlan, profile: Profile, samples: float) -> list
 
 
 def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, elem: int, topo: Topology,
-                  stride: int, cpu: float) -> tuple[dict[str, float], float, float]:
+                  stride: int) -> tuple[dict[str, float], float, float]:
     """(bytes per channel, seconds of one micro-batch's gathers, seconds once a step) of FSDP's traffic on a stage
     of ``params`` dense elements gathered in ``units`` calls a pass: every weight gathered from the s ranks of its
     shard group before each micro-batch's forward and again before its backward (in the compute width), its gradients
     reduce-scattered once a step (the masters' width), and under HSDP each gradient shard summed over its r
     replicas (a ring). gloo runs FSDP's calls one at a time, so nothing overlaps the compute: a micro-batch's
-    gathers lengthen its slot on the stage (and so, in a pipeline, every stage downstream waits for them). ``cpu``: a
-    core's seconds of the stage's compute on a micro-batch, which its calls follow (Topology.wait): a third of a
-    unit's share before each of its gathers, and, in the last micro-batch's backward, before its reduce-scatter. Each
-    collective moves at the rate the probe measured it to in groups of that size, where it did (Topology.fsdp_rate)."""
+    gathers lengthen its slot on the stage (and so, in a pipeline, every stage downstream waits for them). Each
+    collective moves at the rate the probe measured it to in groups of that size, where it did (Topology.fsdp_rate).
+    No wait after compute (Topology.wait) is charged: charged a third of a unit's compute before each call, it priced
+    the saved cells' 25 FSDP candidates a median 13% slow, and without it 1% (docs/benchmarks.md, "FSDP's calls
+    without a wait after compute")."""
     s, r, m = plan.dp_shard, plan.dp_replicate, plan.micro_batches
-    each = cpu / (3 * units) if units else 0.0
     shard = params / s
     out = {"dp.gather": 2 * m * (s - 1) * shard * gathered, "dp.scatter": (s - 1) * shard * elem}
     gather = topo.call_seconds(out["dp.gather"] / m, 2 * units, 2 * units * (s - 1), topo.fsdp_rate(
-        s, stride, "gather")) + topo.wait(s, 2 * units, 2 * units * each)
-    seconds = topo.call_seconds(out["dp.scatter"], units, units * (s - 1), topo.fsdp_rate(
-        s, stride, "scatter")) + topo.wait(s, units, units * each)
+        s, stride, "gather"))
+    seconds = topo.call_seconds(out["dp.scatter"], units, units * (s - 1), topo.fsdp_rate(s, stride, "scatter"))
     if r > 1:
         out["dp.replicate"] = 2 * (r - 1) / r * shard * elem
         seconds += topo.call_seconds(out["dp.replicate"], units, units * 2 * (r - 1), topo.group_rate(r, stride * s))
