@@ -251,7 +251,7 @@ def test_profile_times_the_sizes_in_turn_and_the_real_step_beside_the_global_bat
     warm-up run only in the first; a layer's time the median of the rounds'; the real step and an optimizer step
     right after the global batch's layers in every round. Fake timings, so the expected values are exact."""
     from tessel.pipeline.partition import LayerCost
-    from tessel.planner import profile as prof
+    from tessel.planner import timing
 
     order, rounds = [], iter(range(100))
     took = {(0, 2): 4.0, (0, 8): 9.0, (1, 8): 7.0, (1, 2): 2.0, (2, 2): 3.0, (2, 8): 8.0}  # (round, size) -> s
@@ -266,10 +266,10 @@ def test_profile_times_the_sizes_in_turn_and_the_real_step_beside_the_global_bat
         label = ("step",) if micro == 1 else ("step", micro)
         return lambda: (order.append(label), 20.0 + next(rounds))[1]
 
-    monkeypatch.setattr(prof, "profile", fake_profile)
-    monkeypatch.setattr(prof, "_real_step", fake_step)
-    monkeypatch.setattr(prof, "_optimizer_step", lambda *_: lambda: (order.append(("opt",)), 1.0)[1])
-    costs, real, many = prof._rounds(None, None, None, torch.zeros(8, 1), torch.zeros(8), [2, 8])
+    monkeypatch.setattr(timing, "profile", fake_profile)
+    monkeypatch.setattr(timing, "real_step", fake_step)
+    monkeypatch.setattr(timing, "optimizer_step", lambda *_: lambda: (order.append(("opt",)), 1.0)[1])
+    costs, real, many = timing.layers_and_steps(None, None, None, torch.zeros(8, 1), torch.zeros(8), [2, 8])
     assert order == [(2, False, True, 1), (8, True, True, 1), ("step",), ("opt",),  # round 0: up, memory at 8
                      (8, False, False, 1), ("step",), ("opt",), (2, False, False, 1),  # round 1: down
                      (2, False, False, 1), (8, False, False, 1), ("step",), ("opt",)]  # round 2: up
@@ -280,18 +280,19 @@ def test_profile_times_the_sizes_in_turn_and_the_real_step_beside_the_global_bat
     # at 2 samples
     order.clear()
     rounds = iter(range(100))
-    costs, real, many = prof._rounds(None, None, None, torch.zeros(8, 1), torch.zeros(8), [2, 8], micro=4)
+    costs, real, many = timing.layers_and_steps(None, None, None, torch.zeros(8, 1), torch.zeros(8), [2, 8], micro=4)
     assert [o for o in order if o[0] in ("step", "opt")] == [("step",), ("opt",), ("step", 4)] * 3
     assert real == [(20.0, [9.0], 1.0), (22.0, [7.0], 1.0), (24.0, [8.0], 1.0)]
     assert many == [(21.0, 4.0), (23.0, 2.0), (25.0, 3.0)]
-    assert prof._many(8, [2, 8]) == 4 and prof._many(8, [1, 8]) == 8 and prof._many(6, [2, 3, 6]) == 3
-    assert prof._many(64, [1, 64]) == 1 and prof._many(64, [4, 64]) == 16
+    count = timing.micro_batches_for
+    assert count(8, [2, 8]) == 4 and count(8, [1, 8]) == 8 and count(6, [2, 3, 6]) == 3
+    assert count(64, [1, 64]) == 1 and count(64, [4, 64]) == 16
 
 
 def test_the_profiles_real_step_runs_its_forward_under_the_runs_autocast():
     """The step factor is a real step's CPU over the layers' timed under the run's autocast: the real step must
     compute in the same dtype (it ran in float32 beside bf16 layers, and the factor came out 1.7-2.2 for 1.2-1.3)."""
-    from tessel.planner import profile as prof
+    from tessel.planner import timing
 
     cfg = load_config(None, [*TINY["classifier"], "train.dtype=float32", "train.precision=bf16-mixed"])
     job = job_of(cfg)
@@ -299,7 +300,7 @@ def test_the_profiles_real_step_runs_its_forward_under_the_runs_autocast():
     next(m for m in model.modules() if isinstance(m, torch.nn.Linear)).register_forward_hook(
         lambda mod, inp, out: seen.append(out.dtype))
     x, y = job.batch(4, 1)
-    step = prof._real_step(model, settings_of(cfg), x, y)  # (runs its first step)
+    step = timing.real_step(model, settings_of(cfg), x, y)  # (runs its first step)
     assert step() >= 0 and seen == [torch.bfloat16, torch.bfloat16]
 
 
@@ -545,17 +546,17 @@ def test_per_micro_batch_cost_is_priced_beyond_the_first_in_every_slot():
     times in one process's step, (pp + m - 1)(m - 1)/m in a flushed pipeline, m - 1 in an asynchronous one; a
     trial that measured 0 prices 0, whatever the profile's. And ``measure`` times it with the step in the most
     micro-batches, up to 16, that cut the batch into a profiled size."""
-    from tessel.planner import profile as prof
+    from tessel.planner import timing
 
     cfg = load_config(None, TINY["classifier"])
     seen = []
-    timed = prof._per_micro
+    timed = timing.per_micro
     try:
-        prof._per_micro = lambda real, many, micro: (seen.append((len(real), len(many), micro)), 0.003)[1]
+        timing.per_micro = lambda real, many, micro: (seen.append((len(real), len(many), micro)), 0.003)[1]
         profile = measure(job_of(cfg), sizes=(2, 8), dps=(1,))  # the global batch, 8: 4 micro-batches of 2
     finally:
-        prof._per_micro = timed
-    assert seen == [(prof.ROUNDS, prof.ROUNDS, 4)] and profile.per_micro == 0.003
+        timing.per_micro = timed
+    assert seen == [(timing.ROUNDS, timing.ROUNDS, 4)] and profile.per_micro == 0.003
     settings = settings_of(cfg)
     half = planner.Topology(ranks=2, hosts=2, link_mbit=1e9, latency=0.0, speed=0.5)
     bounds = ((0, 2), (2, 4))

@@ -1,6 +1,7 @@
 """What timing a step in up to 16 micro-batches costs the profile: `measure` at the micro-batch sizes a 4-host cell's
 candidates use (the global batch over 1 to 32), with the step timed (as the profile does) and without it
-(``_many`` held at 1), alternating, 3 times each, per model (the default model and `tessel bench plan`'s three).
+(``timing.micro_batches_for`` held at 1), alternating, 3 times each, per model (the default model and `tessel bench
+plan`'s three).
 
     python bench/plan-micro/cost.py > bench/plan-micro/cost.txt
 """
@@ -10,10 +11,11 @@ import time
 from tessel.bench import plan_check as pc
 from tessel.config import load_config
 from tessel.planner import profile as prof
+from tessel.planner import timing
 from tessel.resolve import job_of
 
 MODELS = {"default": [], **{f"bench plan's {k}": [*v, *pc.COMMON] for k, v in pc.MODELS.items()}}
-many = prof._many
+many = timing.micro_batches_for
 
 for name, overrides in MODELS.items():
     job = job_of(load_config(None, overrides))
@@ -22,10 +24,10 @@ for name, overrides in MODELS.items():
     secs = {"without": [], "with": []}
     for i in range(6):
         label = "with" if i % 2 == 0 else "without"
-        prof._many = many if label == "with" else (lambda b, sizes: 1)
+        timing.micro_batches_for = many if label == "with" else (lambda b, sizes: 1)
         t0 = time.perf_counter()
         p = prof.measure(job, sizes=sizes)
         secs[label].append(time.perf_counter() - t0)
-    prof._many = many
+    timing.micro_batches_for = many
     print(f"{name} (batch {b}, {many(b, list(sizes))} micro-batches): " + "; ".join(
         f"{k} {statistics.median(v):.2f} s ({min(v):.2f}-{max(v):.2f})" for k, v in secs.items()), flush=True)

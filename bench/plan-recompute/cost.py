@@ -12,7 +12,7 @@ import torch
 from tessel.bench import plan_check as pc
 from tessel.chain import chain_of
 from tessel.config import load_config
-from tessel.planner.profile import _recompute_shares
+from tessel.planner.timing import recompute_shares
 from tessel.resolve import job_of
 
 MODELS = {"default": [], **{f"bench plan's {k}": [*v, *pc.COMMON] for k, v in pc.MODELS.items()}}
@@ -29,7 +29,7 @@ for name, overrides in MODELS.items():
     for i in range(8):
         label = list(secs)[i % 2]
         t0 = time.perf_counter()
-        _recompute_shares(model, chain, x, y, (b,) if i % 2 == 0 else (1, b))
+        recompute_shares(model, chain, x, y, (b,) if i % 2 == 0 else (1, b))
         secs[label].append(time.perf_counter() - t0)
     print(f"{name} (batch {b}): " + "; ".join(f"{k} {statistics.median(v):.2f} s ({min(v):.2f}-{max(v):.2f})"
                                               for k, v in secs.items()), flush=True)
