@@ -269,25 +269,21 @@ def test_profile_times_the_sizes_in_turn_and_the_real_step_beside_the_global_bat
     monkeypatch.setattr(timing, "profile", fake_profile)
     monkeypatch.setattr(timing, "real_step", fake_step)
     monkeypatch.setattr(timing, "optimizer_step", lambda *_: lambda: (order.append(("opt",)), 1.0)[1])
-    costs, real, ratios = timing.layers_and_steps(None, None, None, torch.zeros(8, 1), torch.zeros(8), [2, 8])
+    costs, real, many = timing.layers_and_steps(None, None, None, torch.zeros(8, 1), torch.zeros(8), [2, 8])
     assert order == [(2, False, True, 1), (8, True, True, 1), ("step",), ("opt",),  # round 0: up, memory at 8
                      (8, False, False, 1), ("step",), ("opt",), (2, False, False, 1),  # round 1: down
                      (2, False, False, 1), (8, False, False, 1), ("step",), ("opt",)]  # round 2: up
     assert [c.seconds for c in costs[2]] == [3.0] and [c.seconds for c in costs[8]] == [8.0]  # medians
     assert costs[8][0].forward == 2.0 and costs[8][0].saved == 7  # the median round's forward, round 0's memory
-    assert real == [(20.0, [9.0], 1.0), (21.0, [7.0], 1.0), (22.0, [8.0], 1.0)] and ratios == []
-    # with a step in 4 micro-batches: in each round right after its optimizer step, then PAIRS - ROUNDS pairs of the
-    # step in one and in 4 back to back, in alternating order; each pair's ratio many / one
+    assert real == [(20.0, [9.0], 1.0), (21.0, [7.0], 1.0), (22.0, [8.0], 1.0)] and many == []
+    # with a step in 4 micro-batches of 2 timed right after each round's optimizer step, beside its round's layers
+    # at 2 samples
     order.clear()
     rounds = iter(range(100))
-    costs, real, ratios = timing.layers_and_steps(None, None, None, torch.zeros(8, 1), torch.zeros(8), [2, 8],
-                                                  micro=4)
-    assert timing.PAIRS == 7
-    pairs = [("step",), ("step", 4), ("step", 4), ("step",)] * 2
-    assert [o for o in order if o[0] in ("step", "opt")] == [("step",), ("opt",), ("step", 4)] * 3 + pairs
+    costs, real, many = timing.layers_and_steps(None, None, None, torch.zeros(8, 1), torch.zeros(8), [2, 8], micro=4)
+    assert [o for o in order if o[0] in ("step", "opt")] == [("step",), ("opt",), ("step", 4)] * 3
     assert real == [(20.0, [9.0], 1.0), (22.0, [7.0], 1.0), (24.0, [8.0], 1.0)]
-    ran = [(26.0 + 2 * k, 27.0 + 2 * k) for k in range(4)]  # each pair's two steps, as they ran
-    assert ratios == [21 / 20, 23 / 22, 25 / 24] + [b / a if k % 2 == 0 else a / b for k, (a, b) in enumerate(ran)]
+    assert many == [(21.0, 4.0), (23.0, 2.0), (25.0, 3.0)]
     count = timing.micro_batches_for
     assert count(8, [2, 8]) == 4 and count(8, [1, 8]) == 8 and count(6, [2, 3, 6]) == 3
     assert count(64, [1, 64]) == 1 and count(64, [4, 64]) == 16
@@ -556,14 +552,11 @@ def test_per_micro_batch_cost_is_priced_beyond_the_first_in_every_slot():
     seen = []
     timed = timing.per_micro
     try:
-        timing.per_micro = lambda real, layers, ratios, micro: (seen.append((len(real), layers, len(ratios), micro)),
-                                                                0.003)[1]
+        timing.per_micro = lambda real, many, micro: (seen.append((len(real), len(many), micro)), 0.003)[1]
         profile = measure(job_of(cfg), sizes=(2, 8), dps=(1,))  # the global batch, 8: 4 micro-batches of 2
     finally:
         timing.per_micro = timed
-    (rounds, (whole, part), pairs, micro), = seen
-    assert (rounds, pairs, micro) == (timing.ROUNDS, timing.PAIRS, 4) and profile.per_micro == 0.003
-    assert 0 < part < whole  # the layers' medians at a quarter of the global batch, and at all of it
+    assert seen == [(timing.ROUNDS, timing.ROUNDS, 4)] and profile.per_micro == 0.003
     settings = settings_of(cfg)
     half = planner.Topology(ranks=2, hosts=2, link_mbit=1e9, latency=0.0, speed=0.5)
     bounds = ((0, 2), (2, 4))

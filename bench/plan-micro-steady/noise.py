@@ -3,10 +3,12 @@ models: the profile's (``timing.per_micro`` over ``timing.ROUNDS`` rounds, each 
 against its price at that round's step factor), and from pairs (after the rounds, ``PAIRS`` pairs of the real step
 in one micro-batch and in 16, run back to back in alternating order: the median of the pairs' differences, less
 what the layers' medians say 16 micro-batches of 1/16 of the batch cost beyond one of the whole batch at the
-profile's step factor, over 15). Repeated ``REPEATS`` times; ms of a core.
+profile's step factor, over 15; and by ratio: the median of the pairs' ratios, the step in 16 over the step in
+one, times the step in one priced at the profile's step factor as its layers' medians and the optimizer, less the
+same price of the step in 16, over 15). Repeated ``REPEATS`` times; ms of a core.
 
 Runs with 8b65c76's package (``layers_and_steps`` timing the step in 16 micro-batches in its rounds), where the
-third figure printed, "by ratio", is what commit 2 after it builds from 7 pairs after the rounds:
+third figure printed, "by ratio", is what 2d91a2f tried (from 7 pairs after the rounds there):
 
     git worktree add /tmp/wt-8b65c76 8b65c76
     PYTHONPATH=/tmp/wt-8b65c76/src python bench/plan-micro-steady/noise.py transformer_lm >> \

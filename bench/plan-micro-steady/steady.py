@@ -2,7 +2,10 @@
 micro-batches over the step in one, a pair in each of the 3 rounds and 4 after them), 5 times over for each of
 `tessel bench plan`'s models, ms of a core; each with its 7 ratios.
 
-    python bench/plan-micro-steady/steady.py > bench/plan-micro-steady/steady.txt
+Runs with 2d91a2f's package (tried, then taken back):
+
+    git worktree add /tmp/wt-2d91a2f 2d91a2f
+    PYTHONPATH=/tmp/wt-2d91a2f/src python bench/plan-micro-steady/steady.py > bench/plan-micro-steady/steady.txt
 """
 import sys
 from pathlib import Path

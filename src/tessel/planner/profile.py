@@ -307,7 +307,7 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
             x, y = job.batch(b, 1)
             with settings.autocast():  # timed and counted as the run computes (bf16 under mixed precision)
                 micro = timing.micro_batches_for(b, sizes)
-                costs, real, ratios = timing.layers_and_steps(model, chain, settings, x, y, sizes, micro)
+                costs, real, many = timing.layers_and_steps(model, chain, settings, x, y, sizes, micro)
                 selective = _selective(model, chain, x, y)
                 again = timing.recompute_shares(model, chain, x, y, (sizes[0], sizes[-1]))
             tables = _tables(job, model, dps)
@@ -334,14 +334,7 @@ def measure(job: Job, sizes: tuple[int, ...] | None = None, dps: tuple[int, ...]
         torch.set_num_threads(threads)
     elem = next(model.parameters()).element_size()
     return Profile(layers, tables, elem, opt, tokens, time.perf_counter() - t_start, factor, job, b,
-                   autocast=bool(settings.precision.compute),
-                   per_micro=timing.per_micro(real, _sums(costs, b, micro), ratios, micro))
-
-
-def _sums(costs: dict[int, list], b: int, micro: int) -> tuple[float, float]:
-    """The layers' seconds at the global batch ``b`` and at 1/``micro`` of it (the same where not profiled)."""
-    whole = sum(c.seconds for c in costs[b])
-    return whole, sum(c.seconds for c in costs.get(b // micro, costs[b]))
+                   autocast=bool(settings.precision.compute), per_micro=timing.per_micro(real, many, micro))
 
 
 def measure_memory(job: Job, samples: int) -> Profile:

@@ -90,15 +90,14 @@ def steady(points: dict[int, float]) -> dict[int, float]:
 
 
 ROUNDS = 3  # the micro-batch sizes are timed in turn, this many times over
-PAIRS = 7  # the real step in one micro-batch and in many, back to back this many times: one a round, the rest after
 
 
 def layers_and_steps(model, chain, settings: Settings, x, y, sizes: list[int], micro: int = 1
-            ) -> tuple[dict[int, list], list[tuple[float, list[float], float]], list[float]]:
+            ) -> tuple[dict[int, list], list[tuple[float, list[float], float]], list[tuple[float, float]]]:
     """(size -> the layers' costs, per round (a real step's CPU seconds, the layers' at the global batch just
-    before it, an optimizer step's just after), the real step's time in ``micro`` micro-batches over its time in
-    one, ``PAIRS`` of them (empty where ``micro`` is 1): a round's, the step in many run right after its optimizer
-    step, then the rest by :func:`step_pairs`).
+    before it, an optimizer step's just after), per round (the real step's seconds in ``micro`` micro-batches, run
+    right after the optimizer's, the layers' seconds at 1/micro of the batch in that round); the last empty where
+    ``micro`` is 1).
 
     Every size is timed once a round, in turn (the order reversed every other round), and a layer's time at a
     size is the median over the rounds of each round's fastest run. This machine runs for seconds at a time up to
@@ -109,36 +108,19 @@ def layers_and_steps(model, chain, settings: Settings, x, y, sizes: list[int], m
     two is taken within one spell."""
     b = sizes[-1]
     step, optimizer = real_step(model, settings, x, y), optimizer_step(model, settings)
-    many = real_step(model, settings, x, y, micro) if micro > 1 else None
+    step_many = real_step(model, settings, x, y, micro) if micro > 1 else None
     runs: dict[int, list] = {n: [] for n in sizes}
-    real, ratios = [], []
+    real, many = [], []
     for r in range(ROUNDS):
         for n in sizes if r % 2 == 0 else sizes[::-1]:
             runs[n].append(profile(model, chain, x[:n], y[:n], repeats=1, memory=n == b and r == 0, pool=True,
                                    warm=r == 0))
             if n == b:
                 real.append((step(), [c.seconds for c in runs[n][-1]], optimizer()))
-                if many:
-                    ratios.append(many() / max(real[-1][0], 1e-9))
-    if many:
-        ratios += step_pairs(step, many, PAIRS - ROUNDS)
-    return {n: [median_run(per) for per in zip(*rounds)] for n, rounds in runs.items()}, real, ratios
-
-
-def step_pairs(one, many, pairs: int) -> list[float]:
-    """Per pair, ``many()`` (a step in many micro-batches) over ``one()`` (the step in one), the two run back to
-    back, in alternating order (the step in one first). A ratio within a pair, because this machine's slow spells
-    scale both alike: the step in many against the layers timed earlier in its round moved 5x between profiles
-    taken one after another, its ratio to the step in one 1.6x (bench/plan-micro-steady/noise.txt)."""
-    ratios = []
-    for k in range(pairs):
-        if k % 2 == 0:
-            a = one()
-            ratios.append(many() / max(a, 1e-9))
-        else:
-            m = many()
-            ratios.append(m / max(one(), 1e-9))
-    return ratios
+                if step_many:
+                    many.append(step_many())
+    many = [(t, sum(c.seconds for c in per)) for t, per in zip(many, runs[b // micro])]
+    return {n: [median_run(per) for per in zip(*rounds)] for n, rounds in runs.items()}, real, many
 
 
 def micro_batches_for(b: int, sizes: list[int]) -> int:
@@ -149,30 +131,31 @@ def micro_batches_for(b: int, sizes: list[int]) -> int:
     return next((m for m in range(16, 1, -1) if b % m == 0 and b // m in sizes), 1)
 
 
-def per_micro(real: list[tuple[float, list[float], float]], layers: tuple[float, float], ratios: list[float],
-              micro: int) -> float:
-    """A core's seconds each micro-batch beyond the first adds to a one-process step beyond its layers: the step in
-    ``micro`` micro-batches (the median of ``ratios``, :func:`step_pairs`, times the step in one, priced at the
-    profile's step factor as its layers at the global batch and the optimizer) less its own price (``micro`` times
-    its layers at 1/micro of the batch, and the optimizer), over ``micro`` - 1; at least 0. ``layers``: the
-    layers' seconds at the global batch and at 1/micro of it, their medians over the rounds; ``real``: the
-    rounds' real steps (:func:`step_factor`).
+def per_micro(real: list[tuple[float, list[float], float]], many: list[tuple[float, float]], micro: int) -> float:
+    """A core's seconds each micro-batch beyond the first adds to a one-process step beyond its layers, from
+    :func:`layers_and_steps`: per round, the real step in ``micro`` micro-batches against its price at that round's step
+    factor (``micro`` times its layers at 1/micro of the batch, and the optimizer), over ``micro`` - 1; the median
+    of the rounds, at least 0. Each round's own factor, not the profile's median: the step in micro-batches runs
+    in the same spell as that round's step and layers (see :func:`layers_and_steps`).
 
         >>> # a step of 1 micro-batch: 1.0 s for 0.9 s of layers and 0.1 of optimizer (factor 1); in 4 micro-batches
-        >>> # 1.2 s (ratio 1.2) where its layers (0.2 s each) and optimizer price 0.9
-        >>> real = [(1.0, [0.5, 0.4], 0.1)] * 3
-        >>> round(per_micro(real, (0.9, 0.2), [1.2, 1.5, 0.9], 4), 9)
+        >>> # 1.2 s where its layers (0.2 s each) and optimizer price 0.9
+        >>> round(per_micro([(1.0, [0.5, 0.4], 0.1)] * 3, [(1.2, 0.2)] * 3, 4), 9)
         0.1
-        >>> # cheaper than its layers: 0; one micro-batch: not timed
-        >>> per_micro(real, (0.9, 0.2), [0.8] * 7, 4), per_micro(real, (0.9, 0.9), [], 1)
-        (0.0, 0.0)
+        >>> # rounds of 0.1, -0.1 and 0.2 s: their median; every round below 0: 0; one micro-batch: not timed
+        >>> real = [(1.0, [0.5, 0.4], 0.1)] * 3
+        >>> round(per_micro(real, [(1.2, 0.2), (0.6, 0.2), (1.5, 0.2)], 4), 9), per_micro(real, [(0.6, 0.2)] * 3, 4)
+        (0.1, 0.0)
+        >>> per_micro([(1.0, [0.9], 0.1)], [], 1)
+        0.0
     """
-    if micro < 2 or not ratios:
+    if micro < 2 or not many:
         return 0.0
-    factor, _ = step_factor(real, 1)
-    opt = statistics.median(o for _, _, o in real)
-    whole, part = layers
-    return max(0.0, factor * (statistics.median(ratios) * (whole + opt) - micro * part - opt) / (micro - 1))
+    per = []
+    for (step, layers, opt), (step_many, layers_many) in zip(real, many):
+        factor = step / max(sum(layers) + opt, 1e-9)
+        per.append((step_many - factor * (micro * layers_many + opt)) / (micro - 1))
+    return max(0.0, statistics.median(per))
 
 
 def step_factor(real: list[tuple[float, list[float], float]], params: int) -> tuple[float, float]:
