@@ -767,3 +767,26 @@ def test_memory_timing_only_keeps_the_searches_and_times_the_named_plans_again(m
     ns = parser.parse_args(["bench", "memory", "--timing-only", "--out", str(tmp_path / "none")])
     with pytest.raises(ConfigError, match="no saved search"):
         fit.main(ns, [], lambda out, doc: None)
+
+
+def test_a_plan_check_row_compares_fsdps_bytes_too(tmp_path):
+    """A candidate's row holds every exact channel, FSDP's gathers, reduce-scatters and replica sums among them, as
+    predicted and as tessel.comm counted them (the busiest rank's bytes a step), so an FSDP plan whose count
+    differs is not reported exact."""
+    from types import SimpleNamespace
+
+    from tessel.plan import ParallelPlan
+
+    run = tmp_path / "runs" / "m-plan-h2-1gbit-r0"
+    run.mkdir(parents=True)
+    counted = {"dp.gather": 12 * 8, "dp.scatter": 5 * 8, "meta": 16}  # 8 steps' totals
+    (run / "summary.json").write_text(json.dumps(
+        {"steps_run": 8, "bytes": {c: {"sent_max_rank_total": v} for c, v in counted.items()}}))
+    e = SimpleNamespace(plan=ParallelPlan(dp=2, dp_shard=2), step=0.1, compute=0.05, comm=0.05, bubble=0.0,
+                        bytes={"dp.gather": 10.0, "dp.scatter": 5.0})
+    row = plan_check._row("m", 2, "1gbit", 1, e, [{"step_time": 0.1, "repeat": 0}], tmp_path, "plan", 1.0)
+    assert row["bytes_predicted"] == {"dp.dense": 0, "dp.gather": 10.0, "dp.replicate": 0, "dp.scatter": 5.0,
+                                      "pp": 0, "tp": 0}
+    assert row["bytes_measured"] == {"dp.dense": 0, "dp.gather": 12.0, "dp.replicate": 0, "dp.scatter": 5.0,
+                                     "pp": 0, "tp": 0}
+    assert row["bytes_predicted"] != {k: round(v) for k, v in row["bytes_measured"].items()}  # not exact

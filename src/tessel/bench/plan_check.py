@@ -34,7 +34,9 @@ from .stats import Ratio, paired_ratio
 
 SLACK = 1.10  # the pick should be within 10% of the best measured candidate
 PREVIOUS = "results-previous.json"  # the run before the last, kept for comparison
-EXACT = ("dp.dense", "pp", "tp")  # and every tp.* channel (head and loss, token table, norms, gradient sums)
+# and every tp.* channel (head and loss, token table, norms, gradient sums); FSDP's three since 2026-12-07's fourth
+# session (runs before it compared the first three and tp.* only)
+EXACT = ("dp.dense", "dp.gather", "dp.scatter", "dp.replicate", "pp", "tp")
 
 # The three reference models at sizes a run on 2 cores finishes in seconds per step (config overrides).
 MODELS = {

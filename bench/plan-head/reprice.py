@@ -1,0 +1,70 @@
+"""Every cell of docs/benchmarks.md's "Where every cell stands" (each model, host count and rate's latest run of 3
+rounds per candidate) priced two ways: as run (the prediction its code made then, saved in its folder) and by this
+commit's estimate, on one profile per (folder, model, hosts). The topology is the run's own (its speed, rate and
+overlap); what its probe did not measure then is the probe's since: the held mesh's latencies, the wait, the quota
+and FSDP's rates from bench/plan-wait/probes.jsonl, the link's burst from bench/plan-burst/probes.jsonl (the rules
+of bench/plan-fsdp-wait/reprice.py). Per cell: both ways' scores, and each candidate the estimate prices more than
+30% off.
+
+    python bench/plan-head/reprice.py --profiles /tmp/pg-head.pkl > bench/plan-head/reprice.txt
+
+With ``--earlier``, the cells as they stood before this session re-ran five of them (``EARLIER``: the runs from
+before commit 0928663, whose pipelines ran 1.2-2x slower than today's, bench/plan-head/stale-*.txt):
+
+    python bench/plan-head/reprice.py --profiles /tmp/pg-head.pkl --earlier > bench/plan-head/reprice-earlier.txt
+"""
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1]
+for sub in ("", "plan-probe-groups", "plan-wait", "plan-burst"):
+    sys.path.insert(0, str(BENCH / sub))
+from held import price, report, save_profiles, summary  # noqa: E402
+from reprice_burst import bursts  # noqa: E402
+from reprice_probed import probed_ways, setup  # noqa: E402
+
+FOLDERS = ("plan-tail-4h-1g", "plan-mesh-4h-200", "plan-head-6h-500", "plan-mesh-8h-1g", "plan-head-lstm-8h",
+           "plan-mesh-8h-200", "plan-head-3h-300", "plan-tail-6h-200", "plan-head-2h-100", "plan-head-5h-150",
+           "plan-mesh-6h-1g", "plan-wait-8h-500", "plan-wait-6h-400", "plan-fsdp-4h-500", "plan-micro-4h-300",
+           "plan-burst-6h-300", "plan-fsdp-8h-300")
+EARLIER = ("plan-tail-4h-1g", "plan-mesh-4h-200", "plan-unseen", "plan-mesh-8h-1g", "plan-lstm-8h", "plan-mesh-8h-200",
+           "plan-unseen-3h", "plan-tail-6h-200", "plan-unseen-2h-100", "plan-unseen-5h-150", "plan-unseen-5h-150-cls",
+           "plan-mesh-6h-1g", "plan-wait-8h-500", "plan-wait-6h-400", "plan-fsdp-4h-500", "plan-micro-4h-300",
+           "plan-burst-6h-300", "plan-fsdp-8h-300")
+WAYS = ("as run", "at the head")
+
+
+def main():
+    earlier = "--earlier" in sys.argv
+    sys.argv = [a for a in sys.argv if a != "--earlier"]
+    sys.argv[1:1] = [str(BENCH / f) for f in (EARLIER if earlier else FOLDERS)]
+    args, points, latencies, profiles = setup()
+    burst = bursts()
+    met, ncells, errs = {w: [0] * 5 for w in WAYS}, 0, {w: [] for w in WAYS}
+
+    def today(r, topo):
+        probed = probed_ways(r, topo, points)
+        own = (r.get("probe") or {}).get("link_burst", burst.get((r["hosts"], r["rate"])))
+        return None if not probed or own is None else [replace(probed[-1], link_burst=own)]
+    for name in args.folders:
+        cells = {k: [(r, [r["predicted"], got[0]]) for r, got in rows]
+                 for k, rows in price(Path(name), profiles, today, latencies).items()}
+        for cell, rows in cells.items():
+            ncells += report(Path(name).name, {cell: rows}, WAYS, met)
+            for k, way in enumerate(WAYS):
+                errs[way] += [(got[k] - r["measured"]) / r["measured"] for r, got in rows]
+            far = [f"{r['plan']} {(got[1] - r['measured']) / r['measured']:+.0%}" for r, got in rows
+                   if abs(got[1] - r["measured"]) > 0.3 * r["measured"]]
+            print(f"  beyond 30% at the head: {', '.join(far) or 'none'}")
+    for way, n in met.items():
+        print(summary(way, n, ncells))
+    for way, e in errs.items():
+        print(f"{way}: {len(e)} candidates, median absolute error {statistics.median(map(abs, e)):.1%}, median "
+              f"signed {statistics.median(e):+.1%}, within 30% {sum(abs(x) <= 0.3 for x in e)}")
+    save_profiles(Path(args.profiles), profiles)
+
+
+if __name__ == "__main__":
+    main()
