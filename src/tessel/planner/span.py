@@ -45,15 +45,11 @@ def pipeline(plan: ParallelPlan, compute: list[float], forward: list[float], wor
     flushed = plan.pp > 1 and plan.schedule.flushed
     # GPipe's phases, where not paced by the same stage (a last stage whose fused loss runs in its forward, against
     # stages of blocks), make its step longer than 1F1B's, whose slots hold a forward and a backward each
-    # the first micro-batch's trip runs each stage's work in turn; its sends are the crossings ``hops`` adds below,
-    # so its slots are the work alone (a slot bounded by its sends counted each crossing twice: 93 ms priced for a
-    # 68 ms pp2 m1 step on 100 Mbit/s, docs/benchmarks.md "A flushed pipeline's first trip")
-    alone = [(0.0, 0.0, lat) for _, _, lat in send]
     if flushed and plan.schedule.holds_all_micro:
-        both, first = phases(compute, forward, work, send), phases(compute, forward, work, alone)
-        span = sum(sum(p[i] for p in first) + (m - 1) * max(p[i] for p in both) for i in (0, 1))
+        both = phases(compute, forward, work, send)
+        span = sum(sum(p[i] for p in both) + (m - 1) * max(p[i] for p in both) for i in (0, 1))
     else:
-        span = sum(w + lat for w, (_, _, lat) in zip(work, send)) + (m - 1) * max(slots) if flushed else m * max(slots)
+        span = sum(slots) + (m - 1) * max(slots) if flushed else m * max(slots)
     comm = (max(slots) - max(compute)) * m
     # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
     bubble = span - max(compute) * m - comm + (sum(hops) if flushed else 0.0)
