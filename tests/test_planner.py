@@ -83,10 +83,13 @@ PLANS = {  # model -> synchronous candidates of every shape on 4 ranks
                        ParallelPlan(dp=2, pp=2, micro_batches=2),
                        ParallelPlan(dp=1, pp=2, tp=2, tp_grid=(2,), schedule="gpipe", micro_batches=2),
                        ParallelPlan(dp=1, pp=2, tp=2, tp_mode="2d", tp_grid=(2, 1), micro_batches=1),
-                       # sharded: FSDP over 4 and HSDP 2 x 2 (every dim 0 divides, so no padding). Not here: FSDP
-                       # on 2 stages under 1f1b, where the first stage's last unit is gathered once more than the
-                       # 2 per micro-batch priced (measured 84,032 B, predicted 70,912 B; the last stage exact)
+                       # sharded: FSDP over 4 and HSDP 2 x 2 (every dim 0 divides, so no padding); FSDP on 2
+                       # stages, where the first stage's last unit is gathered once more a step (FSDP2's backward
+                       # prefetch over every micro-batch's forwards), and in one micro-batch, where it is not
                        ParallelPlan(dp=4, dp_shard=4), ParallelPlan(dp=4, dp_shard=2, micro_batches=2),
+                       ParallelPlan(dp=2, dp_shard=2, pp=2, micro_batches=2),
+                       ParallelPlan(dp=2, dp_shard=2, pp=2, micro_batches=4, schedule="gpipe"),
+                       ParallelPlan(dp=2, dp_shard=2, pp=2, micro_batches=1),
                        ParallelPlan(dp=4, dp_shard=2, grad_reduce="bf16"),  # bf16 reduce-scatter and replicate
                        # recomputed: each layer's forward collectives run again in its backward, but not the sum
                        # of the linear that ends a block or the head (torch's recompute stops at the last saved
