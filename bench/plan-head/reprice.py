@@ -26,6 +26,7 @@ from reprice_burst import bursts  # noqa: E402
 from reprice_probed import probed_ways, setup  # noqa: E402
 
 FOLDERS = ("plan-tail-4h-1g", "plan-mesh-4h-200", "plan-head-6h-500", "plan-mesh-8h-1g", "plan-head-lstm-8h",
+           "plan-head-lstm-8h-200",
            "plan-mesh-8h-200", "plan-head-3h-300", "plan-tail-6h-200", "plan-head-2h-100", "plan-head-5h-150",
            "plan-mesh-6h-1g", "plan-wait-8h-500", "plan-wait-6h-400", "plan-fsdp-4h-500", "plan-micro-4h-300",
            "plan-burst-6h-300", "plan-fsdp-8h-300")

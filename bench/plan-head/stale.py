@@ -4,7 +4,7 @@ it at (from that run's profile of the model on this machine); then the median ra
 run's measurements still stand for today's machine.
 
     python bench/plan-head/stale.py bench/plan-unseen-2h-100 bench/plan-head-2h-100 > bench/plan-head/stale-2h-100.txt
-    (and likewise plan-unseen-3h, plan-unseen, plan-unseen-5h-150 and -cls, plan-lstm-8h against their re-runs)
+    (and likewise plan-unseen-3h, plan-unseen, plan-unseen-5h-150 and -cls, plan-lstm-8h against its two re-runs)
 """
 import statistics
 import sys
