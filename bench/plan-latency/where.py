@@ -44,6 +44,8 @@ if sys.argv[1:2] == ["report"]:
     report(sys.argv[2])
     sys.exit(0)
 
+from tcpstat import tcp_counters  # noqa: E402  (this folder, on the path as the script's)
+
 from tessel import comm  # noqa: E402
 from tessel.cli import main  # noqa: E402
 
@@ -52,17 +54,6 @@ calls: dict[str, int] = {}
 
 
 EACH = int(os.environ.get("WHERE_EACH", "0"))
-
-
-def tcp_counters() -> dict[str, int]:
-    """This network namespace's Tcp and TcpExt counters (retransmits, timeouts, delayed ACKs, ...)."""
-    out = {}
-    for path in ("/proc/net/snmp", "/proc/net/netstat"):
-        lines = [ln.split() for ln in open(path)]
-        for head, vals in zip(lines[::2], lines[1::2]):
-            if head[0] in ("Tcp:", "TcpExt:"):
-                out.update({f"{head[0]}{k}": int(v) for k, v in zip(head[1:], vals[1:]) if v.lstrip("-").isdigit()})
-    return out
 
 
 tcp_at = [{}]

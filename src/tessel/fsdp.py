@@ -97,6 +97,7 @@ def apply_fsdp(model: nn.Module, shard_mesh, unit_modules: list[nn.Module],
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for m in [*unit_modules, model]:
         fully_shard(m, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=True)
+    _prefetch_in_chain_order(model, unit_modules)
     replicas = dist.get_world_size(replicate_group) if replicate_group is not None else 1
     for m in model.modules():
         if isinstance(m, FSDPModule):
@@ -107,6 +108,19 @@ def apply_fsdp(model: nn.Module, shard_mesh, unit_modules: list[nn.Module],
                 m.set_all_reduce_hook(Replicate(replicate_group))
                 m.set_gradient_divide_factor(float(shard_mesh.size() * replicas))
     return model
+
+
+def _prefetch_in_chain_order(model: nn.Module, unit_modules: list[nn.Module]) -> None:
+    """Each unit's backward prefetches the unit before it in the chain; the first unit and the root prefetch
+    nothing. torch's default walks back along the forwards' order instead, and on a pipeline stage that order holds
+    every micro-batch's forwards: the first micro-batch's backward, reaching the stage's first unit, would prefetch
+    the stage's last unit of the micro-batch before, gather it and drop it unused, one unit's gather a step
+    (bench/plan-head/fsdp_bytes.txt). The root's backward hook fires where its output's gradient arrives, which on
+    a last stage is after the head (run outside the root) and the blocks, so it has no unit to prefetch either.
+    Those two list themselves, a no-op (unsharded by then): an empty list would mean torch's default again."""
+    for before, unit in zip([unit_modules[0], *unit_modules[:-1]], unit_modules):
+        unit.set_modules_to_backward_prefetch([before])
+    model.set_modules_to_backward_prefetch([model])
 
 
 def whole(t: torch.Tensor, group) -> torch.Tensor:

@@ -259,22 +259,19 @@ def estimate(plan: ParallelPlan, settings: Settings, profile: Profile, topo: Top
         pp_calls.append(2 * m * ((k + 1 < len(bounds)) + (k > 0)))  # each way: a send and its receive
     compute = max(stage_compute) * m
     picks, table_bytes, table_s, served = _tables(plan, profile, topo, compute, wire, settings)
-    per_layer_dense = [weights.dense(profile, plan, lo, hi, served) for lo, hi in bounds]
-    dense = [sum(d) for d in per_layer_dense]
+    dense = [sum(weights.dense(profile, plan, lo, hi, served)) for lo, hi in bounds]
     dp_size, dp_stride = strides["dp"]
     reduced = plan.reduce_dtype.itemsize if plan.reduce_dtype else profile.elem  # gradients' width (bf16: asked)
     gathers = [0.0] * len(bounds)  # FSDP's gathers of one micro-batch, per stage
     units = memory.fsdp_units(plan, bounds)
     if plan.dp_shard > 1:
         passes = [profile.fsdp_calls(lo, hi) for lo, hi in bounds]  # FSDP's gathers a pass, per stage
-        again = [_regathered(d, plan, k + 1 == len(bounds)) for k, d in enumerate(per_layer_dense)]
         sharded = [_sharded_sync(plan, p, n, settings.compute_dtype.itemsize if settings.precision.compute
-                                 else profile.elem, reduced, topo, dp_stride, a)
-                   for p, n, a in zip(dense, passes, again)]
+                                 else profile.elem, reduced, topo, dp_stride) for p, n in zip(dense, passes)]
         dp_channels = {ch: max(c.get(ch, 0.0) for c, _, _ in sharded) for ch in sharded[0][0]}  # the busiest rank
         gathers = [g for _, g, _ in sharded]
         dp_s = max(t for _, _, t in sharded)
-        dp_calls = {"dp.gather": max(2 * n * m + (a > 0) for n, a in zip(passes, again)), "dp.scatter": max(passes),
+        dp_calls = {"dp.gather": 2 * max(passes) * m, "dp.scatter": max(passes),
                     "dp.replicate": max(passes) * (2 if plan.reduce_dtype else 1)}
     else:
         dp_bytes = [_ring(dp_size, p) * reduced for p in dense]
@@ -348,19 +345,8 @@ def _layer_seconds(plan: ParallelPlan, profile: Profile, samples: float) -> list
     return [layer.seconds(samples) for layer in dry]
 
 
-def _regathered(dense: list[float], plan: ParallelPlan, last: bool) -> float:
-    """The elements FSDP gathers once more a step on a stage (``dense``: its layers' dense elements on a rank): on
-    a pipeline stage before the last, running more than one micro-batch, its last unit. torch's FSDP2 prefetches
-    in backward the unit after the current one in the reverse of its forwards' order, which holds every micro-batch's
-    forwards: when the first micro-batch's backward reaches the stage's first unit, the next in that order is the
-    stage's last unit from the micro-batch before, gathered and dropped unused (bench/plan-head/fsdp_bytes.txt)."""
-    if last or plan.micro_batches < 2:
-        return 0.0
-    return next((n for n in reversed(dense) if n > 0), 0.0)
-
-
 def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, elem: int, topo: Topology,
-                  stride: int, again: float = 0.0) -> tuple[dict[str, float], float, float]:
+                  stride: int) -> tuple[dict[str, float], float, float]:
     """(bytes per channel, seconds of one micro-batch's gathers, seconds once a step) of FSDP's traffic on a stage
     of ``params`` dense elements gathered in ``units`` calls a pass: every weight gathered from the s ranks of its
     shard group before each micro-batch's forward and again before its backward (in the compute width), its gradients
@@ -370,17 +356,13 @@ def _sharded_sync(plan: ParallelPlan, params: float, units: int, gathered: int, 
     collective moves at the rate the probe measured it to in groups of that size, where it did (Topology.fsdp_rate).
     No wait after compute (Topology.wait) is charged: charged a third of a unit's compute before each call, it priced
     the saved cells' 25 FSDP candidates a median 13% slow, and without it 1% (docs/benchmarks.md, "FSDP's calls
-    without a wait after compute"). ``again``: elements gathered once more a step (:func:`_regathered`)."""
+    without a wait after compute")."""
     s, r, m = plan.dp_shard, plan.dp_replicate, plan.micro_batches
     shard = params / s
     out = {"dp.gather": 2 * m * (s - 1) * shard * gathered, "dp.scatter": (s - 1) * shard * elem}
     gather = topo.call_seconds(out["dp.gather"] / m, 2 * units, 2 * units * (s - 1), topo.fsdp_rate(
         s, stride, "gather"))
     seconds = topo.call_seconds(out["dp.scatter"], units, units * (s - 1), topo.fsdp_rate(s, stride, "scatter"))
-    if again:
-        extra = (s - 1) * again / s * gathered
-        out["dp.gather"] += extra
-        seconds += topo.call_seconds(extra, 1, s - 1, topo.fsdp_rate(s, stride, "gather"))
     if r > 1:
         out["dp.replicate"] = 2 * (r - 1) / r * shard * elem
         seconds += topo.call_seconds(out["dp.replicate"], units, units * 2 * (r - 1), topo.group_rate(r, stride * s))
