@@ -323,10 +323,12 @@ def _detail(name: str, r: dict) -> str:
 
 
 def markdown(rows: list[dict], command: str, previous: tuple[str, list[dict]] | None = None) -> str:
-    # (runs before 2026-11-26 counted dp.dense, pp and tp only; later ones every tp.* channel too)
-    tp_all = any(k.startswith("tp.") for r in rows for k in (*(r.get("bytes_predicted") or {}),
-                                                             *(r.get("bytes_measured") or {})))
-    channels = "dp.dense, pp, tp and every tp.* channel" if tp_all else "dp.dense, pp and tp"
+    # (runs before 2026-11-26 counted dp.dense, pp and tp only; later ones every tp.* channel too, and from
+    # 2026-12-07 FSDP's three)
+    keys = {k for r in rows for k in (*(r.get("bytes_predicted") or {}), *(r.get("bytes_measured") or {}))}
+    named = ["dp.dense", "pp", "tp", *(["every tp.* channel"] if any(k.startswith("tp.") for k in keys) else []),
+             *(["FSDP's dp.gather, dp.scatter and dp.replicate"] if "dp.gather" in keys else [])]
+    channels = ", ".join(named[:-1]) + " and " + named[-1]
     lines = ["Predicted against measured step time of the planner's top 3 and 5 other candidates per cell "
              f"(`{command}`). Error: (predicted − measured) / measured. Bytes: the predicted {channels} bytes of "
              "the busiest rank against tessel.comm's count.", ""]

@@ -17,8 +17,8 @@ they take turns, as gloo's threads and the compute do under a tight CPU quota), 
 group size, what a 4 KiB all-reduce costs after compute bursts of a few lengths beyond what it costs back to back:
 :func:`wait_after`), ``quota`` (a core's seconds per CFS period the host's CPU group allows, read from the
 kernel: :func:`cpu_quota`; 0 where none is set), ``fsdp`` (per group size, the rates FSDP's all-gather and
-reduce-scatter move at: :func:`fsdp_rates`) and ``link_burst`` (bytes a link passes at once after idling, beyond
-its rate: :func:`link_burst`; not measured beside a calibration trial).
+reduce-scatter move at, called in FSDP's order: :func:`fsdp_rates`) and ``link_burst`` (bytes a link passes at
+once after idling, beyond its rate: :func:`link_burst`; not measured beside a calibration trial).
 
 Everything is timed with a data-parallel job's mesh built and held (:func:`hold_job_mesh`), as a job's process
 holds its mesh's groups while it trains.
@@ -31,6 +31,7 @@ import os
 import statistics
 import time
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -153,33 +154,34 @@ def wait_after(a: torch.Tensor, w: torch.Tensor, rounds: int = 12, timeout: floa
 FSDP_BYTES = 4 << 20
 
 
-def fsdp_rates(a: torch.Tensor, w: torch.Tensor, rounds: int = 3, timeout: float = 30.0) -> list[list[float]]:
+def fsdp_rates(a: torch.Tensor, w: torch.Tensor, rounds: int = 4, timeout: float = 30.0) -> list[list[float]]:
     """[[group size, Mbit/s of the all-gather, of the reduce-scatter], ...] over groups of 2, 4, 8, ... consecutive
     ranks, every group calling at once, and the world: FSDP's two collectives as tessel.comm runs them for FSDP2
-    (tessel.fsdp), a 4 MiB tensor gathered or reduce-scattered after a compute burst, the slowest rank's median of
-    ``rounds``; a rank sends (g - 1)/g of the tensor.
+    (tessel.fsdp), on a 4 MiB tensor, called in FSDP's order: ``rounds`` gathers (a forward), then ``rounds``
+    (gather, reduce-scatter) pairs (a backward), one matmul between calls and no barrier, the slowest rank's median
+    of each kind; a rank sends (g - 1)/g of the tensor.
 
-    On the emulated hosts neither moves at the all-reduce's rate that prices the rest: in pairs at 2-4 MiB the
-    all-gather moved 0.73-0.84 of it, the reduce-scatter (an all-to-all and a local sum on gloo) 0.67-0.86
-    (bench/plan-wait/fsdp_rates.jsonl)."""
+    In that order, calls follow one another with a queue still on the link. Timed one at a time after a barrier (this
+    probe until 2026-12-07), the gathers on 2 whole-core hosts at 100 Mbit/s moved 71-94 Mbit/s, but 54-60 in FSDP's
+    order and the reduce-scatters 49, which is what the job's own calls ran at (bench/fsdp-rate/)."""
     out = []
     for size, group, full in _groups_by_size(timeout):
-        mine_size = dist.get_world_size(group)
         part = torch.zeros(FSDP_BYTES // 4 // size)
-        whole = torch.zeros(part.numel() * mine_size)
-        mine = []
-        for call, out_in in ((comm.all_gather_into, (whole, part)), (comm.reduce_scatter, (part, whole))):
-            call(*out_in, "probe", group=group)  # (gloo's first call at a size sets up its buffers)
-            walls = []
-            for _ in range(rounds):
-                compute_burst(a, w, 6)
-                comm.barrier("probe")
-                t0 = time.perf_counter()
-                call(*out_in, "probe", group=group)
-                walls.append(time.perf_counter() - t0)
-            sent = (mine_size - 1) / mine_size * whole.numel() * 4
-            mine.append(sent * 8 / 1e6 / max(statistics.median(walls), 1e-9))
-        mine.append(float(full))
+        whole = torch.zeros(part.numel() * dist.get_world_size(group))
+        gather = partial(comm.all_gather_into, whole, part, "probe", group)
+        scatter = partial(comm.reduce_scatter, part, whole, "probe", group)
+        gather(), scatter()  # (gloo's first call at a size sets up its buffers)
+        walls: dict = {gather: [], scatter: []}
+        compute_burst(a, w, 6)
+        comm.barrier("probe")
+        for call in [gather] * rounds + [gather, scatter] * rounds:
+            compute_burst(a, w, 1)
+            t0 = time.perf_counter()
+            call()
+            walls[call].append(time.perf_counter() - t0)
+        sent = (size - 1) / size * whole.numel() * 4 * 8 / 1e6  # Mbit a rank sends a call
+        mine = [sent / max(statistics.median(walls[gather]), 1e-9), sent / max(statistics.median(walls[scatter]),
+                                                                                1e-9), float(full)]
         got = torch.stack(comm.all_gather(torch.tensor(mine, dtype=torch.float64), "probe"))  # (ranks, 3)
         got = got[got[:, 2] > 0]
         out.append([size, float(got[:, 0].min()), float(got[:, 1].min())])
