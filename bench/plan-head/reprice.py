@@ -17,6 +17,11 @@ With ``--fsdp FILE`` (JSON lines of hosts, rate and ``fsdp``, as bench/fsdp-rate
 at each host count and rate are those, in place of the run's own probe's:
 
     python bench/plan-head/reprice.py --profiles /tmp/pg-head.pkl --fsdp bench/fsdp-rate/rates.jsonl
+
+With ``--burst FILE`` (JSON lines of hosts, rate and ``link_burst``, as bench/plan-burst/fit.sh writes them), the
+link's burst likewise:
+
+    python bench/plan-head/reprice.py --profiles /tmp/pg-head5.pkl --burst bench/plan-burst/fit.jsonl
 """
 import json
 import statistics
@@ -32,7 +37,7 @@ from reprice_burst import bursts  # noqa: E402
 from reprice_probed import probed_ways, setup  # noqa: E402
 
 FOLDERS = ("plan-tail-4h-1g", "plan-mesh-4h-200", "plan-head-6h-500", "plan-mesh-8h-1g", "plan-head-lstm-8h",
-           "plan-head-lstm-8h-200", "plan-fsdp-order-2h-100", "plan-fsdp-order-6h-200",
+           "plan-head-lstm-8h-200", "plan-fsdp-order-2h-100", "plan-fsdp-order-6h-200", "plan-trip-2h-100",
            "plan-mesh-8h-200", "plan-head-3h-300", "plan-head-2h-100", "plan-head-5h-150",
            "plan-mesh-6h-1g", "plan-wait-8h-500", "plan-wait-6h-400", "plan-fsdp-4h-500", "plan-micro-4h-300",
            "plan-burst-6h-300", "plan-fsdp-8h-300")
@@ -40,23 +45,31 @@ EARLIER = ("plan-tail-4h-1g", "plan-mesh-4h-200", "plan-unseen", "plan-mesh-8h-1
            "plan-unseen-3h", "plan-tail-6h-200", "plan-unseen-2h-100", "plan-unseen-5h-150", "plan-unseen-5h-150-cls",
            "plan-mesh-6h-1g", "plan-wait-8h-500", "plan-wait-6h-400", "plan-fsdp-4h-500", "plan-micro-4h-300",
            "plan-burst-6h-300", "plan-fsdp-8h-300")
-# (folder, model) cells a later folder above ran again, left out unless ``--earlier``: the classifier and the LSTM on
-# 2 hosts at 100 Mbit/s, run again with FSDP's rates probed in FSDP's order (plan-fsdp-order-2h-100; plan-tail-6h-200
-# is left out of FOLDERS whole, for plan-fsdp-order-6h-200)
-SUPERSEDED = {("plan-head-2h-100", "classifier"), ("plan-head-2h-100", "lstm_lm")}
+# (folder, model) cells a later folder above ran again, left out unless ``--earlier``: on 2 hosts at 100 Mbit/s the LSTM
+# run again with FSDP's rates probed in FSDP's order (plan-fsdp-order-2h-100), then the classifier and the Transformer
+# with a one-micro-batch step priced as one trip and the link's burst fitted as well (plan-trip-2h-100);
+# plan-tail-6h-200 is left out of FOLDERS whole, for plan-fsdp-order-6h-200
+SUPERSEDED = {("plan-head-2h-100", "classifier"), ("plan-head-2h-100", "lstm_lm"),
+              ("plan-head-2h-100", "transformer_lm"), ("plan-fsdp-order-2h-100", "classifier")}
 WAYS = ("as run", "at the head")
+
+
+def _given(flag: str) -> dict:
+    """{(hosts, rate): line} of the JSON-lines file after ``flag`` on the command line (taken off it; the last line
+    of a cell wins), or {} without the flag."""
+    if flag not in sys.argv:
+        return {}
+    at = sys.argv.index(flag)
+    lines = [json.loads(line) for line in Path(sys.argv[at + 1]).read_text().splitlines()]
+    del sys.argv[at:at + 2]
+    return {(d["hosts"], d["rate"]): d for d in lines}
 
 
 def main():
     earlier = "--earlier" in sys.argv
     sys.argv = [a for a in sys.argv if a != "--earlier"]
-    fsdp = {}
-    if "--fsdp" in sys.argv:
-        at = sys.argv.index("--fsdp")
-        for line in Path(sys.argv[at + 1]).read_text().splitlines():
-            d = json.loads(line)
-            fsdp[(d["hosts"], d["rate"])] = tuple((int(g), a, b) for g, a, b in d["fsdp"])  # (the last line wins)
-        del sys.argv[at:at + 2]
+    fsdp = {k: tuple((int(g), a, b) for g, a, b in d["fsdp"]) for k, d in _given("--fsdp").items()}
+    fitted = {k: d["link_burst"] for k, d in _given("--burst").items()}
     sys.argv[1:1] = [str(BENCH / f) for f in (EARLIER if earlier else FOLDERS)]
     args, points, latencies, profiles = setup()
     burst = bursts()
@@ -64,7 +77,8 @@ def main():
 
     def today(r, topo):
         probed = probed_ways(r, topo, points)
-        own = (r.get("probe") or {}).get("link_burst", burst.get((r["hosts"], r["rate"])))
+        own = fitted.get((r["hosts"], r["rate"]), (r.get("probe") or {}).get("link_burst", burst.get((r["hosts"],
+                                                                                                  r["rate"]))))
         if not probed or own is None:
             return None
         rates = fsdp.get((r["hosts"], r["rate"]), probed[-1].fsdp_points)

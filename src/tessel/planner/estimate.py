@@ -16,24 +16,24 @@ send its size):
     tp.grads  once per step: row-replicated pieces' gradients summed, and the fp64 squared norm
 
 Time per micro-batch on stage k is its layers' compute (a tensor-parallel rank's block as timed on stand-in groups;
-torch's peer's as the plain layer's over tp), over the rank's compute speed, plus what the
-runtime adds per micro-batch where a calibration trial measured it (:mod:`.calibrate`), plus
-its tp collectives, or its boundary sends at the rate of the pp group (:class:`Topology`) where those take
-longer: sends are asynchronous and travel while the stage computes. A flushed schedule takes one slot of every
-stage (the first micro-batch's way through) and m - 1 slowest-stage slots, plus one activation's and
-gradient's trip over every boundary (GPipe: each of its two phases so, a forward slot and a backward one, since
-it runs every forward before any backward); an asynchronous one m slowest slots (no flush: the bubble is only the
-imbalance); DDP all-reduces the gradients bucket by bucket, each a call of the ring's steps, and hides them behind
-backward up to the last bucket, as far as the topology's measured overlap lets it; a pipeline's gradient sync, the
-tp gradient sums and the optimizer step follow the micro-batches. A collective takes the longer of its bytes at its
-group's rate and its ring steps at the topology's latency (Topology.call_seconds; a loss's or a norm's one element at
-the tiny latency), plus, where the probe measured it, what it waits after the compute since its group last
-synchronized (Topology.wait: a tp layer's compute split between its calls, a step's before the data-parallel sync;
-not FSDP's calls); FSDP's gathers and reduce-scatters move at the rates the probe measured in the shard group's
-size (Topology.fsdp_rate). Under a CPU quota a flushed pipeline's fill and drain run at a whole core for the host's
-quota (Topology.after_idle), and its first crossings of a boundary carry only their bytes beyond a link's burst
-(Topology.link_burst). Tables served by rows are priced by the
-sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added as exposed time.
+torch's peer's as the plain layer's over tp), over the rank's compute speed, plus what the runtime adds per
+micro-batch where a calibration trial measured it (:mod:`.calibrate`), plus its tp collectives, or its boundary
+sends at the rate of the pp group (:class:`Topology`) where those take longer: sends are asynchronous and travel
+while the stage computes. A flushed schedule takes one slot of every stage (the first micro-batch's way through; in
+one micro-batch its work alone) and m - 1 slowest-stage slots, plus one activation's and gradient's trip over every
+boundary (GPipe: each of its two phases so, a forward slot and a backward one, since it runs every forward before
+any backward); an asynchronous one m slowest slots (no flush: the bubble is only the imbalance); DDP all-reduces the
+gradients bucket by bucket, each a call of the ring's steps, and hides them behind backward up to the last bucket,
+as far as the topology's measured overlap lets it; a pipeline's gradient sync, the tp gradient sums and the
+optimizer step follow the micro-batches. A collective takes the longer of its bytes at its group's rate and its ring
+steps at the topology's latency (Topology.call_seconds; a loss's or a norm's one element at the tiny latency), plus,
+where the probe measured it, what it waits after the compute since its group last synchronized (Topology.wait: a tp
+layer's compute split between its calls, a step's before the data-parallel sync; not FSDP's calls); FSDP's gathers
+and reduce-scatters move at the rates the probe measured in the shard group's size (Topology.fsdp_rate). Under a CPU
+quota a flushed pipeline's fill and drain run at a whole core for the host's quota (Topology.after_idle), and its
+first crossings of a boundary carry only their bytes beyond a link's burst (Topology.link_burst). Tables served by
+rows are priced by the sparse cost model (tessel.sparse.cost) with the surveyed unique rows and added as exposed
+time.
 """
 
 from __future__ import annotations

@@ -195,21 +195,26 @@ IDLE = 0.05
 
 def link_burst(mbit: float, rounds: int = 3, idle: float = IDLE) -> float:
     """Bytes a link passes at once after idling, beyond what its rate moves: the first and last ranks (on different
-    hosts where there are several) exchange a message after ``idle`` seconds of quiet, one of 1 MiB or of 20 ms at
-    ``mbit`` (the larger, at most 8 MiB) and one of one element; the burst is the big message's bytes less what its
-    extra seconds move at ``mbit`` (:func:`burst_of`), the median of ``rounds``, the same on every rank. A shaped link
-    with a token bucket passes its bucket at once (the emulated cluster's tbf: 1/250 s of its rate, at least 32 KiB),
-    so a pipeline's first activation crosses a boundary after the stage idled faster than its bytes over the rate."""
+    hosts where there are several) exchange, after ``idle`` seconds of quiet each, a message of one element and two
+    big ones, of S = 1 MiB or 20 ms at ``mbit`` (the larger, at most 8 MiB) and of 2S, each with a one-element answer;
+    the burst is where the line through the two big ones' seconds meets the one-element message's (:func:`burst_fit`),
+    the median of ``rounds``, the same on every rank. A shaped link with a token bucket passes its bucket at once (the
+    emulated cluster's tbf: 1/250 s of its rate, at least 32 KiB), so a pipeline's first activation crosses a
+    boundary after the stage idled faster than its bytes over the rate.
+
+    The line's slope is the rate the big messages moved at, not ``mbit``: taken from one message at ``mbit`` (this
+    probe until 2026-12-07) a few percent off in the rate moved the burst by tens of KiB, 97 to 246 KB on 3 hosts at
+    300 Mbit/s, where the crossings of 128 KiB to 2 MiB fit a bucket of about 140 KB (bench/plan-burst/sizes.jsonl)."""
     n, rank = dist.get_world_size(), dist.get_rank()
     if n < 2 or not mbit < float("inf"):
         return 0.0
     size = int(min(8 << 20, max(1 << 20, mbit * 1e6 / 8 * 0.02))) // 4 * 4
-    big, tiny, ack = torch.zeros(size // 4), torch.zeros(1), torch.zeros(1)
+    msgs, ack = (torch.zeros(1), torch.zeros(size // 4), torch.zeros(size // 2)), torch.zeros(1)
     peer = {0: n - 1, n - 1: 0}.get(rank)
     got = []
     for _ in range(rounds):
         secs = []
-        for msg in (tiny, big):
+        for msg in msgs:
             comm.barrier("probe")
             time.sleep(idle)
             t0 = time.perf_counter()
@@ -220,22 +225,28 @@ def link_burst(mbit: float, rounds: int = 3, idle: float = IDLE) -> float:
                 comm.recv(msg, peer, "probe")
                 comm.send(ack, peer, "probe")
             secs.append(time.perf_counter() - t0)
-        got.append(burst_of(size, secs[1], secs[0], mbit))
+        got.append(burst_fit(size, secs[1], secs[2], secs[0]))
     mine = torch.tensor([statistics.median(got) if rank == 0 else 0.0], dtype=torch.float64)
     return float(torch.stack(comm.all_gather(mine, "probe")).max())
 
 
-def burst_of(size: int, seconds: float, tiny: float, mbit: float) -> float:
-    """The bytes of a ``size``-byte message that crossed at once: what its ``seconds`` beyond a one-element message's
-    (``tiny``) did not move at ``mbit``, from none to all of it.
+def burst_fit(size: int, seconds: float, twice: float, tiny: float) -> float:
+    """The bytes that crossed at once, from a ``size``-byte message's ``seconds`` and a 2·``size``-byte one's
+    (``twice``) beside a one-element message's (``tiny``): the big messages' rate is the bytes between them over the
+    seconds between them, and the burst the bytes of the first that its seconds beyond ``tiny`` did not move at that
+    rate, from none to all of it.
 
-        >>> # 1 MiB in 22 ms where one element takes 2 ms, at 400 Mbit/s (50 MB/s): 1 MB moved at the rate
-        >>> round(burst_of(1 << 20, 0.022, 0.002, 400.0))
-        48576
-        >>> burst_of(1 << 20, 0.002, 0.002, 400.0), burst_of(1 << 20, 0.5, 0.002, 400.0)
-        (1048576.0, 0.0)
+        >>> # 1 MiB in 25.8 ms and 2 MiB in 55.1 ms where one element takes 0.4 ms (3 hosts at 300 Mbit/s)
+        >>> round(burst_fit(1 << 20, 0.0258, 0.0551, 0.0004))
+        139572
+        >>> # the first as fast as one element, or the second no slower than the first: all of it
+        >>> burst_fit(1 << 20, 0.5, 1.0, 0.5), burst_fit(1 << 20, 0.03, 0.03, 0.001)
+        (1048576.0, 1048576.0)
     """
-    return float(min(size, max(0.0, size - (seconds - tiny) * mbit * 1e6 / 8)))
+    if not twice > seconds:
+        return float(size)
+    rate = size / (twice - seconds)  # bytes a second
+    return float(min(size, max(0.0, size - (seconds - tiny) * rate)))
 
 
 def beside_trial(rounds: int = 12, timeout: float = 30.0) -> dict:
