@@ -1,7 +1,8 @@
 """Why FSDP's calls on 2 whole-core hosts at 100 Mbit/s ran at about two thirds of the probe's rate
 (bench/plan-head/where/): the probe's FSDP pair calls one at a time after a barrier; FSDP calls back to back. Each
-rank times tessel.comm's all-gather and reduce-scatter of the classifier's unit (1.72 MB sent a call on 2 ranks,
-as bench/plan-head-2h-100 counted: 17,203,600 B in 10 gathers), RUNS calls a way:
+rank times tessel.comm's all-gather and reduce-scatter at 1.72 MB sent a call on 2 ranks (the classifier's step's
+average, as bench/plan-head-2h-100 counted 17,203,600 B in 10 gathers, two of them small; its hidden layers' calls
+are about 2.1 MB), RUNS calls a way:
   barrier   each call after a barrier (as planner.probe.fsdp_rates, less its compute burst)
   chain     calls back to back, all-gathers only
   fsdp      back to back in FSDP's order: 5 gathers, then 5 (gather, reduce-scatter) pairs, as a recomputed step
