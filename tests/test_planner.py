@@ -829,21 +829,26 @@ def test_a_topology_refuses_a_bad_link_burst_or_per_micro(field, value):
     assert planner.Topology(ranks=2).per_micro is None  # (not measured: the profile's is priced)
 
 
-def test_a_one_micro_batch_flushed_step_is_one_trip():
-    """In one micro-batch a flushed step is one trip: each stage's work in turn, the boundary's latency, and the
-    crossings each way; its sends, which nothing follows, are those crossings, not a longer slot (1F1B and GPipe
-    alike). In more micro-batches a slot bounded by its sends still paces the steady state."""
+def test_a_flushed_steps_first_trip_is_each_stages_work_then_its_crossings():
+    """A flushed step's first micro-batch runs each stage's work in turn, the boundary's latency and the crossings
+    each way; its sends are those crossings, not a longer slot (1F1B and GPipe alike). Each further micro-batch
+    takes the slowest slot, which a stage's sends still bound where they outlast its work."""
     from tessel.planner.span import pipeline
 
     # stage 0: 2 s of work and 3 s to send each way; stage 1: 5 s of work; 0.25 s of latency; each crossing 1 s
     args = dict(compute=[2.0, 5.0], forward=[1.0, 0.5], work=[2.0, 5.0], send=[(3.0, 3.0, 0.25), (0.0, 0.0, 0.25)],
                 hops=[1.0, 1.0])
+    trip = (2.0 + 0.25) + (5.0 + 0.25) + 2 * 1.0
     for schedule in ("1f1b", "gpipe"):
         comm, bubble = pipeline(ParallelPlan(dp=1, pp=2, micro_batches=1, schedule=schedule), **args)
-        assert math.isclose(5.0 + comm + bubble, (2.0 + 0.25) + (5.0 + 0.25) + 2 * 1.0, rel_tol=1e-12), schedule
-    comm, bubble = pipeline(ParallelPlan(dp=1, pp=2, micro_batches=2), **args)
-    # 1F1B in two: stage 0's slot is its sends (6 s) + latency, stage 1's 5 s + latency, then one slowest slot more
-    assert math.isclose(2 * 5.0 + comm + bubble, (6.25 + 5.25) + 6.25 + 2 * 1.0, rel_tol=1e-12)
+        assert math.isclose(5.0 + comm + bubble, trip, rel_tol=1e-12), schedule
+    # 1F1B in three: then two slowest slots, stage 0's sends both ways (6 s) and the latency
+    comm, bubble = pipeline(ParallelPlan(dp=1, pp=2, micro_batches=3), **args)
+    assert math.isclose(3 * 5.0 + comm + bubble, trip + 2 * 6.25, rel_tol=1e-12)
+    # GPipe in three: the first trip's forward (1 + 0.5) and backward (1 + 4.5) halves, each with half the latency,
+    # then two slowest forward slots (stage 0's activation send, 3 s) and two slowest backward ones (stage 1's 4.5 s)
+    comm, bubble = pipeline(ParallelPlan(dp=1, pp=2, micro_batches=3, schedule="gpipe"), **args)
+    assert math.isclose(3 * 5.0 + comm + bubble, trip + 2 * 3.125 + 2 * 4.625, rel_tol=1e-12)
 
 
 def test_a_links_burst_is_taken_off_a_pipelines_first_crossings():

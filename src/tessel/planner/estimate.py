@@ -19,8 +19,8 @@ Time per micro-batch on stage k is its layers' compute (a tensor-parallel rank's
 torch's peer's as the plain layer's over tp), over the rank's compute speed, plus what the runtime adds per
 micro-batch where a calibration trial measured it (:mod:`.calibrate`), plus its tp collectives, or its boundary
 sends at the rate of the pp group (:class:`Topology`) where those take longer: sends are asynchronous and travel
-while the stage computes. A flushed schedule takes one slot of every stage (the first micro-batch's way through; in
-one micro-batch its work alone) and m - 1 slowest-stage slots, plus one activation's and gradient's trip over every
+while the stage computes. A flushed schedule takes one slot of every stage (the first micro-batch's way through, its
+work alone) and m - 1 slowest-stage slots, plus one activation's and gradient's trip over every
 boundary (GPipe: each of its two phases so, a forward slot and a backward one, since it runs every forward before
 any backward); an asynchronous one m slowest slots (no flush: the bubble is only the imbalance); DDP all-reduces the
 gradients bucket by bucket, each a call of the ring's steps, and hides them behind backward up to the last bucket,

@@ -2,7 +2,7 @@
 arithmetic (:mod:`.estimate` gives it the stages' compute, work and sends).
 
 A flushed step is the first micro-batch's trip through every stage, each at its own slot, then one slowest slot
-per further micro-batch (in one micro-batch, each stage's work alone: its sends are the trip's crossings); an
+per further micro-batch (the first trip's slots are each stage's work alone: its sends are the trip's crossings); an
 asynchronous one is m slowest slots (no flush). GPipe runs every forward before any
 backward, so each of its two phases is paced by its own slowest stage:
 
@@ -44,18 +44,19 @@ def pipeline(plan: ParallelPlan, compute: list[float], forward: list[float], wor
     # asynchronously and travel while the stage computes
     slots = [max(w, s_out + s_in) + lat for w, (s_out, s_in, lat) in zip(work, send)]
     flushed = plan.pp > 1 and plan.schedule.flushed
+    # the first micro-batch's trip runs each stage's work in turn, and its sends are the crossings ``hops`` adds below:
+    # its slots are the work alone (a slot bounded by its sends would count each crossing twice; docs/benchmarks.md,
+    # "FSDP's calls timed in FSDP's order", the last parts: priced so once the link's burst was fitted over two sizes)
+    alone = [(0.0, 0.0, lat) for _, _, lat in send]
     # GPipe's phases, where not paced by the same stage (a last stage whose fused loss runs in its forward, against
     # stages of blocks), make its step longer than 1F1B's, whose slots hold a forward and a backward each
-    if flushed and m == 1:
-        # one trip and nothing after it: each stage's work in turn, its sends being the crossings ``hops`` adds below
-        # (a slot bounded by its sends would count each crossing twice: docs/benchmarks.md, "FSDP's calls timed in
-        # FSDP's order", the last part; priced so once the link's burst was fitted over two sizes)
-        span = sum(w + lat for w, (_, _, lat) in zip(work, send))
-    elif flushed and plan.schedule.holds_all_micro:
-        both = phases(compute, forward, work, send)
-        span = sum(sum(p[i] for p in both) + (m - 1) * max(p[i] for p in both) for i in (0, 1))
+    if flushed and plan.schedule.holds_all_micro:
+        both, first = phases(compute, forward, work, send), phases(compute, forward, work, alone)
+        span = sum(sum(p[i] for p in first) + (m - 1) * max(p[i] for p in both) for i in (0, 1))
+    elif flushed:
+        span = sum(w + lat for w, (_, _, lat) in zip(work, send)) + (m - 1) * max(slots)
     else:
-        span = sum(slots) + (m - 1) * max(slots) if flushed else m * max(slots)
+        span = m * max(slots)
     comm = (max(slots) - max(compute)) * m
     # a flushed step also waits for the first micro-batch to cross every boundary and its gradient to come back
     bubble = span - max(compute) * m - comm + (sum(hops) if flushed else 0.0)
