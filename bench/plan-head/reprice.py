@@ -38,7 +38,7 @@ from reprice_probed import probed_ways, setup  # noqa: E402
 
 FOLDERS = ("plan-tail-4h-1g", "plan-mesh-4h-200", "plan-head-6h-500", "plan-mesh-8h-1g", "plan-head-lstm-8h",
            "plan-head-lstm-8h-200", "plan-fsdp-order-2h-100", "plan-fsdp-order-6h-200", "plan-trip-2h-100",
-           "plan-head5-6h-1g",
+           "plan-head5-6h-1g", "plan-head5-5h-150",
            "plan-mesh-8h-200", "plan-head-3h-300", "plan-head-2h-100", "plan-head-5h-150",
            "plan-mesh-6h-1g", "plan-wait-8h-500", "plan-wait-6h-400", "plan-fsdp-4h-500", "plan-micro-4h-300",
            "plan-burst-6h-300", "plan-fsdp-8h-300")
@@ -52,7 +52,8 @@ EARLIER = ("plan-tail-4h-1g", "plan-mesh-4h-200", "plan-unseen", "plan-mesh-8h-1
 # plan-tail-6h-200 is left out of FOLDERS whole, for plan-fsdp-order-6h-200
 SUPERSEDED = {("plan-head-2h-100", "classifier"), ("plan-head-2h-100", "lstm_lm"),
               ("plan-head-2h-100", "transformer_lm"), ("plan-fsdp-order-2h-100", "classifier"),
-              ("plan-mesh-6h-1g", "transformer_lm")}  # (the Transformer on 6 hosts at 1 Gbit/s: plan-head5-6h-1g)
+              ("plan-mesh-6h-1g", "transformer_lm"),  # (the Transformer on 6 hosts at 1 Gbit/s: plan-head5-6h-1g)
+              ("plan-head-5h-150", "classifier")}  # (plan-head5-5h-150)
 WAYS = ("as run", "at the head")
 
 
