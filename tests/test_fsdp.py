@@ -191,3 +191,25 @@ def test_bf16_mixed_gathers_half_the_bytes_and_reduces_in_fp32(world2):
     assert bf16["dp.gather"] * 2 == fp32["dp.gather"] > 0  # the weights cross in bf16
     assert bf16["dp.scatter"] == fp32["dp.scatter"] > 0  # gradients summed in fp32 (gloo has no bf16 sum)
     assert loss16 != loss32 and abs(loss16 - loss32) < 0.05 * loss32  # rounded, not another run
+
+
+def _one_unit_step() -> list[float]:
+    """A model with no registered chain under FSDP: the root is its one unit. A step's gradients, gathered whole."""
+    from torch import nn
+
+    from tessel.fsdp import apply_fsdp
+    from tessel.mesh import ParallelDims
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+    m = build_mesh(ParallelDims(dp=2, pp=1, tp=1, world_size=2), 20)
+    model = apply_fsdp(model, m["dp"], [])
+    model(torch.ones(3, 4, dtype=torch.float64)).sum().backward()
+    return [float(whole(p.grad, m.get_group("dp")).abs().sum()) for p in model.parameters()]
+
+
+def test_a_model_with_no_chain_is_one_fsdp_unit(world2):
+    """FSDP over a model the chain registry does not know shards the root as one unit: a step runs and every rank
+    holds the same gradients."""
+    first, second = world2.run(_one_unit_step)
+    assert first == second and len(first) == 4 and all(g > 0 for g in first)

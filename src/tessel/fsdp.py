@@ -117,8 +117,9 @@ def _prefetch_in_chain_order(model: nn.Module, unit_modules: list[nn.Module]) ->
     the stage's last unit of the micro-batch before, gather it and drop it unused, one unit's gather a step
     (bench/plan-head/fsdp_bytes.txt). The root's backward hook fires where its output's gradient arrives, which on
     a last stage is after the head (run outside the root) and the blocks, so it has no unit to prefetch either.
-    Those two list themselves, a no-op (unsharded by then): an empty list would mean torch's default again."""
-    for before, unit in zip([unit_modules[0], *unit_modules[:-1]], unit_modules):
+    Those two list themselves, a no-op (unsharded by then): an empty list would mean torch's default again. A model
+    with no registered chain is the root alone, which has nothing to prefetch."""
+    for before, unit in zip(unit_modules[:1] + unit_modules[:-1], unit_modules):
         unit.set_modules_to_backward_prefetch([before])
     model.set_modules_to_backward_prefetch([model])
 
