@@ -168,20 +168,20 @@ def fsdp_rates(a: torch.Tensor, w: torch.Tensor, rounds: int = 4, timeout: float
     for size, group, full in _groups_by_size(timeout):
         part = torch.zeros(FSDP_BYTES // 4 // size)
         whole = torch.zeros(part.numel() * dist.get_world_size(group))
-        gather = partial(comm.all_gather_into, whole, part, "probe", group)
-        scatter = partial(comm.reduce_scatter, part, whole, "probe", group)
-        gather(), scatter()  # (gloo's first call at a size sets up its buffers)
-        walls: dict = {gather: [], scatter: []}
+        calls = {"gather": partial(comm.all_gather_into, whole, part, "probe", group),
+                 "scatter": partial(comm.reduce_scatter, part, whole, "probe", group)}
+        for call in calls.values():
+            call()  # (gloo's first call at a size sets up its buffers)
+        walls: dict[str, list[float]] = {"gather": [], "scatter": []}
         compute_burst(a, w, 6)
         comm.barrier("probe")
-        for call in [gather] * rounds + [gather, scatter] * rounds:
+        for kind in ["gather"] * rounds + ["gather", "scatter"] * rounds:  # a forward's gathers, then a backward's
             compute_burst(a, w, 1)
             t0 = time.perf_counter()
-            call()
-            walls[call].append(time.perf_counter() - t0)
+            calls[kind]()
+            walls[kind].append(time.perf_counter() - t0)
         sent = (size - 1) / size * whole.numel() * 4 * 8 / 1e6  # Mbit a rank sends a call
-        mine = [sent / max(statistics.median(walls[gather]), 1e-9), sent / max(statistics.median(walls[scatter]),
-                                                                                1e-9), float(full)]
+        mine = [sent / max(statistics.median(walls[k]), 1e-9) for k in ("gather", "scatter")] + [float(full)]
         got = torch.stack(comm.all_gather(torch.tensor(mine, dtype=torch.float64), "probe"))  # (ranks, 3)
         got = got[got[:, 2] > 0]
         out.append([size, float(got[:, 0].min()), float(got[:, 1].min())])
@@ -210,24 +210,29 @@ def link_burst(mbit: float, rounds: int = 3, idle: float = IDLE) -> float:
         return 0.0
     size = int(min(8 << 20, max(1 << 20, mbit * 1e6 / 8 * 0.02))) // 4 * 4
     msgs, ack = (torch.zeros(1), torch.zeros(size // 4), torch.zeros(size // 2)), torch.zeros(1)
-    peer = {0: n - 1, n - 1: 0}.get(rank)
     got = []
     for _ in range(rounds):
-        secs = []
-        for msg in msgs:
-            comm.barrier("probe")
-            time.sleep(idle)
-            t0 = time.perf_counter()
-            if rank == 0:  # the message there, its one-element answer back
-                comm.send(msg, peer, "probe")
-                comm.recv(ack, peer, "probe")
-            elif rank == n - 1:
-                comm.recv(msg, peer, "probe")
-                comm.send(ack, peer, "probe")
-            secs.append(time.perf_counter() - t0)
-        got.append(burst_fit(size, secs[1], secs[2], secs[0]))
+        tiny, once, twice = (crossing(msg, ack, idle) for msg in msgs)
+        got.append(burst_fit(size, once, twice, tiny))
     mine = torch.tensor([statistics.median(got) if rank == 0 else 0.0], dtype=torch.float64)
     return float(torch.stack(comm.all_gather(mine, "probe")).max())
+
+
+def crossing(msg: torch.Tensor, ack: torch.Tensor, idle: float = IDLE) -> float:
+    """Seconds for ``msg`` to cross from the first rank to the last after every rank has been quiet ``idle`` seconds,
+    and a one-element ``ack`` to come back (timed on those two ranks; the others only wait at the barrier)."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    peer = {0: n - 1, n - 1: 0}.get(rank)
+    comm.barrier("probe")
+    time.sleep(idle)
+    t0 = time.perf_counter()
+    if rank == 0:  # the message there, its one-element answer back
+        comm.send(msg, peer, "probe")
+        comm.recv(ack, peer, "probe")
+    elif rank == n - 1:
+        comm.recv(msg, peer, "probe")
+        comm.send(ack, peer, "probe")
+    return time.perf_counter() - t0
 
 
 def burst_fit(size: int, seconds: float, twice: float, tiny: float) -> float:

@@ -46,11 +46,11 @@ def pipeline(plan: ParallelPlan, compute: list[float], forward: list[float], wor
     flushed = plan.pp > 1 and plan.schedule.flushed
     # the first micro-batch's trip runs each stage's work in turn, and its sends are the crossings ``hops`` adds below:
     # its slots are the work alone (a slot bounded by its sends would count each crossing twice; docs/benchmarks.md,
-    # "FSDP's calls timed in FSDP's order", the last parts: priced so once the link's burst was fitted over two sizes)
-    alone = [(0.0, 0.0, lat) for _, _, lat in send]
+    # "FSDP's calls timed in FSDP's order", the last parts: priced so once the link's burst was fitted over two sizes).
     # GPipe's phases, where not paced by the same stage (a last stage whose fused loss runs in its forward, against
     # stages of blocks), make its step longer than 1F1B's, whose slots hold a forward and a backward each
     if flushed and plan.schedule.holds_all_micro:
+        alone = [(0.0, 0.0, lat) for _, _, lat in send]  # (no sends: the first trip's are its crossings)
         both, first = phases(compute, forward, work, send), phases(compute, forward, work, alone)
         span = sum(sum(p[i] for p in first) + (m - 1) * max(p[i] for p in both) for i in (0, 1))
     elif flushed:
