@@ -3,7 +3,7 @@
 # (bench/plan-head/reprice-head5.txt; its 3 rounds in bench/plan-head5-5h-150 ran 65, 139 and 109 ms), taken apart
 # with bench/plan-latency/where.py beside the same cell's GPipe m4 and 1F1B m4 with recompute, each twice, in turn;
 # then the same stages' pair on 2 hosts of a whole core (pp2 at 10 Gbit/s, the layers cut 3 + 2), the four ways.
-# Logs and reports here; per-rank medians by ranks.py.
+# Logs and reports here; per-rank medians by where.py ranks.
 #   bash bench/gpipe-recompute/run.sh
 cd "$(dirname "$0")/../.." || exit 2
 out=bench/gpipe-recompute
@@ -19,4 +19,4 @@ for n in pp2-gpipe-plain pp2-gpipe-layers pp2-1f1b-plain pp2-1f1b-layers; do
   tessel cluster run --hosts 2 --rate 10gbit --cpus 1 --torchrun -- bench/plan-latency/where.py $flags \
     --plan $out/$n.json --train.steps 30 > $out/$n.log 2>&1
 done
-python $out/ranks.py $out/*.log > $out/ranks.txt
+python bench/plan-latency/where.py ranks $out/*.log > $out/ranks.txt

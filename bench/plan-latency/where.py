@@ -5,7 +5,8 @@ threads too). Each rank prints one line per step after the first two, as JSON; t
 what docs/benchmarks.md quotes.
 
 Run: tessel cluster run --hosts 8 --rate 1gbit --torchrun -- bench/plan-latency/where.py <tessel train's arguments>
-     > where.log; then python bench/plan-latency/where.py report where.log (medians over steps, then over ranks).
+     > where.log; then python bench/plan-latency/where.py report where.log (medians over steps, then over ranks),
+     or python bench/plan-latency/where.py ranks LOG... (each rank's medians over steps, per log).
 WHERE_PROBE_AT=N runs the planner's probe (tessel.planner.probe.measure) inside the job after step N: its ring step
 measured in the same invocation as the job's own calls. WHERE_EACH=N prints step N's calls one by one: each call's
 channel, its wall, and the wall and main-thread CPU since the rank's previous call returned (the compute before it),
@@ -18,13 +19,19 @@ import sys
 import time
 
 
-def report(log: str) -> None:
+def steps(log: str) -> list[dict]:
+    """Every rank's per-step line in a log, as printed below."""
     text, dec, rows = open(log).read(), json.JSONDecoder(), []
     for m in re.finditer(r"where (\{)", text):  # (the hosts' lines can interleave in the combined log)
         try:
             rows.append(dec.raw_decode(text, m.start(1))[0])
         except ValueError:
             pass
+    return rows
+
+
+def report(log: str) -> None:
+    rows = steps(log)
     ranks = sorted({r["rank"] for r in rows})
 
     def med(f):
@@ -40,8 +47,27 @@ def report(log: str) -> None:
                                                                        else ""))
 
 
+def ranks(logs: list[str]) -> None:
+    """Per log, each rank's medians over steps: the step's wall, the main thread's CPU, and the waits on the
+    pipeline's sends and receives (pp) and on the step's closing sums (meta)."""
+    for log in logs:
+        rows = steps(log)
+        print(f"{log.rsplit('/', 1)[-1]}: {len(rows)} rank-steps")
+        for k in sorted({r["rank"] for r in rows}):
+            mine = [r for r in rows if r["rank"] == k]
+
+            def med(f, mine=mine):
+                return statistics.median(f(r) for r in mine) * 1e3
+            print(f"  rank {k}: wall {med(lambda r: r['wall']):.1f} ms, main thread CPU "
+                  f"{med(lambda r: r['thread_cpu']):.1f}, pp {med(lambda r: r['comm'].get('pp', 0.0)):.1f}, "
+                  f"meta {med(lambda r: r['comm'].get('meta', 0.0)):.1f}")
+
+
 if sys.argv[1:2] == ["report"]:
     report(sys.argv[2])
+    sys.exit(0)
+if sys.argv[1:2] == ["ranks"]:
+    ranks(sys.argv[2:])
     sys.exit(0)
 
 from tcpstat import tcp_counters  # noqa: E402  (this folder, on the path as the script's)
