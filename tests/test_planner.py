@@ -175,6 +175,31 @@ def test_predicted_bytes_equal_measured_in_bf16_mixed(world4):
         _same_counts(est, world4.run(_step_bytes, base, est.plan.to_json()), plan)
 
 
+def test_no_plan_fits_names_each_way_of_cutting_the_world_refused():
+    """The LSTM on 5 ranks: a batch of 32 over no dp of 5, 3 pipeline layers for 5 stages, no tensor-parallel form.
+    The error names all three, once each, where it named only the first refusal (the pipeline's), as if a dp of 5
+    had never been tried."""
+    from tessel.errors import PlanError
+    from tessel.meta import on_meta
+    from tessel.planner.candidates import feasible
+    from tessel.planner.choose import Planned
+
+    job = job_of(load_config(None, ["model.name=lstm_lm", "model.dim=16", "model.hidden=32", "data.vocab_size=64",
+                                    "train.global_batch=32"]))
+
+    def meta():
+        with on_meta():
+            return job.build()
+    ok, dropped = feasible(enumerate_plans(job.base, 5, 32), job.settings, meta)
+    assert not ok
+    with pytest.raises(PlanError) as e:
+        _ = Planned([], dropped, planner.Topology(ranks=5), None, 0.0, []).best
+    msg = str(e.value)
+    assert msg.startswith("no plan fits 5 ranks for this model: ")
+    assert "global batch 32 is not divisible by dp=5" in msg and "pp=5 stages" in msg and "(tp=5)" in msg
+    assert msg.count("global batch") == 1
+
+
 def test_candidates_and_feasibility():
     cfg = load_config(None, TINY["transformer_lm"])
     job = job_of(cfg)

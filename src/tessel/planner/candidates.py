@@ -77,7 +77,8 @@ def _layouts(base: ParallelPlan, world: int, global_batch: int, allow_async: boo
         for pp in _divisors(world // tp):
             dp = world // (tp * pp)
             local = global_batch // dp if global_batch % dp == 0 else 0
-            micro = sorted({m for m in (1, 2, 4, 8, pp, 2 * pp) if local and local % m == 0})
+            # (a dp the batch does not divide stays, at one micro-batch, for :func:`feasible` to refuse with why)
+            micro = sorted({m for m in (1, 2, 4, 8, pp, 2 * pp) if local and local % m == 0}) if local else [1]
             for mode, grid in _grids(tp):
                 for schedule, predict in _schedules(pp, allow_async):
                     for m in micro if pp > 1 else micro[:1]:

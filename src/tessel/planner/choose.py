@@ -38,8 +38,8 @@ class Planned:
                 beside = f" ({_size(least.held)} of it beside its tensors, FSDP's units)" if least.held else ""
                 reason = (f"the leanest ({short(least.plan)}) needs {_size(least.needs)} per rank{beside}, over the "
                           f"budget of {_size(topo.memory)}{kept}; give more memory or more ranks{hint}")
-            else:
-                reason = self.dropped[0][1] if self.dropped else "no candidate"
+            else:  # each way of cutting the world refused, once (up to three)
+                reason = "; ".join(list(dict.fromkeys(why for _, why in self.dropped))[:3]) or "no candidate"
             raise PlanError(f"no plan fits {self.topology.ranks} ranks for this model: {reason}")
         return self.ranked[0]
 
