@@ -21,7 +21,8 @@ at each host count and rate are those, in place of the run's own probe's:
 With ``--burst FILE`` (JSON lines of hosts, rate and ``link_burst``, as bench/plan-burst/fit.sh writes them), the
 link's burst likewise:
 
-    python bench/plan-head/reprice.py --profiles /tmp/pg-head5.pkl --burst bench/plan-burst/fit.jsonl
+    python bench/plan-head/reprice.py --profiles /tmp/pg-head5.pkl --burst bench/plan-burst/fit.jsonl \
+        > bench/plan-head/reprice-head6.txt
 """
 import json
 import statistics
@@ -38,7 +39,7 @@ from reprice_probed import probed_ways, setup  # noqa: E402
 
 FOLDERS = ("plan-tail-4h-1g", "plan-mesh-4h-200", "plan-head-6h-500", "plan-mesh-8h-1g", "plan-head-lstm-8h",
            "plan-head-lstm-8h-200", "plan-fsdp-order-2h-100", "plan-fsdp-order-6h-200", "plan-trip-2h-100",
-           "plan-head5-6h-1g", "plan-head5-5h-150",
+           "plan-head5-6h-1g", "plan-head5-5h-150", "plan-unseen6-5h-600", "plan-unseen6-3h-1g",
            "plan-mesh-8h-200", "plan-head-3h-300", "plan-head-2h-100", "plan-head-5h-150",
            "plan-mesh-6h-1g", "plan-wait-8h-500", "plan-wait-6h-400", "plan-fsdp-4h-500", "plan-micro-4h-300",
            "plan-burst-6h-300", "plan-fsdp-8h-300")
