@@ -1,7 +1,6 @@
 """bench/fsdp-prefetch's logs: per run the median step wall (steps 3 on, each rank's median, then the median over
 ranks) and the busiest rank's dp.gather bytes and calls a step; the paired ratio torch / tessel over rounds.
     python bench/fsdp-prefetch/report.py bench/fsdp-prefetch/logs"""
-import json
 import re
 import statistics
 import sys
@@ -9,15 +8,8 @@ from pathlib import Path
 
 from tessel.bench.stats import interval
 
-
-def rows(text: str, tag: str) -> list[dict]:
-    dec, out = json.JSONDecoder(), []
-    for m in re.finditer(tag + r" (\{)", text):
-        try:
-            out.append(dec.raw_decode(text, m.start(1))[0])
-        except ValueError:
-            pass
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan-latency"))
+from loglines import tagged as rows  # noqa: E402
 
 
 def run(log: Path) -> dict:

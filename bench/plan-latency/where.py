@@ -13,21 +13,16 @@ channel, its wall, and the wall and main-thread CPU since the rank's previous ca
 and the host's TCP counters that moved over that step (its network namespace's /proc/net/snmp and netstat)."""
 import json
 import os
-import re
 import statistics
 import sys
 import time
 
+from loglines import tagged  # (this folder, on the path as the script's)
+
 
 def steps(log: str) -> list[dict]:
     """Every rank's per-step line in a log, as printed below."""
-    text, dec, rows = open(log).read(), json.JSONDecoder(), []
-    for m in re.finditer(r"where (\{)", text):  # (the hosts' lines can interleave in the combined log)
-        try:
-            rows.append(dec.raw_decode(text, m.start(1))[0])
-        except ValueError:
-            pass
-    return rows
+    return tagged(open(log).read(), "where")
 
 
 def report(log: str) -> None:
