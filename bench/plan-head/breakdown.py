@@ -1,8 +1,10 @@
 """The head's estimate of a saved cell's candidates taken apart, on the profile bench/plan-head/reprice.py cached for
 it and the same topology it prices them on (the run's own, with the fitted link burst where
 bench/plan-burst/fit.jsonl has the cell's): per candidate its step, compute, exposed communication and bubble, and
-under FSDP each kind of call's seconds; then the profile's figures (each chain layer's seconds and recompute share at
-``--samples``, the step factor, the cost per micro-batch). Plans given with ``--plan FILE`` are priced beside them.
+under FSDP each kind of call's seconds, each pipeline stage's compute a micro-batch, under tp each stage's calls a
+micro-batch (and their wait after compute); then the profile's figures (each chain layer's seconds and recompute
+share at ``--samples``, the step factor, the cost per micro-batch). Plans given with ``--plan FILE`` are priced
+beside them.
 
     python bench/plan-head/breakdown.py plan-head-lstm-8h lstm_lm --plan bench/fsdp-quarter/dp8-pp1-tp1-m1.json \\
         > bench/fsdp-quarter/priced.txt
@@ -24,7 +26,7 @@ import tessel.planner.estimate as est  # noqa: E402
 from tessel.bench import plan_check as pc  # noqa: E402
 from tessel.config import load_config  # noqa: E402
 from tessel.plan import ParallelPlan  # noqa: E402
-from tessel.resolve import settings_of  # noqa: E402
+from tessel.resolve import job_of, settings_of  # noqa: E402
 
 PARTS: list[str] = []
 
@@ -40,7 +42,30 @@ def _sharded_parts(plan, params, units, gathered, elem, topo, stride):
     return out, gather, seconds
 
 
+def _tp_parts(plan, profile, layers, rows, topo, wire, cpu):
+    """The estimate's tensor-parallel calls of one micro-batch on a stage, with their seconds noted for the printout:
+    all of it, and the part that is the wait after compute (Topology.wait)."""
+    out = TP(plan, profile, layers, rows, topo, wire, cpu)
+    if plan.tp > 1:
+        bare = TP(plan, profile, layers, rows, replace(topo, wait_points=()), wire, cpu)[2]
+        TP_PARTS.append(f"layers {layers.start}-{layers.stop - 1} {out[2] * 1e3:.1f} ms "
+                        f"(wait {(out[2] - bare) * 1e3:.1f})")
+    return out
+
+
 SHARDED, est._sharded_sync = est._sharded_sync, _sharded_parts
+TP, est._tp_traffic = est._tp_traffic, _tp_parts
+
+
+def _stages(plan, compute, *rest):
+    """The estimate's pipeline span, with each stage's compute a micro-batch noted for the printout."""
+    STAGES[:] = [f"{c * 1e3:.1f}" for c in compute]
+    return PIPELINE(plan, compute, *rest)
+
+
+PIPELINE, est.pipeline = est.pipeline, _stages
+STAGES: list[str] = []
+TP_PARTS: list[str] = []
 
 
 def main() -> None:
@@ -62,16 +87,20 @@ def main() -> None:
     topo = replace(probed_ways(r, topology(r, None), points)[-1],
                    link_burst=fit.get((r["hosts"], r["rate"]), (r.get("probe") or {}).get("link_burst", 0.0)))
     profile = profiles[f"{args.folder}/{args.model}/{r['hosts']}"]
+    profile.job = job_of(cfg)  # (the cache drops it; tp's shares are measured on the built model)
     plans = [(row["plan"], plan_of(BENCH / args.folder, row, cfg), row["measured"]) for row in rows]
     plans += [(f, ParallelPlan.from_json(Path(f).read_text()), None) for f in args.plan]
     print(f"{args.folder}, {args.model}, {r['hosts']} hosts, {r['rate']}: speed {topo.speed:.3f}, "
           f"FSDP's rates {topo.fsdp_points}")
     for name, plan, measured in plans:
         PARTS.clear()
+        TP_PARTS.clear()
         e = est.estimate(plan, settings, profile, topo)
         got = f", measured {measured * 1e3:.1f}" if measured else ""
         print(f"{name}: step {e.step * 1e3:.1f} ms (compute {e.compute * 1e3:.1f}, comm {e.comm * 1e3:.1f}, bubble "
-              f"{e.bubble * 1e3:.1f}){got}" + (f"; {PARTS[-1]}" if PARTS else ""))
+              f"{e.bubble * 1e3:.1f}){got}" + (f"; {PARTS[-1]}" if PARTS else "")
+              + (f"; stages' compute a micro-batch {' / '.join(STAGES)} ms" if len(STAGES) > 1 else "")
+              + (f"; tp calls a micro-batch, per stage: {', '.join(TP_PARTS)}" if TP_PARTS else ""))
     if args.samples:
         n = args.samples
         print(f"profile: step factor {profile.step_factor:.3f}, per_micro {profile.per_micro * 1e3:.2f} ms; at {n} "
