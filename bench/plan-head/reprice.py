@@ -22,7 +22,9 @@ With ``--burst FILE`` (JSON lines of hosts, rate and ``link_burst``, as bench/pl
 link's burst likewise:
 
     python bench/plan-head/reprice.py --profiles /tmp/pg-head5.pkl --burst bench/plan-burst/fit.jsonl \
-        > bench/plan-head/reprice-head6.txt
+        > bench/plan-head/reprice-head6.txt   (at commit dfc4a0d, before the plan-head7 cells)
+    python bench/plan-head/reprice.py --profiles /tmp/pg-head7.pkl --burst bench/plan-burst/fit.jsonl \
+        > bench/plan-head/reprice-head7.txt
 """
 import json
 import statistics
@@ -37,10 +39,12 @@ from held import price, report, save_profiles, summary  # noqa: E402
 from reprice_burst import bursts  # noqa: E402
 from reprice_probed import probed_ways, setup  # noqa: E402
 
-FOLDERS = ("plan-tail-4h-1g", "plan-mesh-4h-200", "plan-head-6h-500", "plan-mesh-8h-1g", "plan-head-lstm-8h",
+# (the four cells the issue names, 4 and 8 hosts at 1 Gbit/s and 200 Mbit/s, run again at the head on 2026-12-08:
+# plan-head7-*, in place of plan-tail-4h-1g, plan-mesh-4h-200, plan-mesh-8h-1g and plan-mesh-8h-200)
+FOLDERS = ("plan-head7-4h-1g", "plan-head7-4h-200", "plan-head-6h-500", "plan-head7-8h-1g", "plan-head-lstm-8h",
            "plan-head-lstm-8h-200", "plan-fsdp-order-2h-100", "plan-fsdp-order-6h-200", "plan-trip-2h-100",
            "plan-head5-6h-1g", "plan-head5-5h-150", "plan-unseen6-5h-600", "plan-unseen6-3h-1g",
-           "plan-mesh-8h-200", "plan-head-3h-300", "plan-head-2h-100", "plan-head-5h-150",
+           "plan-head7-8h-200", "plan-head-3h-300", "plan-head-2h-100", "plan-head-5h-150",
            "plan-mesh-6h-1g", "plan-wait-8h-500", "plan-wait-6h-400", "plan-fsdp-4h-500", "plan-micro-4h-300",
            "plan-burst-6h-300", "plan-fsdp-8h-300")
 EARLIER = ("plan-tail-4h-1g", "plan-mesh-4h-200", "plan-unseen", "plan-mesh-8h-1g", "plan-lstm-8h", "plan-mesh-8h-200",
@@ -54,7 +58,8 @@ EARLIER = ("plan-tail-4h-1g", "plan-mesh-4h-200", "plan-unseen", "plan-mesh-8h-1
 SUPERSEDED = {("plan-head-2h-100", "classifier"), ("plan-head-2h-100", "lstm_lm"),
               ("plan-head-2h-100", "transformer_lm"), ("plan-fsdp-order-2h-100", "classifier"),
               ("plan-mesh-6h-1g", "transformer_lm"),  # (the Transformer on 6 hosts at 1 Gbit/s: plan-head5-6h-1g)
-              ("plan-head-5h-150", "classifier")}  # (plan-head5-5h-150)
+              ("plan-head-5h-150", "classifier"),  # (plan-head5-5h-150)
+              ("plan-head-lstm-8h-200", "lstm_lm")}  # (plan-head7-8h-200; plan-head7-8h-1g ran no LSTM)
 WAYS = ("as run", "at the head")
 
 
