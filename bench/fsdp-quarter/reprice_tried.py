@@ -9,14 +9,13 @@ this run; the package is not changed.
 micro-batch's gathers in its slot, the reduce-scatter and the replicas' sum once a step). ``wait S``: on hosts
 slower than S of a core, each FSDP call is charged the probe's wait after compute (Topology.wait) with a third of
 its unit's compute before it, as commit fba20b7 stopped doing for every host."""
-import runpy
 import sys
 from pathlib import Path
 
 import tessel.planner.estimate as est
 
-HERE = Path(__file__).resolve().parent
-ARGS = ["--profiles", "/tmp/pg-head5.pkl", "--burst", str(HERE.parent / "plan-burst" / "fit.jsonl")]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan-head"))
+from rebuilt import rebuild, reprice  # noqa: E402
 
 
 def per_byte(k: float) -> None:
@@ -31,7 +30,6 @@ def per_byte(k: float) -> None:
 
 
 def waits_below(speed: float) -> None:
-    src = Path(est.__file__).read_text()
     swaps = [("else profile.elem, reduced, topo, dp_stride) for p, n in zip(dense, passes)]",
               "else profile.elem, reduced, topo, dp_stride, c * topo.speed) for p, n, c in zip(dense, passes, "
               "stage_compute)]"),
@@ -43,16 +41,10 @@ def waits_below(speed: float) -> None:
               '"scatter"))\n    each = cpu / (3 * units) if units else 0.0\n    if topo.speed < BELOW:\n'
               '        gather += topo.wait(s, 2 * units, 2 * units * each)\n'
               '        seconds += topo.wait(s, units, units * each)\n')]
-    for old, new in swaps:
-        if src.count(old) != 1:
-            raise SystemExit(f"estimate.py no longer holds the line this rebuilds: {old.strip()[:60]}")
-        src = src.replace(old, new)
-    est.BELOW = speed
-    exec(compile(src, est.__file__, "exec"), est.__dict__)
+    rebuild(swaps, BELOW=speed)
 
 
 if __name__ == "__main__":
     way, value = sys.argv[1], float(sys.argv[2])
     {"cpu": per_byte, "wait": waits_below}[way](value)
-    sys.argv = ["reprice.py", *ARGS]
-    runpy.run_path(str(HERE.parent / "plan-head" / "reprice.py"), run_name="__main__")
+    reprice()

@@ -21,8 +21,8 @@ at each host count and rate are those, in place of the run's own probe's:
 With ``--burst FILE`` (JSON lines of hosts, rate and ``link_burst``, as bench/plan-burst/fit.sh writes them), the
 link's burst likewise:
 
-    python bench/plan-head/reprice.py --profiles /tmp/pg-head5.pkl --burst bench/plan-burst/fit.jsonl \
-        > bench/plan-head/reprice-head6.txt   (at commit dfc4a0d, before the plan-head7 cells)
+    python bench/plan-head/reprice.py --profiles /tmp/pg-head5.pkl --burst bench/plan-burst/fit.jsonl --head6 \
+        > bench/plan-head/reprice-head6.txt   (--head6: the cells as they stood before the plan-head7 runs)
     python bench/plan-head/reprice.py --profiles /tmp/pg-head7.pkl --burst bench/plan-burst/fit.jsonl \
         > bench/plan-head/reprice-head7.txt
 """
@@ -41,6 +41,8 @@ from reprice_probed import probed_ways, setup  # noqa: E402
 
 # (the four cells the issue names, 4 and 8 hosts at 1 Gbit/s and 200 Mbit/s, run again at the head on 2026-12-08:
 # plan-head7-*, in place of plan-tail-4h-1g, plan-mesh-4h-200, plan-mesh-8h-1g and plan-mesh-8h-200)
+HEAD7 = {"plan-tail-4h-1g": "plan-head7-4h-1g", "plan-mesh-4h-200": "plan-head7-4h-200",
+         "plan-mesh-8h-1g": "plan-head7-8h-1g", "plan-mesh-8h-200": "plan-head7-8h-200"}
 FOLDERS = ("plan-head7-4h-1g", "plan-head7-4h-200", "plan-head-6h-500", "plan-head7-8h-1g", "plan-head-lstm-8h",
            "plan-head-lstm-8h-200", "plan-fsdp-order-2h-100", "plan-fsdp-order-6h-200", "plan-trip-2h-100",
            "plan-head5-6h-1g", "plan-head5-5h-150", "plan-unseen6-5h-600", "plan-unseen6-3h-1g",
@@ -58,8 +60,9 @@ EARLIER = ("plan-tail-4h-1g", "plan-mesh-4h-200", "plan-unseen", "plan-mesh-8h-1
 SUPERSEDED = {("plan-head-2h-100", "classifier"), ("plan-head-2h-100", "lstm_lm"),
               ("plan-head-2h-100", "transformer_lm"), ("plan-fsdp-order-2h-100", "classifier"),
               ("plan-mesh-6h-1g", "transformer_lm"),  # (the Transformer on 6 hosts at 1 Gbit/s: plan-head5-6h-1g)
-              ("plan-head-5h-150", "classifier"),  # (plan-head5-5h-150)
-              ("plan-head-lstm-8h-200", "lstm_lm")}  # (plan-head7-8h-200; plan-head7-8h-1g ran no LSTM)
+              ("plan-head-5h-150", "classifier")}  # (plan-head5-5h-150)
+# (with the plan-head7 cells, the LSTM on 8 hosts at 200 Mbit/s is plan-head7-8h-200's; plan-head7-8h-1g ran no LSTM)
+SUPERSEDED_HEAD7 = {("plan-head-lstm-8h-200", "lstm_lm")}
 WAYS = ("as run", "at the head")
 
 
@@ -75,11 +78,14 @@ def _given(flag: str) -> dict:
 
 
 def main():
-    earlier = "--earlier" in sys.argv
-    sys.argv = [a for a in sys.argv if a != "--earlier"]
+    earlier, head6 = "--earlier" in sys.argv, "--head6" in sys.argv  # (--head6: the cells before plan-head7)
+    sys.argv = [a for a in sys.argv if a not in ("--earlier", "--head6")]
+    folders = EARLIER if earlier else tuple({v: k for k, v in HEAD7.items()}.get(f, f) for f in FOLDERS) if head6 \
+        else FOLDERS
+    superseded = SUPERSEDED if head6 else SUPERSEDED | SUPERSEDED_HEAD7
     fsdp = {k: tuple((int(g), a, b) for g, a, b in d["fsdp"]) for k, d in _given("--fsdp").items()}
     fitted = {k: d["link_burst"] for k, d in _given("--burst").items()}
-    sys.argv[1:1] = [str(BENCH / f) for f in (EARLIER if earlier else FOLDERS)]
+    sys.argv[1:1] = [str(BENCH / f) for f in folders]
     args, points, latencies, profiles = setup()
     burst = bursts()
     met, ncells, errs = {w: [0] * 5 for w in WAYS}, 0, {w: [] for w in WAYS}
@@ -96,7 +102,7 @@ def main():
         cells = {k: [(r, [r["predicted"], got[0]]) for r, got in rows]
                  for k, rows in price(Path(name), profiles, today, latencies).items()}
         for cell, rows in cells.items():
-            if not earlier and (Path(name).name, cell[0]) in SUPERSEDED:
+            if not earlier and (Path(name).name, cell[0]) in superseded:
                 continue
             ncells += report(Path(name).name, {cell: rows}, WAYS, met)
             for k, way in enumerate(WAYS):

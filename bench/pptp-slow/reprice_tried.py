@@ -12,14 +12,13 @@ rate, P the CFS period: a call whose bytes idle the CPU for a period leaves the 
 rate) fewer bytes at the rate: the shaped link's bucket refills while the rank computes.
 ``fill K``: a flushed pipeline's fill and drain (the first micro-batch's trip over the stages, each after it idled)
 pay K times none of their tensor-parallel calls' wait after compute."""
-import runpy
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-import tessel.planner.estimate as est
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan-head"))
+from rebuilt import rebuild, reprice  # noqa: E402
 
-BENCH = Path(__file__).resolve().parents[1]
-ARGS = ["--profiles", "/tmp/pg-head5.pkl", "--burst", str(BENCH / "plan-burst" / "fit.jsonl")]
 # (whole lines of the estimate's source, each rebuilt below; their indent inside _tally's loop or estimate's)
 WAIT = (" " * 8 + "seconds += topo.wait(size, n, share * n)  # (before the split below: an all-gather follows its "
         "pair at once)\n")
@@ -46,19 +45,6 @@ WAYS = {
 }
 
 
-def rebuild(way: str, k: float) -> None:
-    src = Path(est.__file__).read_text()
-    for old, new in WAYS[way]:
-        if src.count(old) != 1:
-            raise SystemExit(f"estimate.py no longer holds the line this rebuilds: {old.strip()[:60]}")
-        src = src.replace(old, new)
-    exec(compile(src, est.__file__, "exec"), est.__dict__)
-    est.K = k
-    from dataclasses import replace
-    est.replace = replace
-
-
 if __name__ == "__main__":
-    rebuild(sys.argv[1], float(sys.argv[2]))
-    sys.argv = ["reprice.py", *ARGS]
-    runpy.run_path(str(BENCH / "plan-head" / "reprice.py"), run_name="__main__")
+    rebuild(WAYS[sys.argv[1]], K=float(sys.argv[2]), replace=replace)
+    reprice()
